@@ -1,0 +1,145 @@
+"""The zoo: recurrent stacks by name, in pure PyTorch (no Lightning), one file per architecture family.
+
+>>> import zoo
+>>> stack = zoo.build("lstm", input_size=16, hidden_size=32, num_layers=2)
+>>> y, state = stack(torch.zeros(4, 10, 16))     # (B, T, I) -> (B, T, H)
+
+Every stack follows the contract in :mod:`zoo.base`: ``forward(x, state=None, reset=None) -> (y, state)``.
+Adding an architecture: write ``zoo/<family>.py``, then add one :class:`Architecture` entry below with a ``tiny``
+preset (what the tests train) and the paper-size preset.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from zoo.base import State, detach_state, mask_state
+from zoo.errors import ConfigError
+from zoo.gru import GRU
+from zoo.lstm import LSTM
+from zoo.rnn import TanhRNN
+
+__all__ = ["Architecture", "State", "build", "describe", "detach_state", "get", "mask_state", "names", "preset"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A registry entry.
+
+    Attributes:
+        name: the name used in configs (``model.init_args.architecture``).
+        cls: the ``nn.Module`` class; its ``__init__(input_size, hidden_size, num_layers, **options)``.
+        description: one line for ``lm-zoo models``.
+        reference: where the equations come from.
+        presets: named sizes, each a dict of ``build`` keyword arguments.
+    """
+
+    name: str
+    cls: type[nn.Module]
+    description: str
+    reference: str
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def options(self) -> list[str]:
+        """Keyword options accepted beyond input_size, hidden_size and num_layers."""
+        params = inspect.signature(self.cls.__init__).parameters
+        return [p for p in params if p not in ("self", "input_size", "hidden_size", "num_layers")]
+
+
+_TINY = {"input_size": 16, "hidden_size": 16, "num_layers": 2}
+# Zaremba et al. 2014 "medium": 2 x 650 (the size the Jozefowicz PTB comparisons and pytorch/examples use).
+_MEDIUM = {"input_size": 650, "hidden_size": 650, "num_layers": 2}
+
+_REGISTRY: dict[str, Architecture] = {
+    arch.name: arch
+    for arch in [
+        Architecture(
+            "lstm",
+            LSTM,
+            "LSTM with forget-gate bias (default 1, 'LSTM-b'); fused kernel unless a reset falls mid-window",
+            "Hochreiter & Schmidhuber 1997; Jozefowicz et al. 2015 §2.2",
+            {
+                "tiny": _TINY,
+                "medium": _MEDIUM,
+                "zaremba-small": {"input_size": 200, "hidden_size": 200, "num_layers": 2},
+                "zaremba-large": {"input_size": 1500, "hidden_size": 1500, "num_layers": 2},
+            },
+        ),
+        Architecture(
+            "gru",
+            GRU,
+            "GRU, cuDNN 'reset after' form; fused kernel unless a reset falls mid-window",
+            "Cho et al. 2014",
+            {"tiny": _TINY, "medium": _MEDIUM},
+        ),
+        Architecture(
+            "rnn_tanh",
+            TanhRNN,
+            "tanh (Elman) RNN; fused kernel unless a reset falls mid-window",
+            "Elman 1990; Jozefowicz et al. 2015 baseline",
+            {"tiny": _TINY, "medium": _MEDIUM},
+        ),
+    ]
+}
+
+
+def names() -> list[str]:
+    """Registered architecture names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Architecture:
+    """The registry entry for ``name``.
+
+    Raises:
+        ConfigError: ``name`` is not registered (the message lists the known names).
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown architecture {name!r}: choose one of {', '.join(names())} (`lm-zoo models` describes them)"
+        ) from None
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """``(name, description, reference)`` for every architecture."""
+    return [(a.name, a.description, a.reference) for a in (_REGISTRY[n] for n in names())]
+
+
+def preset(name: str, size: str) -> dict[str, Any]:
+    """The ``build`` keyword arguments of a named size (``"tiny"``, ``"medium"``, ...) of an architecture."""
+    arch = get(name)
+    if size not in arch.presets:
+        raise ConfigError(f"architecture {name!r} has no preset {size!r}: it has {', '.join(arch.presets)}")
+    return dict(arch.presets[size])
+
+
+def build(name: str, input_size: int, hidden_size: int, num_layers: int = 1, **options: Any) -> nn.Module:
+    """Build a recurrent stack by name.
+
+    Args:
+        name: a registered architecture (see :func:`names`).
+        input_size: size of each input vector.
+        hidden_size: units per layer.
+        num_layers: stacked layers.
+        **options: architecture options (e.g. ``forget_bias``, ``dropout``, ``init_range``).
+
+    Returns:
+        An ``nn.Module`` with ``forward(x: (B, T, I), state=None, reset=None) -> (y: (B, T, H), state)``.
+
+    Raises:
+        ConfigError: unknown name, or an option the architecture does not take.
+    """
+    arch = get(name)
+    unknown = sorted(set(options) - set(arch.options()))
+    if unknown:
+        raise ConfigError(
+            f"architecture {name!r} has no option {', '.join(map(repr, unknown))}: its options are "
+            f"{', '.join(arch.options())}"
+        )
+    return arch.cls(input_size, hidden_size, num_layers, **options)

@@ -1,0 +1,30 @@
+"""The errors lm-zoo reports to a user as one line.
+
+Every part of lm-zoo raises a subclass of :class:`LMZooError` for bad input; ``cli.main`` prints its message on one line
+(no traceback unless ``--debug``) and exits with :attr:`LMZooError.exit_code`. The message names the problem and what
+to do about it.
+"""
+
+
+class LMZooError(Exception):
+    """Base class of errors that are shown to the user as one line."""
+
+    exit_code: int = 2  # bad input
+
+
+class ConfigError(LMZooError):
+    """A configuration names something that does not exist or cannot work (e.g. an unknown architecture)."""
+
+
+class DataError(LMZooError):
+    """A corpus is missing, empty, unreadable or not UTF-8."""
+
+
+class CheckpointError(LMZooError):
+    """A checkpoint is corrupt, incomplete, or does not match the model or vocabulary it is used with."""
+
+
+class TrainingDivergedError(LMZooError):
+    """The training loss became NaN or infinite."""
+
+    exit_code = 1  # a failed run, not bad input
