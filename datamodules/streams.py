@@ -1,0 +1,145 @@
+"""Stream batching for stateful truncated BPTT: the pytorch/examples ``batchify``/``get_batch`` idiom, made exact.
+
+The id stream of a split (with one start-of-stream ``<eos>`` prepended, so its first word is predicted too) gives
+``N`` (input, target) pairs. They are cut into ``C = batch_size * world_size`` contiguous columns whose lengths differ
+by at most one; nothing is dropped, so every token is predicted exactly once per epoch. Rank ``r`` takes columns
+``r*B .. (r+1)*B - 1``. Windows of ``bptt`` steps are then read left to right, in order, never shuffled, and the
+recurrent state carries from one window to the next::
+
+    stream:  e a b c d e f g h i j k l m      (e = <eos>; N = 13 pairs, B = 3, bptt = 2)
+
+    column 0: e a b c d  -> targets a b c d e      window 0   window 1   window 2
+    column 1: e f g h    -> targets f g h i        [e a]      [b c]      [d]
+    column 2: i j k l    -> targets j k l m        [e f]      [g h]      [-]  <- padding, target -100
+                                                   [i j]      [k l]      [-]
+
+The last window is shorter when ``bptt`` does not divide the column length (kept, not dropped). Columns shorter than
+the longest are padded with target ``-100``. All ranks get the same number of windows (DDP steps stay in lockstep).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+IGNORE_INDEX = -100
+
+
+class LMBatch(NamedTuple):
+    """One window of a language-modelling batch (batch-first).
+
+    Attributes:
+        inputs: ``(B, T)`` token ids.
+        targets: ``(B, T)`` next-token ids; ``-100`` where nothing is predicted.
+        reset: ``(B, T)`` bool or ``None``; ``True`` zeroes stream b's recurrent state before step t.
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    reset: Tensor | None = None
+
+
+def column_spans(num_pairs: int, num_columns: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each column: contiguous, covering ``range(num_pairs)``, lengths differing by <= 1."""
+    base, extra = divmod(num_pairs, num_columns)
+    spans, start = [], 0
+    for column in range(num_columns):
+        length = base + (column < extra)
+        spans.append((start, length))
+        start += length
+    return spans
+
+
+def sample_window_length(bptt: int, rng: np.random.Generator, max_delta: int = 20) -> int:
+    """AWD-LSTM's variable BPTT (Merity et al. 2017 §4.1): ``bptt`` or ``bptt/2`` with p = 0.05, then N(·, 5), >= 5.
+
+    The length is capped at ``bptt + max_delta`` as in the MoS code, so a window never gets far past the memory budget.
+    """
+    base = bptt if rng.random() < 0.95 else bptt / 2
+    return int(min(bptt + max_delta, max(5, round(rng.normal(base, 5)))))
+
+
+class StreamWindows(IterableDataset):
+    """Yields the :class:`LMBatch` windows of one split, in order, for one rank.
+
+    Args:
+        ids: the split's id stream ``(N,)`` (without the start token; ``start_id`` is prepended).
+        batch_size: columns per rank (``B``).
+        bptt: window length (the last window of an epoch may be shorter).
+        start_id: the id that opens the stream (``<eos>``), so the first token has a context and is predicted.
+        rank: this process's rank.
+        world_size: number of ranks; the columns are split between them.
+        variable_bptt: draw each window's length with :func:`sample_window_length` (training only).
+        seed: seed of the variable lengths; epoch ``e`` uses ``(seed, e)``, the same on every rank.
+    """
+
+    def __init__(
+        self,
+        ids: Tensor | np.ndarray,
+        batch_size: int,
+        bptt: int,
+        start_id: int,
+        rank: int = 0,
+        world_size: int = 1,
+        variable_bptt: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or bptt < 1:
+            raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
+        ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        stream = torch.cat([torch.tensor([start_id]), ids])  # (N + 1,)
+        num_pairs = ids.numel()
+        spans = column_spans(num_pairs, batch_size * world_size)[rank * batch_size : (rank + 1) * batch_size]
+        self.column_length = math.ceil(num_pairs / (batch_size * world_size))  # same on every rank
+        # Row b holds column b's inputs plus one more token: its last target.
+        self.tokens = torch.full((batch_size, self.column_length + 1), start_id, dtype=torch.long)
+        self.lengths = torch.tensor([length for _, length in spans])  # (B,)
+        for row, (start, length) in enumerate(spans):
+            self.tokens[row, : length + 1] = stream[start : start + length + 1]
+        self.bptt = bptt
+        self.variable_bptt = variable_bptt
+        self.seed = seed
+        self.epoch = 0
+
+    @property
+    def num_predicted(self) -> int:
+        """Tokens this rank predicts per epoch."""
+        return int(self.lengths.sum())
+
+    def window_lengths(self, epoch: int) -> list[int]:
+        """Lengths of the windows of ``epoch`` (deterministic, identical across ranks)."""
+        if not self.variable_bptt:
+            full, last = divmod(self.column_length, self.bptt)
+            return [self.bptt] * full + ([last] if last else [])
+        rng = np.random.default_rng([self.seed, epoch])
+        lengths, total = [], 0
+        while total < self.column_length:
+            length = min(sample_window_length(self.bptt, rng), self.column_length - total)
+            lengths.append(length)
+            total += length
+        return lengths
+
+    def __len__(self) -> int:
+        if self.variable_bptt:
+            raise TypeError("the number of windows varies per epoch with variable_bptt")
+        return len(self.window_lengths(0))
+
+    def __iter__(self) -> Iterator[LMBatch]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        position = torch.arange(self.column_length).unsqueeze(0)  # (1, L)
+        padding = position >= self.lengths.unsqueeze(1)  # (B, L): beyond this column's end
+        start = 0
+        for length in self.window_lengths(epoch):
+            inputs = self.tokens[:, start : start + length]
+            targets = self.tokens[:, start + 1 : start + length + 1].masked_fill(
+                padding[:, start : start + length], IGNORE_INDEX
+            )
+            yield LMBatch(inputs, targets, None)
+            start += length

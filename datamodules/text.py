@@ -1,0 +1,222 @@
+"""The LightningDataModule for text corpora: word, character, byte or SentencePiece streams for stateful TBPTT."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from datamodules.corpora import Corpus, cache_root, resolve_corpus
+from datamodules.streams import StreamWindows
+from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
+
+SPLITS = ("train", "valid", "test")
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write through a temp file and rename, so a killed run never leaves a half-written cache entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class TextDataModule(L.LightningDataModule):
+    """A corpus cut into contiguous streams for truncated BPTT.
+
+    The vocabulary is built from the training split when the module is created (LightningCLI links ``vocab_size`` to
+    the model before training starts), and cached with the tokenized splits under ``$LM_ZOO_CACHE`` (default
+    ``~/.cache/lm-zoo``) keyed by the files' sha256, so the second run of a recipe starts in seconds.
+
+    Args:
+        corpus: a registered corpus (``ptb``, ``ptb-char``, ``wikitext-2``, ``wikitext-103``, ``enwik8``, ``text8``,
+            ``synthetic-xml``, ``synthetic-arithmetic``) or a directory with train/valid/test text files.
+        tokenizer: ``word``, ``char``, ``byte`` or ``sentencepiece``; ``None`` takes the corpus's usual one.
+        tokenizer_options: e.g. ``{"min_count": 2}`` (word/char) or ``{"vocab_size": 8000}`` (sentencepiece).
+        batch_size: training streams (columns) per device.
+        bptt: training window length.
+        eval_batch_size: validation/test streams; perplexity depends on it (each stream starts without context).
+        eval_bptt: validation/test window length; ``None`` uses ``bptt``.
+        variable_bptt: AWD-LSTM's random training window lengths around ``bptt``.
+        data_root: where corpora live; ``None`` uses ``$LM_ZOO_DATA`` or ``~/.cache/lm-zoo/data``.
+        download: fetch a missing registered corpus from its canonical URL.
+        corpus_options: options of generated corpora (``seed``, ``train_chars``, ... for the synthetic tasks).
+        seed: seed of the variable BPTT lengths.
+    """
+
+    def __init__(
+        self,
+        corpus: str = "ptb",
+        tokenizer: str | None = None,
+        tokenizer_options: dict[str, Any] | None = None,
+        batch_size: int = 20,
+        bptt: int = 35,
+        eval_batch_size: int = 10,
+        eval_bptt: int | None = None,
+        variable_bptt: bool = False,
+        data_root: str | None = None,
+        download: bool = True,
+        corpus_options: dict[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.corpus_name = corpus
+        self.tokenizer_kind = tokenizer
+        self.tokenizer_options = dict(tokenizer_options or {})
+        self.batch_size = batch_size
+        self.bptt = bptt
+        self.eval_batch_size = eval_batch_size
+        self.eval_bptt = eval_bptt or bptt
+        self.variable_bptt = variable_bptt
+        self.data_root = data_root
+        self.download = download
+        self.corpus_options = corpus_options
+        self.seed = seed
+        self._corpus: Corpus | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._ids: dict[str, np.ndarray] = {}
+        self._units: dict[str, TextUnits] = {}
+
+    # ----------------------------------------------------------------------------------------------- corpus, vocab
+    @property
+    def corpus(self) -> Corpus:
+        """The resolved corpus (downloaded on first use if it is registered and missing)."""
+        if self._corpus is None:
+            self._corpus = resolve_corpus(
+                self.corpus_name, root=self.data_root, download=self.download, options=self.corpus_options
+            )
+        return self._corpus
+
+    @property
+    def level(self) -> str:
+        """``word`` (report perplexity) or ``char`` (report bits per character)."""
+        if self.tokenizer_kind == "sentencepiece":
+            return self.corpus.level
+        return "char" if self._kind() in ("char", "byte") else self.corpus.level
+
+    def _kind(self) -> str:
+        return self.tokenizer_kind or self.corpus.default_tokenizer
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer, built from the training split (or restored from a checkpoint with ``load_state_dict``)."""
+        if self._tokenizer is None:
+            self._tokenizer = self._build_or_load_tokenizer()
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (linked to the model's ``vocab_size`` by the CLI)."""
+        return self.tokenizer.vocab_size
+
+    def _build_or_load_tokenizer(self) -> Tokenizer:
+        corpus, kind = self.corpus, self._kind()
+        key = _digest("tokenizer", kind, self.tokenizer_options, corpus.spaced_symbols, corpus.fingerprint("train"))
+        path = cache_root() / "tokenizers" / f"{key}.json"
+        if path.exists():
+            return Tokenizer.from_state_dict(json.loads(path.read_text()))
+        train_text = "" if kind == "byte" else corpus.read_text("train")
+        tokenizer = build_tokenizer(kind, train_text, corpus.spaced_symbols, self.tokenizer_options)
+        _atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
+        return tokenizer
+
+    def state_dict(self) -> dict[str, Any]:
+        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary."""
+        return {"tokenizer": self.tokenizer.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Use the checkpoint's tokenizer; splits are re-encoded with it."""
+        self._tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
+        self._ids.clear()
+        self._units.clear()
+
+    # ------------------------------------------------------------------------------------------------- the splits
+    def encoded(self, split: str) -> np.ndarray:
+        """The id stream of ``split`` (cached on disk by corpus checksum and tokenizer)."""
+        if split not in self._ids:
+            self._ids[split], self._units[split] = self._encode(split)
+        return self._ids[split]
+
+    def units(self, split: str) -> TextUnits:
+        """Tokens, characters and words of ``split`` (what metrics are normalised by)."""
+        self.encoded(split)
+        return self._units[split]
+
+    def _encode(self, split: str) -> tuple[np.ndarray, TextUnits]:
+        tokenizer, corpus = self.tokenizer, self.corpus
+        key = _digest("encoded", tokenizer.state_dict(), corpus.fingerprint(split))
+        directory = cache_root() / "encoded"
+        ids_path, units_path = directory / f"{key}.npy", directory / f"{key}.json"
+        if ids_path.exists() and units_path.exists():
+            return np.load(ids_path, mmap_mode="r"), TextUnits(**json.loads(units_path.read_text()))
+        if tokenizer.kind == "byte":  # bytes need not be UTF-8 (enwik8 is, but raw byte corpora may not be)
+            data = corpus.read_bytes(split)
+            ids = tokenizer.encode_bytes(data)  # type: ignore[attr-defined]
+            units = tokenizer.count_units(data.decode("utf-8", errors="replace"), len(ids))
+        else:
+            text = corpus.read_text(split)
+            ids = tokenizer.encode_text(text)
+            units = tokenizer.count_units(text, len(ids))
+        _atomic_write(ids_path, lambda f: np.save(f, ids))
+        _atomic_write(units_path, lambda f: f.write(json.dumps(units.__dict__).encode()))
+        return ids, units
+
+    def prepare_data(self) -> None:
+        """Download the corpus if needed and fill the caches (runs once per node before ``setup``)."""
+        for split in SPLITS:
+            self.encoded(split)
+
+    def setup(self, stage: str | None = None) -> None:
+        needed = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
+        for split in needed:
+            self.encoded(split)
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> StreamWindows:
+        """The windows of ``split`` for this rank (evaluation sizes unless it is the training split)."""
+        rank, world = self._rank_world()
+        training = split == "train"
+        return StreamWindows(
+            torch.from_numpy(np.array(self.encoded(split))),
+            batch_size=batch_size or (self.batch_size if training else self.eval_batch_size),
+            bptt=bptt or (self.bptt if training else self.eval_bptt),
+            start_id=self.tokenizer.eos_id,
+            rank=rank,
+            world_size=world,
+            variable_bptt=self.variable_bptt and training,
+            seed=self.seed,
+        )
+
+    def _loader(self, split: str) -> DataLoader:
+        # batch_size=None: the dataset yields whole windows; one process keeps the columns contiguous and in order.
+        return DataLoader(self.stream(split), batch_size=None, num_workers=0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

@@ -1,0 +1,167 @@
+"""The zoo against its equations, and its two implementations (fused kernel, per-step loop) against each other."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.errors import ConfigError
+
+ARCHS = zoo.names()
+
+
+def _pair(name: str, **options):
+    """Two stacks with identical weights: one fused, one always per-step."""
+    torch.manual_seed(0)
+    fused = zoo.build(name, 5, 7, 2, **options)
+    loop = zoo.build(name, 5, 7, 2, fused=False, **options)
+    loop.load_state_dict(fused.state_dict())
+    return fused, loop
+
+
+def test_lstm_matches_equations_written_out() -> None:
+    torch.manual_seed(0)
+    stack = zoo.build("lstm", 3, 4, 1, fused=False)
+    W_ih, W_hh = stack.rnn.weight_ih_l0, stack.rnn.weight_hh_l0
+    b = stack.rnn.bias_ih_l0 + stack.rnn.bias_hh_l0
+    x = torch.randn(2, 5, 3)
+    h = torch.zeros(2, 4)
+    c = torch.zeros(2, 4)
+    expected = []
+    for t in range(5):
+        z = x[:, t] @ W_ih.T + h @ W_hh.T + b
+        i = torch.sigmoid(z[:, 0:4])
+        f = torch.sigmoid(z[:, 4:8])
+        g = torch.tanh(z[:, 8:12])
+        o = torch.sigmoid(z[:, 12:16])
+        c = f * c + i * g
+        h = o * torch.tanh(c)
+        expected.append(h)
+    y, (h_n, c_n) = stack(x)
+    torch.testing.assert_close(y, torch.stack(expected, 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(c_n[0], c, atol=1e-6, rtol=0)
+
+
+def test_gru_matches_equations_written_out() -> None:
+    torch.manual_seed(0)
+    stack = zoo.build("gru", 3, 4, 1, fused=False)
+    W_ih, W_hh = stack.rnn.weight_ih_l0, stack.rnn.weight_hh_l0
+    b_ih, b_hh = stack.rnn.bias_ih_l0, stack.rnn.bias_hh_l0
+    x = torch.randn(2, 5, 3)
+    h = torch.zeros(2, 4)
+    expected = []
+    for t in range(5):
+        gx = x[:, t] @ W_ih.T + b_ih
+        gh = h @ W_hh.T + b_hh
+        r = torch.sigmoid(gx[:, 0:4] + gh[:, 0:4])
+        z = torch.sigmoid(gx[:, 4:8] + gh[:, 4:8])
+        n = torch.tanh(gx[:, 8:12] + r * gh[:, 8:12])
+        h = (1 - z) * n + z * h
+        expected.append(h)
+    y, _ = stack(x)
+    torch.testing.assert_close(y, torch.stack(expected, 1), atol=1e-6, rtol=0)
+
+
+def test_tanh_rnn_matches_equation_written_out() -> None:
+    torch.manual_seed(0)
+    stack = zoo.build("rnn_tanh", 3, 4, 1, fused=False)
+    rnn = stack.rnn
+    x = torch.randn(2, 5, 3)
+    h = torch.zeros(2, 4)
+    expected = []
+    for t in range(5):
+        h = torch.tanh(x[:, t] @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
+        expected.append(h)
+    torch.testing.assert_close(stack(x)[0], torch.stack(expected, 1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_fused_equals_per_step_outputs_states_and_gradients(name: str) -> None:
+    fused, loop = _pair(name)
+    x = torch.randn(3, 6, 5)
+    state = tuple(torch.randn_like(s) for s in fused.initial_state(3, x))
+    y_f, s_f = fused(x, state)
+    y_l, s_l = loop(x, state)
+    torch.testing.assert_close(y_f, y_l, atol=1e-6, rtol=1e-5)
+    for a, b in zip(s_f, s_l):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    (y_f.sum() + sum(s.sum() for s in s_f)).backward()
+    (y_l.sum() + sum(s.sum() for s in s_l)).backward()
+    for (n, p_f), p_l in zip(fused.named_parameters(), loop.parameters()):
+        assert p_f.grad is not None and p_l.grad is not None, n
+        torch.testing.assert_close(p_f.grad, p_l.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_reset_mid_window_equals_fresh_start(name: str, fused: bool) -> None:
+    torch.manual_seed(1)
+    stack = zoo.build(name, 5, 7, 2, fused=fused)
+    x = torch.randn(3, 8, 5)
+    state = tuple(torch.randn_like(s) for s in stack.initial_state(3, x))
+    reset = torch.zeros(3, 8, dtype=torch.bool)
+    reset[1, 4] = True  # stream 1 starts a new sequence at step 4
+    y, final = stack(x, state, reset)
+    fresh, fresh_final = stack(x[1:2, 4:])  # the same stream from step 4 with a zero state
+    torch.testing.assert_close(y[1:2, 4:], fresh, atol=1e-6, rtol=1e-5)
+    for a, b in zip(final, fresh_final):
+        torch.testing.assert_close(a[:, 1:2], b, atol=1e-6, rtol=1e-5)
+    # the other streams did not notice
+    unreset, _ = stack(x, state)
+    torch.testing.assert_close(y[[0, 2]], unreset[[0, 2]], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(y[1, :4], unreset[1, :4], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_reset_at_first_step_zeroes_incoming_state(name: str) -> None:
+    stack = zoo.build(name, 5, 7, 2)
+    x = torch.randn(2, 4, 5)
+    state = tuple(torch.randn_like(s) for s in stack.initial_state(2, x))
+    reset = torch.zeros(2, 4, dtype=torch.bool)
+    reset[:, 0] = True
+    torch.testing.assert_close(stack(x, state, reset)[0], stack(x)[0])
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_carried_state_equals_one_pass(name: str) -> None:
+    stack = zoo.build(name, 5, 7, 2)
+    x = torch.randn(2, 9, 5)
+    whole, whole_state = stack(x)
+    first, state = stack(x[:, :4])
+    second, state = stack(x[:, 4:], zoo.detach_state(state))
+    torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-6, rtol=1e-5)
+    for a, b in zip(state, whole_state):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("forget_bias", [1.0, 2.5])
+def test_lstm_forget_bias_is_counted_once(forget_bias: float) -> None:
+    # PyTorch sums bias_ih and bias_hh: the *effective* forget bias must be the configured value (pytorch#750).
+    stack = zoo.build("lstm", 4, 6, 3, forget_bias=forget_bias, init_range=0.1)
+    for layer in range(3):
+        effective = getattr(stack.rnn, f"bias_ih_l{layer}") + getattr(stack.rnn, f"bias_hh_l{layer}")
+        torch.testing.assert_close(effective[6:12], torch.full((6,), forget_bias))
+        assert effective[:6].abs().max() <= 0.2  # the other gates keep the uniform init
+
+
+def test_lstm_forget_bias_none_keeps_init() -> None:
+    torch.manual_seed(0)
+    stack = zoo.build("lstm", 4, 6, 1, forget_bias=None, init_range=0.1)
+    assert stack.rnn.bias_hh_l0[6:12].abs().max() > 0
+    assert all(p.abs().max() <= 0.1 for p in stack.parameters())
+
+
+def test_unknown_architecture_and_option_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown architecture 'lstmx'.*lstm"):
+        zoo.build("lstmx", 4, 4)
+    with pytest.raises(ConfigError, match="no option 'forget_gate'"):
+        zoo.build("lstm", 4, 4, forget_gate=1.0)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_presets_build_and_run(name: str) -> None:
+    assert {"tiny", "medium"} <= set(zoo.get(name).presets)
+    stack = zoo.build(name, **zoo.preset(name, "tiny"))
+    y, _ = stack(torch.randn(2, 3, zoo.preset(name, "tiny")["input_size"]))
+    assert y.shape == (2, 3, 16)
