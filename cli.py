@@ -177,6 +177,18 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
 }
 
 
+def _lm_zoo_error(err: BaseException) -> LMZooError | None:
+    """Our error, also when jsonargparse or Lightning re-raised it wrapped in one of theirs."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, LMZooError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lm-zoo`` console script; returns the exit status."""
     from_sys_argv = argv is None and "--debug" not in sys.argv
@@ -194,11 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             HANDLERS[command](rest)
         else:
             raise ConfigError(f"unknown command {command!r}: use one of {', '.join([*LIGHTNING_COMMANDS, *HANDLERS])}")
-    except LMZooError as err:
-        if debug:
+    except Exception as err:
+        ours = _lm_zoo_error(err)
+        if ours is None or debug:
             raise
-        print(f"lm-zoo: error: {err}", file=sys.stderr)
-        return err.exit_code
+        print(f"lm-zoo: error: {ours}", file=sys.stderr)
+        return ours.exit_code
     except KeyboardInterrupt:
         print("lm-zoo: interrupted", file=sys.stderr)
         return 130

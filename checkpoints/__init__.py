@@ -49,8 +49,10 @@ def _read_ckpt(path: Path) -> dict[str, Any]:
 
 
 def _find_tokenizer(ckpt: dict[str, Any], path: Path) -> Tokenizer:
-    for value in ckpt.values():  # the data module's state is stored under its class name
-        if isinstance(value, dict) and "tokenizer" in value:
+    # The data module's state_dict is stored under its class name; its hyperparameters also have a "tokenizer" (the
+    # kind, a string or None), so look for the saved tokenizer state itself.
+    for value in ckpt.values():
+        if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
             return Tokenizer.from_state_dict(value["tokenizer"])
     raise CheckpointError(f"{path} has no tokenizer (it was not written by `lm-zoo fit`): retrain with lm-zoo")
 
@@ -90,7 +92,8 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     except RuntimeError as err:
         mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err)[:200])
         raise CheckpointError(f"{path}: {mismatch}; the weights do not fit the stored settings") from None
-    return LoadedModel(model.eval(), tokenizer, dict(ckpt.get("datamodule_hyper_parameters", {})), str(path))
+    data = {k: v for k, v in ckpt.get("datamodule_hyper_parameters", {}).items() if not k.startswith("_")}
+    return LoadedModel(model.eval(), tokenizer, data, str(path))
 
 
 def _compare_keys(expected: dict[str, Any], found: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -43,9 +43,12 @@ class TextUnits:
 
 
 def _lines(text: str) -> list[str]:
-    """Lines as a file iterator gives them, without the newline; no phantom empty line after a final newline."""
+    """Lines without their newline; what follows the last newline counts only if it is more than white space.
+
+    (Mikolov's PTB-char files end in ``"\n "``: that trailing space is no line, and counting it would add an <eos>.)
+    """
     lines = text.split("\n")
-    if lines and lines[-1] == "":
+    if lines and not lines[-1].strip():
         lines.pop()
     return lines
 

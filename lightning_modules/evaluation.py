@@ -62,7 +62,7 @@ def evaluate(
     }
     if datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece":
         result["bpc"] = nats / units.chars / math.log(2)
-    if units.words != count:
+    if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     result.update(eval_batch_size=stream.tokens.size(0), bptt=stream.bptt)
     return result

@@ -86,3 +86,10 @@ def test_unknown_tokenizer_kind() -> None:
 
     with pytest.raises(ConfigError, match="unknown tokenizer 'bpe'"):
         build_tokenizer("bpe", "x")
+
+
+def test_white_space_after_the_last_newline_is_not_a_line() -> None:
+    text = "a _ b\nc\n "  # PTB-char files end like this
+    tok = build_tokenizer("char", text, spaced_symbols=True)
+    assert len(tok.encode_text(text)) == 3 + 1 + 2
+    assert len(build_tokenizer("word", " x \n\n y \n").encode_text(" x \n\n y \n")) == 5  # inner blank lines stay

@@ -1,0 +1,29 @@
+# lm-zoo: `make test` (set up .venv and run the tests), `make demo` (train, evaluate and sample in about 2 minutes).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+DEMO := runs/demo
+
+.PHONY: setup test demo clean
+
+setup: $(VENV)/.installed
+
+# torch first, pinned: a looser requirement on a machine without torch would pull several GB of CUDA wheels.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	rm -rf $(DEMO)
+	$(BIN)/lm-zoo fit --config configs/synthetic/xml-lstm.yaml
+	$(BIN)/lm-zoo evaluate $(DEMO)/checkpoints/best.ckpt --split test
+	$(BIN)/lm-zoo generate $(DEMO)/checkpoints/best.ckpt --num-samples 5 --temperature 0.7 --seed 1
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,208 @@
+"""The ``lm-zoo`` command: help, shipped configs, fit -> evaluate -> generate, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+TINY_CONFIG = """
+seed_everything: 1
+trainer:
+  max_epochs: 1
+  limit_train_batches: 8
+  enable_progress_bar: false
+  enable_model_summary: false
+  default_root_dir: {root}
+model:
+  class_path: lightning_modules.LanguageModel
+  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
+data:
+  class_path: datamodules.TextDataModule
+  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
+checkpoint:
+  dirpath: {root}/checkpoints
+optimizer:
+  class_path: torch.optim.SGD
+  init_args: {{lr: 1.0}}
+"""
+
+
+def _write_words(directory: Path, seed: str, words: int = 40) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, lines in (("train", 300), ("valid", 60), ("test", 50)):
+        rng = random.Random(f"{seed}-{split}")
+        text = "".join(
+            " " + " ".join(f"w{rng.randrange(words)}" for _ in range(rng.randrange(1, 12))) + " \n" for _ in range(lines)
+        )
+        (directory / f"{split}.txt").write_text(text)
+    return directory
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _config(workdir: Path, corpus: Path, name: str = "run") -> Path:
+    path = workdir / f"{name}.yaml"
+    path.write_text(TINY_CONFIG.format(root=workdir / name, corpus=corpus))
+    return path
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], code: int, expected_code: int, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert code == expected_code, err
+    assert "Traceback" not in err
+    assert last.startswith("lm-zoo: error: "), err
+    for fragment in fragments:
+        assert fragment in last, last
+    return last
+
+
+@pytest.fixture
+def trained(workdir: Path) -> Path:
+    corpus = _write_words(workdir / "corpus", "a")
+    assert cli.main(["fit", "--config", str(_config(workdir, corpus))]) == 0
+    return workdir / "run" / "checkpoints" / "last.ckpt"
+
+
+# --------------------------------------------------------------------------------------------------------- help
+def test_top_level_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in [*cli.LIGHTNING_COMMANDS, *cli.HANDLERS]:
+        assert f"  {command} " in out
+
+
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "evaluate", "generate", "models"])
+def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "usage:" in out
+    if command == "fit":
+        assert "--config" in out and "--print_config" in out
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("lm-zoo")
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and "evaluate" in result.stdout
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT / "configs")) for c in CONFIGS])
+def test_every_shipped_config_parses(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "class_path: lightning_modules.LanguageModel" in printed
+    assert "class_path: datamodules.TextDataModule" in printed
+
+
+def test_models_lists_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", "--json"]) == 0
+    names = {row["name"] for row in json.loads(capsys.readouterr().out)}
+    assert {"lstm", "gru", "rnn_tanh"} <= names
+
+
+# ------------------------------------------------------------------------------------- fit, evaluate, generate
+def test_fit_evaluate_generate(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert trained.exists() and (trained.parent / "best.ckpt").exists()
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(trained), "--split", "test", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split"] == "test" and result["eval_batch_size"] == 2 and result["bptt"] == 5
+    assert result["ppl"] == pytest.approx(torch.tensor(result["loss"]).exp().item(), rel=1e-6)
+    assert 1 < result["ppl"] < 43  # better than uniform over 40 words + specials after a few steps
+    assert cli.main(["evaluate", str(trained), "--split", "valid", "--batch-size", "1", "--bptt", "50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_batch_size"] == 1
+    samples = []
+    for _ in range(2):
+        assert cli.main(["generate", str(trained), "--num-samples", "3", "--seed", "7", "--prompt", "w1 zebra"]) == 0
+        samples.append(capsys.readouterr().out)
+    assert samples[0] == samples[1]  # same seed, same samples
+    lines = samples[0].strip("\n").split("\n")
+    assert len(lines) == 3 and all(line.startswith("w1 <unk>") for line in lines)  # unknown prompt word -> <unk>
+
+
+def test_validate_and_test_through_lightning(trained: Path, workdir: Path) -> None:
+    config = workdir / "run.yaml"
+    assert cli.main(["test", "--config", str(config), "--ckpt_path", str(trained)]) == 0
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+def test_unknown_architecture(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(workdir, _write_words(workdir / "corpus", "a"))
+    code = cli.main(["fit", "--config", str(config), "--model.init_args.architecture", "lstmx"])
+    _one_line_error(capsys, code, 2, "unknown architecture 'lstmx'", "lstm")
+
+
+def test_missing_corpus(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(workdir, workdir)
+    code = cli.main(
+        ["fit", "--config", str(config), "--data.init_args.corpus", "ptb",
+         "--data.init_args.data_root", str(workdir / "nowhere"), "--data.init_args.download", "false"]
+    )
+    _one_line_error(capsys, code, 2, "ptb.train.txt", str(workdir / "nowhere"))
+
+
+@pytest.mark.parametrize(("content", "fragment"), [(b"", "empty"), (b"caf\xe9 ok\n", "UTF-8")])
+def test_empty_or_non_utf8_training_file(
+    workdir: Path, capsys: pytest.CaptureFixture[str], content: bytes, fragment: str
+) -> None:
+    corpus = _write_words(workdir / "corpus", "a")
+    (corpus / "train.txt").write_bytes(content)
+    code = cli.main(["fit", "--config", str(_config(workdir, corpus))])
+    _one_line_error(capsys, code, 2, "train.txt", fragment)
+
+
+def test_corrupt_checkpoint(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    truncated = workdir / "truncated.ckpt"
+    truncated.write_bytes(trained.read_bytes()[:2000])
+    garbage = workdir / "garbage.ckpt"
+    garbage.write_bytes(os.urandom(500))
+    capsys.readouterr()
+    for path in (truncated, garbage):
+        _one_line_error(capsys, cli.main(["evaluate", str(path)]), 2, str(path), "not a readable checkpoint")
+    _one_line_error(capsys, cli.main(["generate", str(workdir / "missing.ckpt")]), 2, "does not exist")
+
+
+def test_checkpoint_of_another_vocabulary(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = _write_words(workdir / "other", "b", words=70)  # a larger vocabulary
+    config = _config(workdir, other, name="other")
+    code = cli.main(["test", "--config", str(config), "--ckpt_path", str(trained)])
+    _one_line_error(capsys, code, 2, "vocabulary of 42 tokens", "72")
+    # a checkpoint whose weights and tokenizer disagree
+    ckpt = torch.load(trained, weights_only=True)
+    ckpt["TextDataModule"]["tokenizer"]["symbols"] = ckpt["TextDataModule"]["tokenizer"]["symbols"][:-1]
+    ckpt["TextDataModule"]["tokenizer"]["counts"] = ckpt["TextDataModule"]["tokenizer"]["counts"][:-1]
+    tampered = workdir / "tampered.ckpt"
+    torch.save(ckpt, tampered)
+    _one_line_error(capsys, cli.main(["evaluate", str(tampered)]), 2, "expects 42 tokens", "41")
+
+
+def test_nan_loss_exits_1_naming_the_step(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(workdir, _write_words(workdir / "corpus", "a"))
+    code = cli.main(["fit", "--config", str(config), "--model.init_args.init_range", "1e38"])
+    _one_line_error(capsys, code, 1, "training loss became", "at step 0")
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    _one_line_error(capsys, cli.main(["trian"]), 2, "unknown command 'trian'")

@@ -1,0 +1,168 @@
+"""The LanguageModel: carried TBPTT state, the evaluation numbers, sampling, the NaN guard, schedules, tying."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from datamodules import TextDataModule
+from datamodules.streams import StreamWindows
+from lightning_modules import LanguageModel, ZarembaDecay
+from lightning_modules.evaluation import evaluate
+from zoo.errors import ConfigError, TrainingDivergedError
+
+
+def _tiny_model(vocab: int = 23, architecture: str = "lstm", **kw) -> LanguageModel:
+    torch.manual_seed(0)
+    return LanguageModel(vocab, architecture, embedding_size=8, hidden_size=12, num_layers=2, **kw)
+
+
+@pytest.mark.parametrize("architecture", ["lstm", "gru", "rnn_tanh"])
+def test_windows_with_carried_state_equal_one_pass(architecture: str) -> None:
+    model = _tiny_model(architecture=architecture).eval()
+    ids = torch.randint(0, 23, (300,))
+    stream = StreamWindows(ids, batch_size=4, bptt=9, start_id=0)
+    # One pass over each whole column...
+    whole, _ = model(stream.tokens[:, :-1])
+    # ...equals the windows run with the state carried (detached) between them, as training_step does.
+    model._state["train"] = None
+    pieces = []
+    for batch in stream:
+        state = model._state["train"]
+        logits, state = model(batch.inputs, None if state is None else tuple(s.detach() for s in state))
+        model._state["train"] = tuple(s.detach() for s in state)
+        pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_training_step_detaches_and_carries_state() -> None:
+    model = _tiny_model()
+    stream = StreamWindows(torch.randint(0, 23, (200,)), batch_size=2, bptt=5, start_id=0)
+    windows = iter(stream)
+    model.training_step(next(windows), 0)
+    first = model._state["train"]
+    assert first is not None and not first[0].requires_grad
+    loss = model.training_step(next(windows), 1)
+    loss.backward()  # would fail ("backward through the graph a second time") if the state were not detached
+    assert model._state["train"][0] is not first[0]
+
+
+def _write_corpus(root: Path, rng: torch.Generator) -> Path:
+    words = [f"w{i}" for i in range(30)]
+    for split, lines in (("train", 200), ("valid", 40), ("test", 37)):
+        text = "".join(
+            " " + " ".join(words[int(j)] for j in torch.randint(0, 30, (int(torch.randint(1, 12, (1,), generator=rng)),),
+                                                                   generator=rng)) + " \n"
+            for _ in range(lines)
+        )
+        (root / f"{split}.txt").write_text(text)
+    return root
+
+
+def test_evaluate_equals_independent_nll_sum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = _write_corpus(tmp_path, torch.Generator().manual_seed(0))
+    dm = TextDataModule(str(corpus), eval_batch_size=3, eval_bptt=7)
+    model = _tiny_model(vocab=dm.vocab_size)
+    result = evaluate(model, dm, "test")
+    # Independently: the test text, <eos> before it, log-softmax of one forward pass per column, summed by hand.
+    ids = torch.as_tensor(dm.tokenizer.encode_text((corpus / "test.txt").read_text()), dtype=torch.long)
+    stream = torch.cat([torch.tensor([dm.tokenizer.eos_id]), ids])
+    n = ids.numel()
+    bounds = [0]
+    for column in range(3):
+        bounds.append(bounds[-1] + n // 3 + (column < n % 3))
+    total = 0.0
+    with torch.no_grad():
+        for start, end in zip(bounds, bounds[1:]):
+            logits, _ = model(stream[start:end].unsqueeze(0))
+            logp = torch.log_softmax(logits[0].double(), dim=-1)
+            total -= float(logp[torch.arange(end - start), stream[start + 1 : end + 1]].sum())
+    assert result["tokens"] == n == dm.units("test").tokens
+    assert result["ppl"] == pytest.approx(math.exp(total / n), rel=1e-6)
+    assert result["loss"] == pytest.approx(total / n, rel=1e-6)
+    assert (result["eval_batch_size"], result["bptt"], result["split"]) == (3, 7, "test")
+
+
+def test_evaluate_reports_bpc_on_characters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text("abcabc de\nxyz\n" * 20)
+    dm = TextDataModule(str(tmp_path), tokenizer="char", eval_batch_size=2)
+    result = evaluate(_tiny_model(vocab=dm.vocab_size), dm, "valid")
+    assert dm.level == "char"
+    assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))  # one token per character
+
+
+def test_generate_is_reproducible_stops_at_eos_and_top_k_1_is_greedy() -> None:
+    model = _tiny_model().eval()
+    prompt = torch.tensor([[0, 5]] * 3)
+    a = model.generate(prompt, 30, temperature=0.9, stop_id=0, generator=torch.Generator().manual_seed(4))
+    b = model.generate(prompt, 30, temperature=0.9, stop_id=0, generator=torch.Generator().manual_seed(4))
+    assert a == b
+    for sample in a:
+        assert len(sample) <= 30 and (0 not in sample[:-1])  # nothing after the stop token
+    greedy = model.generate(prompt[:1], 6, top_k=1)[0]
+    ids, state = [0, 5], None
+    logits, state = model(torch.tensor([ids]))
+    expected = []
+    for _ in range(6):
+        token = int(logits[0, -1].argmax())
+        expected.append(token)
+        logits, state = model(torch.tensor([[token]]), state)
+    assert greedy == expected
+    with pytest.raises(ConfigError, match="temperature"):
+        model.generate(prompt, 3, temperature=0.0)
+
+
+def test_nan_loss_stops_training_with_the_step() -> None:
+    model = _tiny_model()
+    with torch.no_grad():
+        model.decoder.bias.fill_(float("nan"))
+    batch = next(iter(StreamWindows(torch.randint(0, 23, (50,)), batch_size=2, bptt=5, start_id=0)))
+    with pytest.raises(TrainingDivergedError, match="loss became nan at step 0"):
+        model.training_step(batch, 0)
+
+
+def test_zaremba_schedule() -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = ZarembaDecay(opt, constant_epochs=4, decay=0.5)
+    lrs = []
+    for _ in range(7):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    assert lrs == [1.0, 1.0, 1.0, 1.0, 0.5, 0.25, 0.125]
+
+
+def test_tied_weights_share_storage_with_projection_when_sizes_differ() -> None:
+    model = LanguageModel(50, "lstm", embedding_size=8, hidden_size=12, num_layers=1, tie_weights=True)
+    assert model.decoder.weight is model.embedding.weight
+    assert model.projection is not None and model.projection.weight.shape == (8, 12)
+    logits, _ = model(torch.randint(0, 50, (2, 3)))
+    assert logits.shape == (2, 3, 50)
+    same = LanguageModel(50, "lstm", embedding_size=8, hidden_size=8, num_layers=1, tie_weights=True)
+    assert same.projection is None
+
+
+def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = _write_corpus(tmp_path, torch.Generator().manual_seed(1))
+    dm = TextDataModule(str(corpus), batch_size=4, bptt=8, eval_batch_size=2)
+    model = _tiny_model(vocab=dm.vocab_size)
+    model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0)  # LightningCLI's job in lm-zoo
+    starts = []
+    model.on_train_epoch_start = lambda: (starts.append(model._state["train"]), LanguageModel.on_train_epoch_start(
+        model))
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, dm)
+    assert len(starts) == 2 and starts[1] is not None  # state was carried through epoch 0, then reset
+    assert model._state["train"] is not None
+    metrics = trainer.callback_metrics
+    assert {"val_loss", "val_ppl", "train_loss"} <= set(metrics)
+    assert float(metrics["val_ppl"]) == pytest.approx(math.exp(float(metrics["val_loss"])), rel=1e-5)
