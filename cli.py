@@ -110,7 +110,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     if args.json:
         print(json.dumps(result))
         return
-    metric = f"bpc {result['bpc']:.4f}" if "bpc" in result and datamodule.level == "char" else f"ppl {result['ppl']:.2f}"
+    char_level = "bpc" in result and datamodule.level == "char"
+    metric = f"bpc {result['bpc']:.4f}" if char_level else f"ppl {result['ppl']:.2f}"
     print(
         f"{result['corpus']} {result['split']}: {metric}  (loss {result['loss']:.4f} nats/token over "
         f"{result['tokens']:,} tokens; eval batch size {result['eval_batch_size']}, bptt {result['bptt']})"

@@ -23,7 +23,9 @@ class ZarembaDecay(LambdaLR):
         last_epoch: for resuming.
     """
 
-    def __init__(self, optimizer: Optimizer, constant_epochs: int = 4, decay: float = 0.5, last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer: Optimizer, constant_epochs: int = 4, decay: float = 0.5, last_epoch: int = -1
+    ) -> None:
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.constant_epochs = constant_epochs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import cli
+from tests.conftest import write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -37,17 +37,6 @@ optimizer:
   class_path: torch.optim.SGD
   init_args: {{lr: 1.0}}
 """
-
-
-def _write_words(directory: Path, seed: str, words: int = 40) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, lines in (("train", 300), ("valid", 60), ("test", 50)):
-        rng = random.Random(f"{seed}-{split}")
-        text = "".join(
-            " " + " ".join(f"w{rng.randrange(words)}" for _ in range(rng.randrange(1, 12))) + " \n" for _ in range(lines)
-        )
-        (directory / f"{split}.txt").write_text(text)
-    return directory
 
 
 @pytest.fixture
@@ -76,7 +65,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], code: int, expected_code
 
 @pytest.fixture
 def trained(workdir: Path) -> Path:
-    corpus = _write_words(workdir / "corpus", "a")
+    corpus = write_word_corpus(workdir / "corpus", "a")
     assert cli.main(["fit", "--config", str(_config(workdir, corpus))]) == 0
     return workdir / "run" / "checkpoints" / "last.ckpt"
 
@@ -149,7 +138,7 @@ def test_validate_and_test_through_lightning(trained: Path, workdir: Path) -> No
 
 # ------------------------------------------------------------------------------------------------- bad input
 def test_unknown_architecture(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = _config(workdir, _write_words(workdir / "corpus", "a"))
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
     code = cli.main(["fit", "--config", str(config), "--model.init_args.architecture", "lstmx"])
     _one_line_error(capsys, code, 2, "unknown architecture 'lstmx'", "lstm")
 
@@ -167,7 +156,7 @@ def test_missing_corpus(workdir: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_empty_or_non_utf8_training_file(
     workdir: Path, capsys: pytest.CaptureFixture[str], content: bytes, fragment: str
 ) -> None:
-    corpus = _write_words(workdir / "corpus", "a")
+    corpus = write_word_corpus(workdir / "corpus", "a")
     (corpus / "train.txt").write_bytes(content)
     code = cli.main(["fit", "--config", str(_config(workdir, corpus))])
     _one_line_error(capsys, code, 2, "train.txt", fragment)
@@ -185,7 +174,7 @@ def test_corrupt_checkpoint(trained: Path, workdir: Path, capsys: pytest.Capture
 
 
 def test_checkpoint_of_another_vocabulary(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    other = _write_words(workdir / "other", "b", words=70)  # a larger vocabulary
+    other = write_word_corpus(workdir / "other", "b", words=70)  # a larger vocabulary
     config = _config(workdir, other, name="other")
     code = cli.main(["test", "--config", str(config), "--ckpt_path", str(trained)])
     _one_line_error(capsys, code, 2, "vocabulary of 42 tokens", "72")
@@ -199,7 +188,7 @@ def test_checkpoint_of_another_vocabulary(trained: Path, workdir: Path, capsys: 
 
 
 def test_nan_loss_exits_1_naming_the_step(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = _config(workdir, _write_words(workdir / "corpus", "a"))
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
     code = cli.main(["fit", "--config", str(config), "--model.init_args.init_range", "1e38"])
     _one_line_error(capsys, code, 1, "training loss became", "at step 0")
 

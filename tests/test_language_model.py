@@ -13,6 +13,7 @@ from datamodules import TextDataModule
 from datamodules.streams import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation import evaluate
+from tests.conftest import write_word_corpus
 from zoo.errors import ConfigError, TrainingDivergedError
 
 
@@ -51,21 +52,9 @@ def test_training_step_detaches_and_carries_state() -> None:
     assert model._state["train"][0] is not first[0]
 
 
-def _write_corpus(root: Path, rng: torch.Generator) -> Path:
-    words = [f"w{i}" for i in range(30)]
-    for split, lines in (("train", 200), ("valid", 40), ("test", 37)):
-        text = "".join(
-            " " + " ".join(words[int(j)] for j in torch.randint(0, 30, (int(torch.randint(1, 12, (1,), generator=rng)),),
-                                                                   generator=rng)) + " \n"
-            for _ in range(lines)
-        )
-        (root / f"{split}.txt").write_text(text)
-    return root
-
-
 def test_evaluate_equals_independent_nll_sum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    corpus = _write_corpus(tmp_path, torch.Generator().manual_seed(0))
+    corpus = write_word_corpus(tmp_path, "0")
     dm = TextDataModule(str(corpus), eval_batch_size=3, eval_bptt=7)
     model = _tiny_model(vocab=dm.vocab_size)
     result = evaluate(model, dm, "test")
@@ -151,7 +140,7 @@ def test_tied_weights_share_storage_with_projection_when_sizes_differ() -> None:
 
 def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    corpus = _write_corpus(tmp_path, torch.Generator().manual_seed(1))
+    corpus = write_word_corpus(tmp_path, "1")
     dm = TextDataModule(str(corpus), batch_size=4, bptt=8, eval_batch_size=2)
     model = _tiny_model(vocab=dm.vocab_size)
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0)  # LightningCLI's job in lm-zoo

@@ -49,7 +49,8 @@ def _fit_and_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture[str], **sett
     config.write_text(CONFIG.format(root=tmp_path / "run", data=DATA, **settings))
     assert cli.main(["fit", "--config", str(config)]) == 0
     capsys.readouterr()
-    assert cli.main(["evaluate", str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--split", "valid", "--json"]) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert cli.main(["evaluate", str(last), "--split", "valid", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

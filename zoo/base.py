@@ -46,9 +46,15 @@ class FusedRecurrentStack(nn.Module):
     #: number of tensors in this architecture's state (LSTM: h and c)
     state_size: int = 1
 
-    def __init__(self, fused: bool = True) -> None:
+    def __init__(self, rnn: nn.RNNBase, init_range: float | None = None, fused: bool = True) -> None:
         super().__init__()
+        if not rnn.batch_first:
+            raise ValueError("the zoo is batch-first: build the nn.RNNBase with batch_first=True")
+        self.rnn = rnn
         self.fused = fused
+        if init_range is not None:  # Uniform(-r, r) on every weight and bias (Zaremba et al. 2014)
+            for p in self.rnn.parameters():
+                nn.init.uniform_(p, -init_range, init_range)
 
     @property
     def num_layers(self) -> int:
@@ -124,9 +130,3 @@ class FusedRecurrentStack(nn.Module):
             ``(y, state)``: outputs ``(B, T, H)`` and the layer's final state.
         """
         raise NotImplementedError
-
-    def _init_uniform(self, init_range: float | None) -> None:
-        """Uniform(-r, r) on every weight and bias (Zaremba et al. 2014); ``None`` keeps PyTorch's default init."""
-        if init_range is not None:
-            for p in self.rnn.parameters():
-                nn.init.uniform_(p, -init_range, init_range)

@@ -41,9 +41,8 @@ class GRU(FusedRecurrentStack):
         init_range: float | None = None,
         fused: bool = True,
     ) -> None:
-        super().__init__(fused=fused)
-        self.rnn = nn.GRU(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout)
-        self._init_uniform(init_range)
+        rnn = nn.GRU(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout)
+        super().__init__(rnn, init_range, fused)
 
     def _cell_loop(
         self, layer: int, x: Tensor, state: tuple[Tensor, ...], keep_at: dict[int, Tensor]

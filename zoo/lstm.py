@@ -45,10 +45,9 @@ class LSTM(FusedRecurrentStack):
         init_range: float | None = None,
         fused: bool = True,
     ) -> None:
-        super().__init__(fused=fused)
-        self.rnn = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout)
+        rnn = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout)
+        super().__init__(rnn, init_range, fused)
         self.forget_bias = forget_bias
-        self._init_uniform(init_range)
         if forget_bias is not None:
             with torch.no_grad():
                 forget = slice(hidden_size, 2 * hidden_size)

@@ -1,0 +1,19 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+
+def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:
+    """A small word corpus of random lines over ``words`` word types, as train/valid/test.txt in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, lines in (("train", 300), ("valid", 60), ("test", 50)):
+        rng = random.Random(f"{seed}-{split}")
+        text = "".join(
+            " " + " ".join(f"w{rng.randrange(words)}" for _ in range(rng.randrange(1, 12))) + " \n"
+            for _ in range(lines)
+        )
+        (directory / f"{split}.txt").write_text(text)
+    return directory
