@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -18,6 +19,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zoo
 from zoo.errors import ConfigError, LMZooError
+
+if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
+    from checkpoints import LoadedModel
+    from datamodules import TextDataModule
 
 LIGHTNING_COMMANDS = {
     "fit": "train a model from a YAML config (lm-zoo fit --config configs/ptb/lstm-small.yaml)",
@@ -72,7 +77,8 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     )
 
 
-def _datamodule_for(loaded, corpus: str | None, data_root: str | None):  # noqa: ANN001, ANN202
+def _datamodule_for(loaded: LoadedModel, corpus: str | None, data_root: str | None) -> TextDataModule:
+    """The data module a loaded model was trained with (or ``corpus``), using the model's own tokenizer."""
     from datamodules import TextDataModule
 
     settings = dict(loaded.data)

@@ -93,7 +93,7 @@ class StreamWindows(IterableDataset):
         super().__init__()
         if batch_size < 1 or bptt < 1:
             raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
-        ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))  # a writable int64 copy of a (memory-mapped) array
         stream = torch.cat([torch.tensor([start_id]), ids])  # (N + 1,)
         num_pairs = ids.numel()
         spans = column_spans(num_pairs, batch_size * world_size)[rank * batch_size : (rank + 1) * batch_size]

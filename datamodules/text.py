@@ -11,7 +11,6 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
@@ -198,7 +197,7 @@ class TextDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         training = split == "train"
         return StreamWindows(
-            torch.from_numpy(np.array(self.encoded(split))),
+            self.encoded(split),
             batch_size=batch_size or (self.batch_size if training else self.eval_batch_size),
             bptt=bptt or (self.bptt if training else self.eval_bptt),
             start_id=self.tokenizer.eos_id,

@@ -114,8 +114,8 @@ class LanguageModel(L.LightningModule):
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
-        logits, state = self(batch.inputs, detach_state(state), batch.reset)
-        self._state[stage] = detach_state(state)
+        logits, state = self(batch.inputs, state, batch.reset)
+        self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         total, count = self.nll(logits, batch.targets)
         return total, count
 
@@ -168,7 +168,7 @@ class LanguageModel(L.LightningModule):
             return
         loss = metric.compute()
         metric.reset()
-        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss, sync_dist=False)
+        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss)
         self.log(f"{stage}_ppl", torch.exp(loss), prog_bar=stage != "train")
         units = self._units(stage)
         if units is not None:
@@ -219,7 +219,7 @@ class LanguageModel(L.LightningModule):
         logits, state = self(prompt)
         logits = logits[:, -1]  # (B, V)
         samples: list[list[int]] = [[] for _ in range(prompt.size(0))]
-        done = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
+        done = [False] * prompt.size(0)
         for _ in range(max_new_tokens):
             logits = logits.float() / temperature
             if top_k is not None and top_k < logits.size(-1):
@@ -227,13 +227,12 @@ class LanguageModel(L.LightningModule):
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             token = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompt.device)  # (B, 1)
-            for row, value in enumerate(token.flatten().tolist()):
+            for row, value in enumerate(token.flatten().tolist()):  # one host copy per step
                 if not done[row]:
                     samples[row].append(value)
-            if stop_id is not None:
-                done |= token.flatten() == stop_id
-                if bool(done.all()):
-                    break
+                    done[row] = value == stop_id
+            if all(done):
+                break
             logits, state = self(token, state)
             logits = logits[:, -1]
         return samples
