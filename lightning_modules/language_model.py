@@ -63,14 +63,21 @@ class LanguageModel(L.LightningModule):
             raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
         self.embedding = nn.Embedding(vocab_size, embedding_size)
         self.rnn = zoo.build(
-            architecture, embedding_size, hidden_size, num_layers, dropout=dropout, init_range=init_range,
+            architecture,
+            embedding_size,
+            hidden_size,
+            num_layers,
+            dropout=dropout,
+            init_range=init_range,
             **cell_options,
         )
         self.drop = nn.Dropout(dropout)
         # Tying needs the decoder's input width to equal the embedding width.
-        self.projection = nn.Linear(hidden_size, embedding_size, bias=False) if tie_weights and (
-            hidden_size != embedding_size
-        ) else None
+        self.projection = (
+            nn.Linear(hidden_size, embedding_size, bias=False)
+            if tie_weights and (hidden_size != embedding_size)
+            else None
+        )
         self.decoder = nn.Linear(embedding_size if tie_weights else hidden_size, vocab_size)
         if init_range is not None:
             nn.init.uniform_(self.embedding.weight, -init_range, init_range)
@@ -82,9 +89,7 @@ class LanguageModel(L.LightningModule):
         self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
 
     # --------------------------------------------------------------------------------------------------- forward
-    def forward(
-        self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None
-    ) -> tuple[Tensor, State]:
+    def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
         """Next-token logits.
 
         Args:
@@ -130,6 +135,13 @@ class LanguageModel(L.LightningModule):
             )
         self.metrics["train_nll"].update(loss.detach(), weight=count)
         self.log("train_loss", loss, prog_bar=True, batch_size=int(count))
+        # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
+        extra = self.rnn.regularization_loss()
+        if extra is not None:
+            self.log("train_cell_loss", extra, batch_size=int(count))
+            loss = loss + extra
+        for name, value in self.rnn.statistics().items():
+            self.log(f"train_{name}", value, batch_size=int(count))
         return loss
 
     def validation_step(self, batch: LMBatch, batch_idx: int) -> None:

@@ -23,8 +23,9 @@ def _pair(name: str, **options):
 def test_lstm_matches_equations_written_out() -> None:
     torch.manual_seed(0)
     stack = zoo.build("lstm", 3, 4, 1, fused=False)
-    W_ih, W_hh = stack.rnn.weight_ih_l0, stack.rnn.weight_hh_l0
-    b = stack.rnn.bias_ih_l0 + stack.rnn.bias_hh_l0
+    rnn = stack.layers[0].rnn
+    W_ih, W_hh = rnn.weight_ih_l0, rnn.weight_hh_l0
+    b = rnn.bias_ih_l0 + rnn.bias_hh_l0
     x = torch.randn(2, 5, 3)
     h = torch.zeros(2, 4)
     c = torch.zeros(2, 4)
@@ -46,8 +47,9 @@ def test_lstm_matches_equations_written_out() -> None:
 def test_gru_matches_equations_written_out() -> None:
     torch.manual_seed(0)
     stack = zoo.build("gru", 3, 4, 1, fused=False)
-    W_ih, W_hh = stack.rnn.weight_ih_l0, stack.rnn.weight_hh_l0
-    b_ih, b_hh = stack.rnn.bias_ih_l0, stack.rnn.bias_hh_l0
+    rnn = stack.layers[0].rnn
+    W_ih, W_hh = rnn.weight_ih_l0, rnn.weight_hh_l0
+    b_ih, b_hh = rnn.bias_ih_l0, rnn.bias_hh_l0
     x = torch.randn(2, 5, 3)
     h = torch.zeros(2, 4)
     expected = []
@@ -66,7 +68,7 @@ def test_gru_matches_equations_written_out() -> None:
 def test_tanh_rnn_matches_equation_written_out() -> None:
     torch.manual_seed(0)
     stack = zoo.build("rnn_tanh", 3, 4, 1, fused=False)
-    rnn = stack.rnn
+    rnn = stack.layers[0].rnn
     x = torch.randn(2, 5, 3)
     h = torch.zeros(2, 4)
     expected = []
@@ -140,7 +142,8 @@ def test_lstm_forget_bias_is_counted_once(forget_bias: float) -> None:
     # PyTorch sums bias_ih and bias_hh: the *effective* forget bias must be the configured value (pytorch#750).
     stack = zoo.build("lstm", 4, 6, 3, forget_bias=forget_bias, init_range=0.1)
     for layer in range(3):
-        effective = getattr(stack.rnn, f"bias_ih_l{layer}") + getattr(stack.rnn, f"bias_hh_l{layer}")
+        rnn = stack.layers[layer].rnn
+        effective = rnn.bias_ih_l0 + rnn.bias_hh_l0
         torch.testing.assert_close(effective[6:12], torch.full((6,), forget_bias))
         assert effective[:6].abs().max() <= 0.2  # the other gates keep the uniform init
 
@@ -148,7 +151,7 @@ def test_lstm_forget_bias_is_counted_once(forget_bias: float) -> None:
 def test_lstm_forget_bias_none_keeps_init() -> None:
     torch.manual_seed(0)
     stack = zoo.build("lstm", 4, 6, 1, forget_bias=None, init_range=0.1)
-    assert stack.rnn.bias_hh_l0[6:12].abs().max() > 0
+    assert stack.layers[0].rnn.bias_hh_l0[6:12].abs().max() > 0
     assert all(p.abs().max() <= 0.1 for p in stack.parameters())
 
 

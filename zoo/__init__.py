@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from zoo.base import State, detach_state, mask_state
+from zoo.base import STACK_OPTIONS, State, detach_state, mask_state
 from zoo.errors import ConfigError
 from zoo.gru import GRU
 from zoo.lstm import LSTM
@@ -47,7 +47,13 @@ class Architecture:
     def options(self) -> list[str]:
         """Keyword options accepted beyond input_size, hidden_size and num_layers."""
         params = inspect.signature(self.cls.__init__).parameters
-        return [p for p in params if p not in ("self", "input_size", "hidden_size", "num_layers")]
+        own = [
+            name
+            for name, p in params.items()
+            if name not in ("self", "input_size", "hidden_size", "num_layers") and p.kind is not p.VAR_KEYWORD
+        ]
+        takes_stack_options = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        return own + (list(STACK_OPTIONS) if takes_stack_options else [])
 
 
 _TINY = {"input_size": 16, "hidden_size": 16, "num_layers": 2}

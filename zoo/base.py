@@ -1,20 +1,42 @@
-"""What every recurrent stack in the zoo shares: the state format, reset masking, and the fused/per-step dispatch.
+"""What every recurrent stack in the zoo shares: the state format, resets, the per-step loop and the regularisers.
 
 The zoo contract (``../shared/DESIGN.md``): ``forward(x: (B, T, I), state=None, reset=None) -> (y: (B, T, H), state)``.
 
-* A *state* is a tuple of tensors, each shaped ``(num_layers, B, ...)`` (for the LSTM: ``(h, c)``, the layout of
-  ``nn.LSTM``'s ``hx``). ``None`` means zeros. Callers treat it as opaque apart from :func:`detach_state`.
+* A stack is a :class:`RecurrentStack` of :class:`RecurrentLayer` s. A *state* is a tuple of tensors, each shaped
+  ``(num_layers, B, ...)`` (for the LSTM: ``(h, c)``, the layout of ``nn.LSTM``'s ``hx``). ``None`` means zeros.
+  Callers treat it as opaque apart from :func:`detach_state`.
 * ``reset[b, t] = True`` zeroes stream b's state *before* step t. A reset at ``t = 0`` is applied to the incoming state;
   a reset later in the window forces the per-step path, since cuDNN cannot zero a state mid-sequence.
+* Adding a cell: subclass :class:`CellLayer`, put everything that does not depend on the state in
+  :meth:`~CellLayer.hoist` (one matmul over the whole window) and the recurrence in :meth:`~CellLayer.step`; then
+  subclass :class:`RecurrentStack` to build a list of those layers.
+
+Regularisers that act inside the recurrence live here, so that every architecture has them:
+
+* ``dropout`` between layers, either a fresh mask per element (Zaremba et al. 2014) or, with ``locked_dropout``, one
+  mask per sequence shared by every step (Gal & Ghahramani 2016; AWD-LSTM's ``LockedDropout``);
+* ``state_dropout``: Melis et al. 2018's recurrent ("state") dropout, one mask per sequence on ``h_{t-1}`` where it
+  enters the recurrence;
+* ``weight_drop``: DropConnect on the hidden-to-hidden matrices (Merity et al. 2017). AWD-LSTM's ``WeightDrop`` deleted
+  and re-registered ``nn.LSTM`` parameters and broke on nearly every PyTorch release; here the dropped matrices are
+  passed in with :func:`torch.func.functional_call`, a public API that leaves the parameters and the state-dict keys
+  alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call
 
 State = tuple[Tensor, ...]
+
+#: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
+STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range")
 
 
 def detach_state(state: State | None) -> State | None:
@@ -34,40 +56,181 @@ def mask_state(state: State, keep: Tensor) -> State:
     return tuple(s * keep.view(1, -1, *([1] * (s.dim() - 2))) for s in state)
 
 
-class FusedRecurrentStack(nn.Module):
-    """A stack of ``nn.RNNBase`` layers with a second, per-step implementation over the same parameters.
+def _mask_layer_state(state: State, keep: Tensor) -> State:
+    """:func:`mask_state` for one layer's state, whose tensors are ``(B, ...)``."""
+    return tuple(s * keep.view(-1, *([1] * (s.dim() - 1))) for s in state)
 
-    The parameters live in ``self.rnn`` (an ``nn.LSTM``/``nn.GRU``/``nn.RNN``, batch-first), so the fused kernel (cuDNN
-    on GPU, MKL-DNN/ATen on CPU) is used whenever no reset falls inside the window, and :meth:`_cell_loop` computes the
-    same function one step at a time when one does. Subclasses write out their cell's equations in ``_cell_loop``.
+
+def sequence_dropout_mask(like: Tensor, p: float) -> Tensor:
+    """An inverted-dropout mask shaped like ``like`` (``(B, H)``), to be reused at every step of a window."""
+    return torch.bernoulli(torch.full_like(like, 1 - p)) / (1 - p)
+
+
+class RecurrentLayer(nn.Module):
+    """One layer of a stack: runs a whole window from its own state.
+
+    Attributes:
+        input_size: width of the layer's input.
+        hidden_size: width of its output ``h``.
+        state_size: number of tensors in its state; ``state[0]`` is always the output ``h``.
+        recurrent_weights: names of the hidden-to-hidden matrices, the targets of ``weight_drop``.
     """
 
-    rnn: nn.RNNBase
-    #: number of tensors in this architecture's state (LSTM: h and c)
     state_size: int = 1
+    recurrent_weights: tuple[str, ...] = ()
 
-    def __init__(self, rnn: nn.RNNBase, init_range: float | None = None, fused: bool = True) -> None:
+    def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
-        if not rnn.batch_first:
-            raise ValueError("the zoo is batch-first: build the nn.RNNBase with batch_first=True")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+
+    def initial_state(self, batch_size: int, like: Tensor) -> State:
+        """All-zero state for ``batch_size`` streams, on ``like``'s device and dtype; each tensor ``(B, ...)``."""
+        return tuple(like.new_zeros(batch_size, self.hidden_size) for _ in range(self.state_size))
+
+    def forward(
+        self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
+    ) -> tuple[Tensor, State]:
+        """Run the layer over a window.
+
+        Args:
+            x: ``(B, T, I)`` the layer's input.
+            state: this layer's state tensors, each ``(B, ...)``.
+            keep_at: step -> ``(B,)`` keep-mask, for the steps ``t > 0`` where some stream resets.
+            state_mask: ``(B, H)`` dropout mask for ``h_{t-1}`` where it enters the recurrence, or ``None``.
+
+        Returns:
+            ``(y, state)``: outputs ``(B, T, H)`` and the layer's final state.
+        """
+        raise NotImplementedError
+
+    def regularization_loss(self) -> Tensor | None:
+        """A term this layer adds to the training loss for the last window (e.g. Skip RNN's budget), or ``None``."""
+        return None
+
+    def statistics(self) -> dict[str, Tensor]:
+        """Scalars worth logging about the last window (e.g. Skip RNN's fraction of updated steps)."""
+        return {}
+
+
+class CellLayer(RecurrentLayer):
+    """A layer defined by its cell: input-only work hoisted out of the loop, then one :meth:`step` per time step."""
+
+    def hoist(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """Everything that depends on the input alone, for the whole window at once (e.g. ``W_x x + b``).
+
+        Args:
+            x: ``(B, T, I)``.
+
+        Returns:
+            A tensor ``(B, T, ...)`` or a tuple of them; :meth:`step` receives their slices at step t.
+        """
+        return x
+
+    def step(self, x_t: Any, state: State) -> State:
+        """One time step.
+
+        Args:
+            x_t: the step-t slice of :meth:`hoist`'s result (a tensor ``(B, ...)`` or a tuple of them).
+            state: the layer's state before the step; ``state[0]`` is ``h_{t-1}`` (already state-dropped).
+
+        Returns:
+            The state after the step; its first tensor is the output ``h_t``.
+        """
+        raise NotImplementedError
+
+    def forward(
+        self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
+    ) -> tuple[Tensor, State]:
+        hoisted = self.hoist(x)
+        # unbind once (not x[:, t] per step): its backward stacks the step gradients in one copy instead of T.
+        steps: Iterator[Any] = (
+            iter(hoisted.unbind(1)) if isinstance(hoisted, Tensor) else zip(*(h.unbind(1) for h in hoisted))
+        )
+        outputs = []
+        for t, x_t in enumerate(steps):
+            if t in keep_at:
+                state = _mask_layer_state(state, keep_at[t])
+            if state_mask is not None:
+                state = (state[0] * state_mask, *state[1:])
+            state = self.step(x_t, state)
+            outputs.append(state[0])
+        return torch.stack(outputs, dim=1), state  # (B, T, H)
+
+
+class FusedLayer(CellLayer):
+    """A layer whose parameters live in a one-layer ``nn.LSTM``/``nn.GRU``/``nn.RNN``.
+
+    The fused kernel (cuDNN on GPU, oneDNN on CPU) runs whenever it computes the same function: no reset inside the
+    window and no state dropout. Otherwise the subclass's :meth:`step` runs over the same parameters.
+    """
+
+    recurrent_weights = ("rnn.weight_hh_l0",)
+
+    def __init__(self, rnn: nn.RNNBase, fused: bool = True) -> None:
+        if not rnn.batch_first or rnn.num_layers != 1 or rnn.bidirectional:
+            raise ValueError("a FusedLayer wraps a batch-first, one-layer, one-direction nn.RNNBase")
+        super().__init__(rnn.input_size, rnn.hidden_size)
         self.rnn = rnn
         self.fused = fused
-        if init_range is not None:  # Uniform(-r, r) on every weight and bias (Zaremba et al. 2014)
-            for p in self.rnn.parameters():
+
+    def forward(
+        self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
+    ) -> tuple[Tensor, State]:
+        if self.fused and not keep_at and state_mask is None:
+            hx = tuple(s.unsqueeze(0) for s in state)  # (1, B, H): nn.RNNBase's (layers, B, H)
+            y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
+            return y, tuple(s.squeeze(0) for s in (hx if isinstance(hx, tuple) else (hx,)))
+        return super().forward(x, state, keep_at, state_mask)
+
+
+class RecurrentStack(nn.Module):
+    """A stack of recurrent layers with the zoo's forward contract and the recurrent regularisers.
+
+    Args:
+        layers: the layers, bottom first; all with the same state layout.
+        dropout: dropout on each layer's output except the last.
+        locked_dropout: use one ``dropout`` mask per sequence (shared over time) instead of one per element.
+        state_dropout: Melis et al.'s recurrent dropout on ``h_{t-1}``, one mask per sequence and window.
+        weight_drop: DropConnect rate on the hidden-to-hidden matrices (AWD-LSTM), one mask per window.
+        init_range: if set, every parameter starts Uniform(-init_range, init_range) (Zaremba et al. 2014);
+            subclasses apply their own initialisation (e.g. the forget bias) after this.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[RecurrentLayer],
+        dropout: float = 0.0,
+        locked_dropout: bool = False,
+        state_dropout: float = 0.0,
+        weight_drop: float = 0.0,
+        init_range: float | None = None,
+    ) -> None:
+        super().__init__()
+        for name, rate in [("dropout", dropout), ("state_dropout", state_dropout), ("weight_drop", weight_drop)]:
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate}")
+        self.layers = nn.ModuleList(layers)
+        self.dropout = dropout
+        self.locked_dropout = locked_dropout
+        self.state_dropout = state_dropout
+        self.weight_drop = weight_drop
+        if init_range is not None:
+            for p in self.layers.parameters():
                 nn.init.uniform_(p, -init_range, init_range)
 
     @property
     def num_layers(self) -> int:
-        return self.rnn.num_layers
+        return len(self.layers)
 
     @property
     def hidden_size(self) -> int:
-        return self.rnn.hidden_size
+        return self.layers[-1].hidden_size
 
     def initial_state(self, batch_size: int, like: Tensor) -> State:
-        """All-zero state for ``batch_size`` streams, on ``like``'s device and dtype."""
-        zeros = like.new_zeros(self.num_layers, batch_size, self.hidden_size)
-        return tuple(zeros.clone() for _ in range(self.state_size))
+        """All-zero state for ``batch_size`` streams, each tensor ``(L, B, ...)``."""
+        per_layer = [layer.initial_state(batch_size, like) for layer in self.layers]
+        return tuple(torch.stack(parts) for parts in zip(*per_layer))
 
     def forward(self, x: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
         """Run the stack over a window.
@@ -82,51 +245,46 @@ class FusedRecurrentStack(nn.Module):
         """
         if state is None:
             state = self.initial_state(x.size(0), x)
-        reset_steps: list[int] = []
+        keep_at: dict[int, Tensor] = {}
         if reset is not None:
             keep = (~reset).to(x.dtype)  # (B, T)
             state = mask_state(state, keep[:, 0])
             # One host sync per window to learn where (if anywhere) a mid-window reset falls.
-            reset_steps = (reset[:, 1:].any(0).nonzero().flatten() + 1).tolist()
-        if self.fused and not reset_steps:
-            y, hx = self.rnn(x, state if self.state_size > 1 else state[0])
-            return y, (hx if isinstance(hx, tuple) else (hx,))
-        keep_at = {t: keep[:, t] for t in reset_steps}
-        return self._loop_layers(x, state, keep_at)
-
-    def _layer_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        rnn = self.rnn
-        w_ih = getattr(rnn, f"weight_ih_l{layer}")
-        w_hh = getattr(rnn, f"weight_hh_l{layer}")
-        b_ih = getattr(rnn, f"bias_ih_l{layer}", None)
-        b_hh = getattr(rnn, f"bias_hh_l{layer}", None)
-        return w_ih, w_hh, b_ih, b_hh
-
-    def _loop_layers(self, x: Tensor, state: State, keep_at: dict[int, Tensor]) -> tuple[Tensor, State]:
-        """Per-step path: layer by layer, so that each layer's input projection is one matmul over the window."""
+            keep_at = {t: keep[:, t] for t in (reset[:, 1:].any(0).nonzero().flatten() + 1).tolist()}
         layer_input = x
-        new_state: list[tuple[Tensor, ...]] = []
-        for layer in range(self.num_layers):
-            layer_state = tuple(s[layer] for s in state)  # each (B, H)
-            layer_input, layer_state = self._cell_loop(layer, layer_input, layer_state, keep_at)
+        new_state: list[State] = []
+        for index, layer in enumerate(self.layers):
+            layer_state = tuple(s[index] for s in state)  # each (B, ...)
+            state_mask = None
+            if self.training and self.state_dropout > 0:
+                state_mask = sequence_dropout_mask(layer_state[0], self.state_dropout)  # (B, H)
+            args = (layer_input, layer_state, keep_at, state_mask)
+            if self.training and self.weight_drop > 0 and layer.recurrent_weights:
+                dropped = {
+                    name: F.dropout(layer.get_parameter(name), self.weight_drop) for name in layer.recurrent_weights
+                }
+                layer_input, layer_state = functional_call(layer, dropped, args, strict=False)
+            else:
+                layer_input, layer_state = layer(*args)
             new_state.append(layer_state)
-            # nn.RNNBase applies its dropout to every layer's output but the last; so do we.
-            if layer < self.num_layers - 1 and self.rnn.dropout > 0:
-                layer_input = F.dropout(layer_input, self.rnn.dropout, self.training)
+            if index < self.num_layers - 1:
+                layer_input = self._between_layers(layer_input)
         return layer_input, tuple(torch.stack(parts) for parts in zip(*new_state))
 
-    def _cell_loop(
-        self, layer: int, x: Tensor, state: tuple[Tensor, ...], keep_at: dict[int, Tensor]
-    ) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Run one layer over the window one step at a time.
+    def _between_layers(self, y: Tensor) -> Tensor:
+        if not self.training or self.dropout == 0:
+            return y
+        if self.locked_dropout:
+            return y * sequence_dropout_mask(y[:, 0], self.dropout).unsqueeze(1)  # (B, 1, H) over all steps
+        return F.dropout(y, self.dropout, training=True)
 
-        Args:
-            layer: layer index (selects the weights).
-            x: ``(B, T, I)`` the layer's input.
-            state: this layer's state tensors, each ``(B, H)``.
-            keep_at: step -> ``(B,)`` keep-mask, for the steps where some stream resets.
+    def regularization_loss(self) -> Tensor | None:
+        """The sum of the layers' extra training-loss terms for the last window, or ``None`` if they have none."""
+        terms = [loss for loss in (layer.regularization_loss() for layer in self.layers) if loss is not None]
+        return torch.stack(terms).sum() if terms else None
 
-        Returns:
-            ``(y, state)``: outputs ``(B, T, H)`` and the layer's final state.
-        """
-        raise NotImplementedError
+    def statistics(self) -> dict[str, Tensor]:
+        """The layers' statistics for the last window, averaged over layers."""
+        per_layer = [layer.statistics() for layer in self.layers]
+        keys = {key for stats in per_layer for key in stats}
+        return {key: torch.stack([s[key] for s in per_layer if key in s]).mean() for key in sorted(keys)}

@@ -13,63 +13,67 @@ Forget-gate bias: Jozefowicz et al. 2015 §2.2 recommend b_f = 1 ("LSTM-b"). PyT
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedRecurrentStack
+from zoo.base import FusedLayer, RecurrentStack, State
 
 
-class LSTM(FusedRecurrentStack):
+class LSTMLayer(FusedLayer):
+    """One LSTM layer over an ``nn.LSTM``'s parameters."""
+
+    state_size = 2  # (h, c)
+
+    def __init__(self, input_size: int, hidden_size: int, fused: bool = True) -> None:
+        super().__init__(nn.LSTM(input_size, hidden_size, batch_first=True), fused)
+
+    def hoist(self, x: Tensor) -> Tensor:
+        rnn = self.rnn
+        return torch.nn.functional.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, 4H)
+
+    def step(self, x_t: Tensor, state: State) -> State:
+        h, c = state
+        gates = torch.addmm(x_t, h, self.rnn.weight_hh_l0.t())  # (B, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, c
+
+    def set_forget_bias(self, value: float) -> None:
+        """Make the effective forget-gate bias exactly ``value`` (all of it in ``bias_ih``, see the module doc)."""
+        forget = slice(self.hidden_size, 2 * self.hidden_size)
+        with torch.no_grad():
+            self.rnn.bias_ih_l0[forget] = value
+            self.rnn.bias_hh_l0[forget] = 0.0
+
+
+class LSTM(RecurrentStack):
     """A stack of LSTM layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
     Args:
         input_size: size of each input vector.
         hidden_size: units per layer.
         num_layers: stacked layers.
-        dropout: dropout on each layer's output except the last (as ``nn.LSTM``).
         forget_bias: effective initial forget-gate bias; ``None`` leaves the bias as initialised.
-        init_range: if set, every weight and bias starts Uniform(-init_range, init_range) (Zaremba et al. 2014) before
-            the forget bias is applied; ``None`` keeps PyTorch's Uniform(-1/sqrt(H), 1/sqrt(H)).
-        fused: use the fused kernel when no reset falls inside the window (``False`` always loops, for testing).
+        fused: use the fused kernel when it computes the same function (``False`` always loops, for testing).
+        **stack_options: the options every stack takes (:class:`~zoo.base.RecurrentStack`: dropout, locked_dropout,
+            state_dropout, weight_drop, init_range). The forget bias is applied after ``init_range``.
     """
-
-    state_size = 2  # (h, c)
 
     def __init__(
         self,
         input_size: int,
         hidden_size: int,
         num_layers: int = 1,
-        dropout: float = 0.0,
         forget_bias: float | None = 1.0,
-        init_range: float | None = None,
         fused: bool = True,
+        **stack_options: Any,
     ) -> None:
-        rnn = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout)
-        super().__init__(rnn, init_range, fused)
+        layers = [LSTMLayer(input_size if i == 0 else hidden_size, hidden_size, fused) for i in range(num_layers)]
+        super().__init__(layers, **stack_options)
         self.forget_bias = forget_bias
         if forget_bias is not None:
-            with torch.no_grad():
-                forget = slice(hidden_size, 2 * hidden_size)
-                for layer in range(num_layers):
-                    getattr(self.rnn, f"bias_ih_l{layer}")[forget] = forget_bias
-                    getattr(self.rnn, f"bias_hh_l{layer}")[forget] = 0.0
-
-    def _cell_loop(
-        self, layer: int, x: Tensor, state: tuple[Tensor, ...], keep_at: dict[int, Tensor]
-    ) -> tuple[Tensor, tuple[Tensor, ...]]:
-        w_ih, w_hh, b_ih, b_hh = self._layer_weights(layer)
-        # The input projection does not depend on h: one matmul for the whole window.
-        x_gates = torch.addmm(b_ih + b_hh, x.flatten(0, 1), w_ih.t()).view(x.size(0), x.size(1), -1)  # (B, T, 4H)
-        h, c = state
-        outputs = []
-        for t in range(x.size(1)):
-            if t in keep_at:
-                keep = keep_at[t].unsqueeze(1)  # (B, 1)
-                h, c = h * keep, c * keep
-            gates = torch.addmm(x_gates[:, t], h, w_hh.t())  # (B, 4H)
-            i, f, g, o = gates.chunk(4, dim=1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(c)
-            outputs.append(h)
-        return torch.stack(outputs, dim=1), (h, c)  # (B, T, H)
+            for layer in layers:
+                layer.set_forget_bias(forget_bias)

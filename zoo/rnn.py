@@ -2,46 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedRecurrentStack
+from zoo.base import FusedLayer, RecurrentStack, State
 
 
-class TanhRNN(FusedRecurrentStack):
+class TanhRNNLayer(FusedLayer):
+    """One tanh RNN layer over an ``nn.RNN``'s parameters."""
+
+    def __init__(self, input_size: int, hidden_size: int, fused: bool = True) -> None:
+        super().__init__(nn.RNN(input_size, hidden_size, nonlinearity="tanh", batch_first=True), fused)
+
+    def hoist(self, x: Tensor) -> Tensor:
+        rnn = self.rnn
+        return torch.nn.functional.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, H)
+
+    def step(self, x_t: Tensor, state: State) -> State:
+        return (torch.tanh(torch.addmm(x_t, state[0], self.rnn.weight_hh_l0.t())),)
+
+
+class TanhRNN(RecurrentStack):
     """A stack of tanh RNN layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
     Args:
         input_size: size of each input vector.
         hidden_size: units per layer.
         num_layers: stacked layers.
-        dropout: dropout on each layer's output except the last (as ``nn.RNN``).
-        init_range: if set, every weight and bias starts Uniform(-init_range, init_range); ``None`` keeps PyTorch's.
-        fused: use the fused kernel when no reset falls inside the window.
+        fused: use the fused kernel when it computes the same function.
+        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
+            :class:`~zoo.base.RecurrentStack`).
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        init_range: float | None = None,
-        fused: bool = True,
+        self, input_size: int, hidden_size: int, num_layers: int = 1, fused: bool = True, **stack_options: Any
     ) -> None:
-        rnn = nn.RNN(input_size, hidden_size, num_layers, nonlinearity="tanh", batch_first=True, dropout=dropout)
-        super().__init__(rnn, init_range, fused)
-
-    def _cell_loop(
-        self, layer: int, x: Tensor, state: tuple[Tensor, ...], keep_at: dict[int, Tensor]
-    ) -> tuple[Tensor, tuple[Tensor, ...]]:
-        w_ih, w_hh, b_ih, b_hh = self._layer_weights(layer)
-        x_proj = torch.addmm(b_ih + b_hh, x.flatten(0, 1), w_ih.t()).view(x.size(0), x.size(1), -1)  # (B, T, H)
-        (h,) = state
-        outputs = []
-        for t in range(x.size(1)):
-            if t in keep_at:
-                h = h * keep_at[t].unsqueeze(1)
-            h = torch.tanh(torch.addmm(x_proj[:, t], h, w_hh.t()))
-            outputs.append(h)
-        return torch.stack(outputs, dim=1), (h,)
+        layers = [TanhRNNLayer(input_size if i == 0 else hidden_size, hidden_size, fused) for i in range(num_layers)]
+        super().__init__(layers, **stack_options)
