@@ -95,13 +95,30 @@ def test_fused_equals_per_step_outputs_states_and_gradients(name: str) -> None:
         torch.testing.assert_close(p_f.grad, p_l.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
-@pytest.mark.parametrize("name", ARCHS)
-@pytest.mark.parametrize("fused", [True, False])
-def test_reset_mid_window_equals_fresh_start(name: str, fused: bool) -> None:
+def _variants(names: list[str]) -> list[tuple[str, dict]]:
+    """Every architecture, and for those with a fused kernel also the always-per-step variant."""
+    out = []
+    for name in names:
+        out.append((name, {}))
+        if "fused" in zoo.get(name).options():
+            out.append((name, {"fused": False}))
+    return out
+
+
+VARIANTS = _variants(ARCHS)
+VARIANT_IDS = [name + ("-loop" if options else "") for name, options in VARIANTS]
+
+
+def _random_state(stack, batch: int, x: torch.Tensor):
+    return tuple(torch.rand_like(s) * 0.5 for s in stack.initial_state(batch, x))
+
+
+@pytest.mark.parametrize(("name", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_reset_mid_window_equals_fresh_start(name: str, options: dict) -> None:
     torch.manual_seed(1)
-    stack = zoo.build(name, 5, 7, 2, fused=fused)
+    stack = zoo.build(name, 5, 8, 2, **options)
     x = torch.randn(3, 8, 5)
-    state = tuple(torch.randn_like(s) for s in stack.initial_state(3, x))
+    state = _random_state(stack, 3, x)
     reset = torch.zeros(3, 8, dtype=torch.bool)
     reset[1, 4] = True  # stream 1 starts a new sequence at step 4
     y, final = stack(x, state, reset)
@@ -117,24 +134,84 @@ def test_reset_mid_window_equals_fresh_start(name: str, fused: bool) -> None:
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_reset_at_first_step_zeroes_incoming_state(name: str) -> None:
-    stack = zoo.build(name, 5, 7, 2)
+    stack = zoo.build(name, 5, 8, 2)
     x = torch.randn(2, 4, 5)
-    state = tuple(torch.randn_like(s) for s in stack.initial_state(2, x))
+    state = _random_state(stack, 2, x)
     reset = torch.zeros(2, 4, dtype=torch.bool)
     reset[:, 0] = True
     torch.testing.assert_close(stack(x, state, reset)[0], stack(x)[0])
 
 
 @pytest.mark.parametrize("name", ARCHS)
-def test_carried_state_equals_one_pass(name: str) -> None:
-    stack = zoo.build(name, 5, 7, 2)
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_carried_state_equals_one_pass(name: str, num_layers: int) -> None:
+    stack = zoo.build(name, 5, 8, num_layers)
     x = torch.randn(2, 9, 5)
     whole, whole_state = stack(x)
+    assert whole.shape == (2, 9, 8)
+    assert all(s.size(0) == num_layers and s.size(1) == 2 for s in whole_state)
     first, state = stack(x[:, :4])
     second, state = stack(x[:, 4:], zoo.detach_state(state))
     torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-6, rtol=1e-5)
     for a, b in zip(state, whole_state):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "options"), VARIANTS, ids=VARIANT_IDS)
+def test_gradients_reach_every_parameter(name: str, options: dict) -> None:
+    torch.manual_seed(2)
+    stack = zoo.build(name, 5, 8, 2, **options)
+    x = torch.randn(3, 6, 5)
+    y, state = stack(x, _random_state(stack, 3, x))
+    loss = (y * torch.randn_like(y)).sum()
+    extra = stack.regularization_loss()
+    (loss if extra is None else loss + extra).backward()
+    for parameter_name, p in stack.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}: {parameter_name} gets no gradient"
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_recurrent_regularisers_are_off_in_eval_and_on_in_training(name: str) -> None:
+    torch.manual_seed(3)
+    plain = zoo.build(name, 5, 8, 2)
+    options = {"dropout": 0.5, "locked_dropout": True, "state_dropout": 0.5, "weight_drop": 0.5}
+    regularised = zoo.build(name, 5, 8, 2, **options)
+    regularised.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 6, 5)
+    before = {k: v.clone() for k, v in regularised.state_dict().items()}
+    torch.testing.assert_close(regularised.eval()(x)[0], plain.eval()(x)[0])
+    y, _ = regularised.train()(x)
+    assert not torch.allclose(y, plain(x)[0])
+    y.sum().backward()
+    assert all(p.grad is not None for p in regularised.parameters())
+    for key, value in regularised.state_dict().items():  # weight drop never edits the parameters themselves
+        torch.testing.assert_close(value, before[key], msg=key)
+
+
+def test_weight_drop_is_dropconnect_on_the_hidden_to_hidden_matrix() -> None:
+    # DropConnect (Merity et al. 2017): the same window through an LSTM whose W_hh is W_hh * mask / (1 - p).
+    torch.manual_seed(4)
+    stack = zoo.build("lstm", 3, 4, 1, weight_drop=0.5).train()
+    x = torch.randn(2, 5, 3)
+    torch.manual_seed(5)
+    y, _ = stack(x)
+    torch.manual_seed(5)  # the same draw, as a mask on a tensor of ones
+    w_hh = stack.layers[0].rnn.weight_hh_l0
+    dropped = w_hh * torch.nn.functional.dropout(torch.ones_like(w_hh), 0.5)
+    reference = zoo.build("lstm", 3, 4, 1).eval()
+    reference.load_state_dict(stack.state_dict())
+    with torch.no_grad():
+        reference.layers[0].rnn.weight_hh_l0.copy_(dropped)
+    torch.testing.assert_close(y, reference(x)[0])
+    assert (dropped == 0).any() and not torch.equal(y, stack.eval()(x)[0])
+
+
+def test_locked_dropout_uses_one_mask_per_sequence() -> None:
+    stack = zoo.build("rnn_tanh", 4, 64, 2, dropout=0.5, locked_dropout=True).train()
+    layer_output = torch.ones(2, 7, 64)
+    dropped = stack._between_layers(layer_output)
+    assert torch.equal(dropped, dropped[:, :1].expand_as(dropped))  # the same units are zero at every step
+    assert 0 < (dropped == 0).float().mean() < 1
 
 
 @pytest.mark.parametrize("forget_bias", [1.0, 2.5])
@@ -164,7 +241,8 @@ def test_unknown_architecture_and_option_are_config_errors() -> None:
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_presets_build_and_run(name: str) -> None:
-    assert {"tiny", "medium"} <= set(zoo.get(name).presets)
+    presets = zoo.get(name).presets
+    assert "tiny" in presets and len(presets) >= 2, "every architecture has a tiny and a paper-size preset"
     stack = zoo.build(name, **zoo.preset(name, "tiny"))
     y, _ = stack(torch.randn(2, 3, zoo.preset(name, "tiny")["input_size"]))
     assert y.shape == (2, 3, 16)
