@@ -1,9 +1,19 @@
-"""The recurrent language model as a LightningModule: embedding -> zoo stack -> full-softmax head.
+"""The recurrent language model as a LightningModule: embedding -> zoo stack -> output head (softmax | MoS).
 
 Stateful truncated BPTT (Lightning 2 removed its TBPTT hook): the recurrent state is carried on the module from one
 training window to the next and detached at every window, as pytorch/examples' ``repackage_hidden`` does; each stage
 (train / val / test) has its own state, zeroed at the start of every epoch, so evaluation never inherits training
 context and vice versa. The data must therefore arrive as ordered contiguous streams (``datamodules.streams``).
+
+Where each regulariser acts (training only; evaluation is deterministic)::
+
+    ids ──► embedding ──► embedding_dropout (whole words) ──► input_dropout ──► stack ──► output_dropout ──► head
+                                                                  │  inter_layer_dropout between layers,
+                                                                  │  state_dropout / weight_drop inside (cell_options)
+    loss = NLL + ar · mean(dropped_output²) + tar · mean((raw_t − raw_{t−1})²) + the cells' own terms
+
+``raw`` is the last layer's output before ``output_dropout``, ``dropped_output`` after it (Merity et al. 2017,
+AWD-LSTM ``main.py``). Weight decay (L2) is the optimizer's: ``optimizer.init_args.weight_decay`` in the YAML.
 """
 
 from __future__ import annotations
@@ -19,28 +29,82 @@ from torchmetrics.aggregation import MeanMetric
 
 import zoo
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from zoo.base import State, detach_state
+from zoo.base import State, detach_state, sequence_dropout_mask
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
 
 STAGES = ("train", "val", "test")
+HEADS = ("softmax", "mos")
+
+
+def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:
+    """Drop whole words: every occurrence of a dropped id gets a zero vector, the kept ones are scaled by 1/(1-p).
+
+    AWD-LSTM's ``embedded_dropout`` (Merity et al. 2017 §4.3; Gal & Ghahramani 2016) masks rows of the embedding
+    matrix, one mask per batch; indexing a ``(V,)`` row mask with the ids is the same function and gradient without
+    copying the ``(V, E)`` matrix.
+
+    Args:
+        ids: ``(B, T)`` token ids.
+        embedded: ``(B, T, E)`` their embeddings.
+        p: probability of dropping a word type.
+        num_embeddings: V.
+    """
+    keep = torch.bernoulli(embedded.new_full((num_embeddings,), 1 - p)) / (1 - p)  # (V,) one draw per word type
+    return embedded * keep[ids].unsqueeze(-1)  # (B, T, E)
+
+
+def sequence_dropout(x: Tensor, p: float, locked: bool) -> Tensor:
+    """Dropout on ``(B, T, D)`` in training: one mask per sequence shared by every step (locked / variational,
+    Gal & Ghahramani 2016; AWD-LSTM's ``LockedDropout``) or, if not ``locked``, one per element (Zaremba et al.)."""
+    if p == 0:
+        return x
+    if locked:
+        return x * sequence_dropout_mask(x[:, 0], p).unsqueeze(1)  # (B, 1, D) over all steps
+    return F.dropout(x, p, training=True)
 
 
 class LanguageModel(L.LightningModule):
-    """A recurrent LM from the zoo with a full-softmax output layer.
+    """A recurrent LM from the zoo with a full-softmax or mixture-of-softmaxes output head.
+
+    Dropout: ``dropout`` keeps its old meaning (Zaremba et al. 2014: the same rate on the embeddings, between layers
+    and before the head); each of ``input_dropout``, ``inter_layer_dropout``, ``output_dropout`` overrides it for its
+    own place when set (Melis et al. 2018 tune the three separately; AWD-LSTM's dropouti / dropouth / dropout).
 
     Args:
         vocab_size: number of token ids (the CLI links it from the data module).
         architecture: a zoo name (``lm-zoo models`` lists them).
-        embedding_size: input embedding width.
+        embedding_size: input embedding width (ignored when ``input_embedding_ratio`` is set).
         hidden_size: units per recurrent layer.
         num_layers: stacked recurrent layers.
-        dropout: dropout on the embeddings, between recurrent layers and before the softmax (Zaremba et al. 2014:
-            non-recurrent connections only).
-        tie_weights: share the input embedding and the softmax weights (Press & Wolf 2017; Inan et al. 2017); when
-            ``hidden_size != embedding_size`` a linear projection maps the last layer to the embedding width.
+        dropout: the default rate of ``input_dropout``, ``inter_layer_dropout`` and ``output_dropout`` (Zaremba et al.
+            2014: non-recurrent connections only).
+        tie_weights: share the input embedding and the softmax weights (Press & Wolf 2017; Inan et al. 2017); with the
+            softmax head and ``hidden_size != embedding_size`` a linear projection maps the last layer to the embedding
+            width (MoS needs none: its latent layer already produces embedding-width contexts).
         init_range: if set, embeddings, softmax and recurrent weights start Uniform(-r, r) (Zaremba: 0.1 small,
-            0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this.
-        cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``).
+            0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this. MoS's prior
+            and latent layers keep PyTorch's initialisation, as in the reference code.
+        cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``) and the recurrent
+            regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
+            ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
+            here are the same as ``inter_layer_dropout`` / ``locked_dropout`` below.
+        head: ``"softmax"`` (full softmax) or ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017).
+        mos_components: K, the number of softmaxes mixed by the MoS head.
+        mos_dropout: dropout on the MoS component contexts (the reference's ``dropoutl``).
+        input_dropout: dropout on the embeddings fed to the stack (Melis; AWD ``dropouti``); ``None``: ``dropout``.
+        inter_layer_dropout: dropout between recurrent layers (Melis; AWD ``dropouth``); ``None``: ``dropout``.
+        output_dropout: dropout on the last layer's output before the head (Melis; AWD ``dropout``); ``None``:
+            ``dropout``.
+        embedding_dropout: drop whole words, i.e. rows of the embedding matrix, one mask per batch, the rest scaled
+            by 1/(1-p) (Merity et al. 2017; AWD ``dropoute``).
+        locked_dropout: one dropout mask per sequence, shared by every step, for input, inter-layer, output and MoS
+            dropout (Gal & Ghahramani 2016; AWD-LSTM), instead of a fresh mask per element.
+        input_embedding_ratio: Melis et al. 2018: embedding size = ratio x hidden size (rounded); a ratio >= 1 means
+            embedding size = hidden size and no projection. Replaces ``embedding_size`` when set.
+        ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
+        tar: temporal activation regularisation beta: ``tar * mean((raw_t - raw_{t-1}) ** 2)``, consecutive steps of
+            the same stream (pairs across a reset are left out) (Merity et al. 2017 §4.6).
     """
 
     def __init__(
@@ -54,6 +118,17 @@ class LanguageModel(L.LightningModule):
         tie_weights: bool = False,
         init_range: float | None = None,
         cell_options: dict[str, Any] | None = None,
+        head: str = "softmax",
+        mos_components: int = 15,
+        mos_dropout: float = 0.0,
+        input_dropout: float | None = None,
+        inter_layer_dropout: float | None = None,
+        output_dropout: float | None = None,
+        embedding_dropout: float = 0.0,
+        locked_dropout: bool = False,
+        input_embedding_ratio: float | None = None,
+        ar: float = 0.0,
+        tar: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -61,36 +136,66 @@ class LanguageModel(L.LightningModule):
         cell_options = dict(cell_options or {})
         if "init_range" in cell_options:
             raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
+        if head not in HEADS:
+            raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
+        if "dropout" in cell_options and inter_layer_dropout is not None:
+            raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
+        if input_embedding_ratio is not None:
+            if input_embedding_ratio <= 0:
+                raise ConfigError(f"input_embedding_ratio must be > 0, got {input_embedding_ratio}")
+            embedding_size = (
+                hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
+            )
+        self.input_dropout = dropout if input_dropout is None else input_dropout
+        self.output_dropout = dropout if output_dropout is None else output_dropout
+        self.embedding_dropout = embedding_dropout
+        self.locked_dropout = locked_dropout
+        for name, rate in [
+            ("dropout", dropout),
+            ("input_dropout", self.input_dropout),
+            ("output_dropout", self.output_dropout),
+            ("embedding_dropout", embedding_dropout),
+            ("mos_dropout", mos_dropout),
+        ]:
+            if not 0.0 <= rate < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {rate}")
+        if ar < 0 or tar < 0:
+            raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
+        self.ar, self.tar = ar, tar
+        stack_options = {"dropout": dropout if inter_layer_dropout is None else inter_layer_dropout}
+        if locked_dropout:
+            stack_options["locked_dropout"] = True
+        stack_options.update(cell_options)  # the cell's own setting wins
         self.embedding = nn.Embedding(vocab_size, embedding_size)
         self.rnn = zoo.build(
-            architecture,
-            embedding_size,
-            hidden_size,
-            num_layers,
-            dropout=dropout,
-            init_range=init_range,
-            **cell_options,
+            architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options
         )
-        self.drop = nn.Dropout(dropout)
-        # Tying needs the decoder's input width to equal the embedding width.
-        self.projection = (
-            nn.Linear(hidden_size, embedding_size, bias=False)
-            if tie_weights and (hidden_size != embedding_size)
-            else None
-        )
-        self.decoder = nn.Linear(embedding_size if tie_weights else hidden_size, vocab_size)
+        # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
+        # state-dict keys are those of checkpoints written before heads existed.
+        self.projection: nn.Linear | None = None
+        self.decoder: SoftmaxHead | MixtureOfSoftmaxes
+        if head == "mos":
+            self.decoder = MixtureOfSoftmaxes(
+                hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
+            )
+        else:
+            # Tying needs the decoder's input width to equal the embedding width.
+            if tie_weights and hidden_size != embedding_size:
+                self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
+            self.decoder = SoftmaxHead(embedding_size if tie_weights else hidden_size, vocab_size)
+        output_layer = self.decoder.output_layer
         if init_range is not None:
             nn.init.uniform_(self.embedding.weight, -init_range, init_range)
-            nn.init.uniform_(self.decoder.weight, -init_range, init_range)
-            nn.init.zeros_(self.decoder.bias)
+            nn.init.uniform_(output_layer.weight, -init_range, init_range)
+            nn.init.zeros_(output_layer.bias)
         if tie_weights:
-            self.decoder.weight = self.embedding.weight
+            output_layer.weight = self.embedding.weight
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
         self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
 
     # --------------------------------------------------------------------------------------------------- forward
     def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
-        """Next-token logits.
+        """Next-token scores.
 
         Args:
             inputs: ``(B, T)`` token ids.
@@ -98,35 +203,63 @@ class LanguageModel(L.LightningModule):
             reset: ``(B, T)`` bool; zero stream b's state before step t.
 
         Returns:
-            ``(logits (B, T, V), state)``.
+            ``(scores (B, T, V), state)``: logits for the softmax head, log-probabilities for MoS; either way
+            ``log_softmax(scores)`` is the model's log-probabilities.
         """
-        x = self.drop(self.embedding(inputs))  # (B, T, E)
-        y, state = self.rnn(x, state, reset)  # (B, T, H)
-        y = self.drop(y)
-        if self.projection is not None:
-            y = self.projection(y)  # (B, T, E)
-        return self.decoder(y), state  # (B, T, V)
+        scores, state, _, _ = self._run(inputs, state, reset)
+        return scores, state
+
+    def _run(self, inputs: Tensor, state: State | None, reset: Tensor | None) -> tuple[Tensor, State, Tensor, Tensor]:
+        """:meth:`forward`, also returning the last layer's output before and after output dropout (for AR / TAR)."""
+        x = self.embedding(inputs)  # (B, T, E)
+        if self.training:
+            if self.embedding_dropout > 0:
+                x = embedding_dropout(inputs, x, self.embedding_dropout, self.vocab_size)
+            x = sequence_dropout(x, self.input_dropout, self.locked_dropout)
+        raw, state = self.rnn(x, state, reset)  # (B, T, H)
+        dropped = sequence_dropout(raw, self.output_dropout, self.locked_dropout) if self.training else raw
+        y = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
+        return self.decoder(y), state, raw, dropped  # (B, T, V)
 
     @staticmethod
     def nll(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """Summed negative log-likelihood (nats) over predicted targets, and how many were predicted."""
+        """Summed negative log-likelihood (nats) over predicted targets, and how many were predicted.
+
+        ``logits`` are any head's scores: ``cross_entropy`` applies ``log_softmax``, which leaves MoS's already
+        normalised log-probabilities unchanged.
+        """
         total = F.cross_entropy(
             logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
         return total, (targets != IGNORE_INDEX).sum()
 
-    def _window(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor]:
+    def _window(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
-        logits, state = self(batch.inputs, state, batch.reset)
+        logits, state, raw, dropped = self._run(batch.inputs, state, batch.reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         total, count = self.nll(logits, batch.targets)
-        return total, count
+        return total, count, raw, dropped
+
+    def activation_regularization(self, dropped: Tensor) -> Tensor:
+        """AR (Merity et al. 2017 §4.6): ``ar * mean(dropped ** 2)`` over the last layer's output after dropout."""
+        return self.ar * dropped.pow(2).mean()
+
+    def temporal_activation_regularization(self, raw: Tensor, reset: Tensor | None = None) -> Tensor:
+        """TAR (Merity et al. 2017 §4.6): ``tar * mean((raw_t - raw_{t-1}) ** 2)`` on the last layer's output before
+        dropout. AWD-LSTM averages over every consecutive pair of the window; a pair that straddles a reset belongs to
+        two different sequences and is left out."""
+        diff = (raw[:, 1:] - raw[:, :-1]).pow(2)  # (B, T-1, H)
+        if reset is None:
+            return self.tar * diff.mean() if diff.numel() else raw.new_zeros(())
+        keep = (~reset[:, 1:]).to(diff.dtype).unsqueeze(-1)  # (B, T-1, 1)
+        pairs = keep.sum() * diff.size(-1)
+        return self.tar * (diff * keep).sum() / pairs.clamp(min=1)
 
     # ------------------------------------------------------------------------------------------------ the loops
     def training_step(self, batch: LMBatch, batch_idx: int) -> Tensor:
-        total, count = self._window(batch, "train")
+        total, count, raw, dropped = self._window(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted token
         if not torch.isfinite(loss):
             raise TrainingDivergedError(
@@ -135,6 +268,15 @@ class LanguageModel(L.LightningModule):
             )
         self.metrics["train_nll"].update(loss.detach(), weight=count)
         self.log("train_loss", loss, prog_bar=True, batch_size=int(count))
+        # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
+        if self.ar > 0:
+            ar = self.activation_regularization(dropped)
+            self.log("train_ar", ar, batch_size=int(count))
+            loss = loss + ar
+        if self.tar > 0:
+            tar = self.temporal_activation_regularization(raw, batch.reset)
+            self.log("train_tar", tar, batch_size=int(count))
+            loss = loss + tar
         # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
         extra = self.rnn.regularization_loss()
         if extra is not None:
@@ -151,7 +293,7 @@ class LanguageModel(L.LightningModule):
         self._eval_step(batch, "test")
 
     def _eval_step(self, batch: LMBatch, stage: str) -> None:
-        total, count = self._window(batch, stage)
+        total, count, _, _ = self._window(batch, stage)
         if count > 0:
             self.metrics[f"{stage}_nll"].update(total / count, weight=count)
 

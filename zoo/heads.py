@@ -1,0 +1,125 @@
+"""Output heads: from the last recurrent layer's output to next-token scores.
+
+The head contract: ``head(h: (B, T, H)) -> (B, T, V)`` scores whose ``log_softmax`` over V is the model's
+log-probabilities. The LanguageModel's loss (``cross_entropy``), its perplexity and ``generate`` only ever apply a
+(log-)softmax to these scores, so every head is scored and sampled by the same code.
+
+* :class:`SoftmaxHead` -- the full softmax: logits ``W h + b``, ``W`` optionally tied to the input embedding
+  (Press & Wolf 2017; Inan et al. 2017).
+* :class:`MixtureOfSoftmaxes` -- Yang et al. 2017, "Breaking the softmax bottleneck: a high-rank RNN language model"
+  (arXiv:1711.03953). A single softmax over ``W h`` gives a log-probability matrix (contexts x words) of rank at most
+  d + 1; a mixture of K softmaxes is not bounded that way::
+
+      P(w | c) = sum_k pi_k(c) softmax(W h_k(c))_w,   pi(c) = softmax(W_pi h(c)),   h_k(c) = tanh(W_k h(c) + b_k)
+
+  It returns the mixed **log-probabilities** themselves (computed with ``logsumexp`` in log space, never as
+  ``log(sum of probabilities + 1e-8)`` as the reference code does). They are normalised, so ``log_softmax`` leaves
+  them unchanged and the head still meets the contract above.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.base import sequence_dropout_mask
+
+
+class SoftmaxHead(nn.Linear):
+    """The full softmax output layer: ``logits = W h + b`` over the whole vocabulary.
+
+    An ``nn.Linear`` (parameters ``weight (V, D)`` and ``bias (V,)``), so the LanguageModel's state-dict keys
+    ``decoder.weight`` / ``decoder.bias`` are the same as before heads existed and older checkpoints still load.
+
+    Args:
+        input_size: width D of the vectors it scores.
+        vocab_size: V.
+    """
+
+    def __init__(self, input_size: int, vocab_size: int) -> None:
+        super().__init__(input_size, vocab_size)
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The ``(V, D)`` word-vector layer, the one tied to the input embedding."""
+        return self
+
+    @property
+    def context_size(self) -> int:
+        """Width of the word vectors (what the embedding must have to be tied)."""
+        return self.in_features
+
+
+class MixtureOfSoftmaxes(nn.Module):
+    """Mixture of Softmaxes (Yang et al. 2017), the structure of their AWD-LSTM-MoS code (``zihangdai/mos``).
+
+    For each position, from the last layer's (dropped) output ``h``::
+
+        log pi   = log_softmax(W_pi h)                       (B, T, K)   prior, no bias (as in the reference)
+        h_k      = tanh(W_k h + b_k),  k = 1..K              (B, T, K, E) one latent projection to K x E
+        log p_k  = log_softmax(W_dec h_k + b_dec)            (B, T, K, V) the decoder is shared by all components
+        log p    = logsumexp_k (log pi_k + log p_k)          (B, T, V)
+
+    Args:
+        input_size: width H of the recurrent output.
+        context_size: width E of each component's context ``h_k`` (the embedding size, so the shared decoder can be
+            tied to the embedding).
+        vocab_size: V.
+        components: K, the number of softmaxes mixed (15 in the paper's PTB and WikiText-2 models).
+        dropout: dropout on the component contexts ``h_k`` (the reference's ``dropoutl``).
+        locked_dropout: one ``dropout`` mask per sequence, shared by every step (the reference's ``LockedDropout``),
+            instead of one per element.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        context_size: int,
+        vocab_size: int,
+        components: int = 15,
+        dropout: float = 0.0,
+        locked_dropout: bool = False,
+    ) -> None:
+        super().__init__()
+        if components < 1:
+            raise ValueError(f"a mixture needs at least one component, got {components}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.components = components
+        self.dropout = dropout
+        self.locked_dropout = locked_dropout
+        self.prior = nn.Linear(input_size, components, bias=False)
+        self.latent = nn.Linear(input_size, components * context_size)
+        self.decoder = SoftmaxHead(context_size, vocab_size)
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The shared ``(V, E)`` decoder, the one tied to the input embedding."""
+        return self.decoder
+
+    @property
+    def context_size(self) -> int:
+        return self.decoder.in_features
+
+    def forward(self, h: Tensor) -> Tensor:
+        """Mixed log-probabilities.
+
+        Args:
+            h: ``(B, T, H)`` the last recurrent layer's output.
+
+        Returns:
+            ``(B, T, V)`` log-probabilities (``logsumexp`` over V is 0).
+        """
+        B, T, _ = h.shape
+        log_prior = torch.log_softmax(self.prior(h).float(), dim=-1)  # (B, T, K)
+        contexts = torch.tanh(self.latent(h))  # (B, T, K*E)
+        if self.training and self.dropout > 0:
+            if self.locked_dropout:
+                contexts = contexts * sequence_dropout_mask(contexts[:, 0], self.dropout).unsqueeze(1)
+            else:
+                contexts = F.dropout(contexts, self.dropout, training=True)
+        contexts = contexts.view(B, T, self.components, self.context_size)  # (B, T, K, E)
+        # Normalise each component in float: a bf16/fp16 logsumexp over V would lose the small probabilities.
+        log_probs = torch.log_softmax(self.decoder(contexts).float(), dim=-1)  # (B, T, K, V)
+        return torch.logsumexp(log_prior.unsqueeze(-1) + log_probs, dim=2)  # (B, T, V)
