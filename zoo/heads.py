@@ -26,6 +26,10 @@ from torch import Tensor, nn
 from zoo.base import sequence_dropout_mask
 
 
+def _at_least_float32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class SoftmaxHead(nn.Linear):
     """The full softmax output layer: ``logits = W h + b`` over the whole vocabulary.
 
@@ -112,7 +116,8 @@ class MixtureOfSoftmaxes(nn.Module):
             ``(B, T, V)`` log-probabilities (``logsumexp`` over V is 0).
         """
         B, T, _ = h.shape
-        log_prior = torch.log_softmax(self.prior(h).float(), dim=-1)  # (B, T, K)
+        # Normalise in at least float32: a bf16/fp16 logsumexp over V would lose the small probabilities.
+        log_prior = torch.log_softmax(_at_least_float32(self.prior(h)), dim=-1)  # (B, T, K)
         contexts = torch.tanh(self.latent(h))  # (B, T, K*E)
         if self.training and self.dropout > 0:
             if self.locked_dropout:
@@ -120,6 +125,5 @@ class MixtureOfSoftmaxes(nn.Module):
             else:
                 contexts = F.dropout(contexts, self.dropout, training=True)
         contexts = contexts.view(B, T, self.components, self.context_size)  # (B, T, K, E)
-        # Normalise each component in float: a bf16/fp16 logsumexp over V would lose the small probabilities.
-        log_probs = torch.log_softmax(self.decoder(contexts).float(), dim=-1)  # (B, T, K, V)
+        log_probs = torch.log_softmax(_at_least_float32(self.decoder(contexts)), dim=-1)  # (B, T, K, V)
         return torch.logsumexp(log_prior.unsqueeze(-1) + log_probs, dim=2)  # (B, T, V)
