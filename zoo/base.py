@@ -26,6 +26,7 @@ Regularisers that act inside the recurrence live here, so that every architectur
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -83,6 +84,9 @@ class RecurrentLayer(nn.Module):
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
+        # Per-window helpers that hoist() creates for step() (e.g. zoo.kernels.RecurrentMatmul). Emptied after each
+        # window so that no autograd graph outlives it on the module (deepcopy, e.g. for weight averaging, needs that).
+        self.window = SimpleNamespace()
 
     def initial_state(self, batch_size: int, like: Tensor) -> State:
         """All-zero state for ``batch_size`` streams, on ``like``'s device and dtype; each tensor ``(B, ...)``."""
@@ -119,6 +123,9 @@ class CellLayer(RecurrentLayer):
     def hoist(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """Everything that depends on the input alone, for the whole window at once (e.g. ``W_x x + b``).
 
+        Per-window helpers for :meth:`step` (e.g. a :class:`zoo.kernels.RecurrentMatmul` per recurrent matrix) go
+        in ``self.window``, which is emptied after the window.
+
         Args:
             x: ``(B, T, I)``.
 
@@ -142,19 +149,22 @@ class CellLayer(RecurrentLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        hoisted = self.hoist(x)
-        # unbind once (not x[:, t] per step): its backward stacks the step gradients in one copy instead of T.
-        steps: Iterator[Any] = (
-            iter(hoisted.unbind(1)) if isinstance(hoisted, Tensor) else zip(*(h.unbind(1) for h in hoisted))
-        )
-        outputs = []
-        for t, x_t in enumerate(steps):
-            if t in keep_at:
-                state = _mask_layer_state(state, keep_at[t])
-            if state_mask is not None:
-                state = (state[0] * state_mask, *state[1:])
-            state = self.step(x_t, state)
-            outputs.append(state[0])
+        try:
+            hoisted = self.hoist(x)
+            # unbind once (not x[:, t] per step): its backward stacks the step gradients in one copy instead of T.
+            steps: Iterator[Any] = (
+                iter(hoisted.unbind(1)) if isinstance(hoisted, Tensor) else zip(*(h.unbind(1) for h in hoisted))
+            )
+            outputs = []
+            for t, x_t in enumerate(steps):
+                if t in keep_at:
+                    state = _mask_layer_state(state, keep_at[t])
+                if state_mask is not None:
+                    state = (state[0] * state_mask, *state[1:])
+                state = self.step(x_t, state)
+                outputs.append(state[0])
+        finally:
+            self.window = SimpleNamespace()
         return torch.stack(outputs, dim=1), state  # (B, T, H)
 
 

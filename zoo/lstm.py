@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.kernels import RecurrentMatmul, window_linear
 
 
 class LSTMLayer(FusedLayer):
@@ -31,11 +32,12 @@ class LSTMLayer(FusedLayer):
 
     def hoist(self, x: Tensor) -> Tensor:
         rnn = self.rnn
-        return torch.nn.functional.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, 4H)
+        self.window.hidden_matmul = RecurrentMatmul(rnn.weight_hh_l0, x.size(0), x.size(1))
+        return window_linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, 4H)
 
     def step(self, x_t: Tensor, state: State) -> State:
         h, c = state
-        gates = torch.addmm(x_t, h, self.rnn.weight_hh_l0.t())  # (B, 4H)
+        gates = self.window.hidden_matmul(h, add=x_t)  # (B, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)

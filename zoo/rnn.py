@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.kernels import RecurrentMatmul, window_linear
 
 
 class TanhRNNLayer(FusedLayer):
@@ -18,10 +19,11 @@ class TanhRNNLayer(FusedLayer):
 
     def hoist(self, x: Tensor) -> Tensor:
         rnn = self.rnn
-        return torch.nn.functional.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, H)
+        self.window.hidden_matmul = RecurrentMatmul(rnn.weight_hh_l0, x.size(0), x.size(1))
+        return window_linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 + rnn.bias_hh_l0)  # (B, T, H)
 
     def step(self, x_t: Tensor, state: State) -> State:
-        return (torch.tanh(torch.addmm(x_t, state[0], self.rnn.weight_hh_l0.t())),)
+        return (torch.tanh(self.window.hidden_matmul(state[0], add=x_t)),)
 
 
 class TanhRNN(RecurrentStack):

@@ -1,0 +1,180 @@
+"""Training throughput of every zoo architecture, side by side with ``nn.LSTM`` and a naive per-step LSTM.
+
+For each (batch, BPTT) setting the script times one training step (forward over a window, backward, SGD update) of a
+stack of ``--layers`` layers of ``--hidden`` units, for:
+
+* ``nn.LSTM``: PyTorch's fused kernel (cuDNN on GPU, oneDNN on CPU), the yardstick;
+* ``naive``: an LSTM written the way the peers write their custom cells (one ``nn.Linear`` per gate and input,
+  ``x[:, t]`` indexing, nothing hoisted out of the loop): what a custom cell costs without care;
+* every architecture in the zoo with its default options (``--arch`` picks some).
+
+Measurements are interleaved (every model once per round, ``--rounds`` rounds, median kept) so that the ratios are
+measured under the same conditions; only ratios from one run should be compared. Example::
+
+    python benchmarks/cells.py                                # hidden 650, batch 20 and 64, BPTT 35 and 70
+    python benchmarks/cells.py --arch lstm mogrifier --batch 20 --bptt 35 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import zoo  # noqa: E402
+
+
+class NaiveLSTM(nn.Module):
+    """The straightforward per-step LSTM of the peers' custom cells: eight ``nn.Linear`` per layer, nothing hoisted."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    f"{source}{gate}": nn.Linear(input_size if (source == "x" and i == 0) else hidden_size, hidden_size)
+                    for source in "xh"
+                    for gate in "ifgo"
+                }
+            )
+            for i in range(num_layers)
+        )
+
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        for layer in self.layers:
+            h = x.new_zeros(x.size(0), self.hidden_size)
+            c = torch.zeros_like(h)
+            outputs = []
+            for t in range(x.size(1)):
+                x_t = x[:, t]
+                i = torch.sigmoid(layer["xi"](x_t) + layer["hi"](h))
+                f = torch.sigmoid(layer["xf"](x_t) + layer["hf"](h))
+                g = torch.tanh(layer["xg"](x_t) + layer["hg"](h))
+                o = torch.sigmoid(layer["xo"](x_t) + layer["ho"](h))
+                c = f * c + i * g
+                h = o * torch.tanh(c)
+                outputs.append(h)
+            x = torch.stack(outputs, 1)
+        return x, None
+
+
+class TorchLSTM(nn.Module):
+    """``nn.LSTM`` with the zoo's call signature."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        return self.rnn(x)[0], None
+
+
+def training_step(model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer) -> Callable:
+    """A closure that runs one training step; the loss projects the outputs on a fixed random direction."""
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        y, _ = model(x)
+        loss = (y * direction).sum()
+        extra = model.regularization_loss() if hasattr(model, "regularization_loss") else None
+        (loss if extra is None else loss + extra).backward()
+        optimizer.step()
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    builders: dict[str, Callable[[], nn.Module]], batch: int, bptt: int, hidden: int, rounds: int, device: torch.device
+) -> dict[str, float]:
+    """Median seconds per training step of each model, timed in interleaved rounds."""
+    x = torch.randn(batch, bptt, hidden, device=device)
+    direction = torch.randn(batch, bptt, hidden, device=device)
+    steps = {}
+    for name, build in builders.items():
+        model = build().to(device).train()
+        steps[name] = training_step(model, x, direction, torch.optim.SGD(model.parameters(), lr=1e-4))
+        steps[name]()  # warm-up: allocator, oneDNN/cuDNN plans
+    times: dict[str, list[float]] = {name: [] for name in builders}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            _sync(device)
+            start = time.perf_counter()
+            step()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", nargs="+", default=None, help="zoo architectures (default: all)")
+    parser.add_argument("--batch", nargs="+", type=int, default=[20, 64])
+    parser.add_argument("--bptt", nargs="+", type=int, default=[35, 70])
+    parser.add_argument("--hidden", type=int, default=650, help="input and hidden size (PTB medium: 650)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5, help="timed steps per model (median kept)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive loop (it is slow)")
+    parser.add_argument(
+        "--loop", action="store_true", help="also time the per-step path of architectures that have a fused kernel"
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    hidden, layers = args.hidden, args.layers
+    builders: dict[str, Callable[[], nn.Module]] = {"nn.LSTM": lambda: TorchLSTM(hidden, hidden, layers)}
+    if not args.no_naive:
+        builders["naive"] = lambda: NaiveLSTM(hidden, hidden, layers)
+    for name in args.arch or zoo.names():
+        builders[name] = lambda name=name: zoo.build(name, hidden, hidden, layers)
+        if args.loop and "fused" in zoo.get(name).options():
+            builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
+
+    threads = torch.get_num_threads()
+    print(f"# {device} ({threads} threads), torch {torch.__version__}, hidden {hidden} x {layers} layers")
+    print("# training step = forward + backward + SGD update; tokens/s = batch * bptt / median step time")
+    results = []
+    for batch in args.batch:
+        for bptt in args.bptt:
+            seconds = measure(builders, batch, bptt, hidden, args.rounds, device)
+            print(f"\n## batch {batch}, bptt {bptt}")
+            print(f"| {'model':<16} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} |")
+            print(f"|{'-' * 18}|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|")
+            for name, step_time in seconds.items():
+                tokens_per_s = batch * bptt / step_time
+                vs_fused = seconds["nn.LSTM"] / step_time
+                vs_naive = seconds["naive"] / step_time if "naive" in seconds else float("nan")
+                print(f"| {name:<16} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} |")
+                results.append(
+                    {
+                        "model": name,
+                        "batch": batch,
+                        "bptt": bptt,
+                        "tokens_per_s": tokens_per_s,
+                        "ratio_nn_lstm": vs_fused,
+                        "ratio_naive": vs_naive,
+                    }
+                )
+            sys.stdout.flush()
+    if args.json is not None:
+        args.json.write_text(json.dumps({"device": str(device), "hidden": hidden, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

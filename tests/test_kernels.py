@@ -1,0 +1,57 @@
+"""The matmul fast paths of zoo.kernels against the plain PyTorch expressions they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zoo.kernels import RecurrentMatmul, window_linear
+
+
+def test_window_linear_equals_linear_with_gradients() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    w = torch.randn(11, 7, requires_grad=True)
+    b = torch.randn(11, requires_grad=True)
+    grad = torch.randn(3, 5, 11)
+    expected = F.linear(x, w, b)
+    expected_grads = torch.autograd.grad(expected, (x, w, b), grad)
+    got = window_linear(x, w, b)
+    torch.testing.assert_close(got, expected)
+    for g, e in zip(torch.autograd.grad(got, (x, w, b), grad), expected_grads):
+        torch.testing.assert_close(g, e)
+
+
+def _recurrence(weight: torch.Tensor, x: torch.Tensor, deferred: bool) -> torch.Tensor:
+    """h_t = tanh(x_t + h_{t-1} W^T), with the recurrent product done plainly or by RecurrentMatmul."""
+    matmul = RecurrentMatmul(weight, x.size(0), x.size(1)) if deferred else None
+    h = x.new_zeros(x.size(0), weight.size(1))
+    outputs = []
+    for x_t in x.unbind(1):
+        h = torch.tanh(matmul(h, add=x_t) if matmul else x_t + h @ weight.t())
+        outputs.append(h)
+    return torch.stack(outputs, 1)
+
+
+def test_recurrent_matmul_matches_autograd_values_and_gradients() -> None:
+    torch.manual_seed(1)
+    raw = torch.randn(6, 6, requires_grad=True)
+    x = torch.randn(2, 7, 6, requires_grad=True)
+    grad = torch.randn(2, 7, 6)
+    expected = _recurrence(raw * 0.5, x, deferred=False)  # a non-leaf weight, as with weight drop
+    expected_grads = torch.autograd.grad(expected, (raw, x), grad)
+    got = _recurrence(raw * 0.5, x, deferred=True)
+    torch.testing.assert_close(got, expected)
+    for g, e in zip(torch.autograd.grad(got, (raw, x), grad), expected_grads):
+        torch.testing.assert_close(g, e)
+    with torch.no_grad():
+        torch.testing.assert_close(_recurrence(raw * 0.5, x, deferred=True), expected)
+
+
+def test_recurrent_matmul_must_be_called_once_per_step() -> None:
+    weight = torch.randn(4, 4, requires_grad=True)
+    matmul = RecurrentMatmul(weight, 2, 3)
+    y = matmul(torch.randn(2, 4)) + matmul(torch.randn(2, 4))  # two of three steps
+    with pytest.raises(RuntimeError, match="called 2 times in a window of 3 steps"):
+        y.sum().backward()

@@ -1,0 +1,107 @@
+"""Fast paths for the matmuls of the per-step loops, measured in ``benchmarks/cells.py``.
+
+A custom cell spends its time in two kinds of matmul: the input projection, one GEMM over every step of the window
+(``hoist``), and the recurrent matmuls, one small GEMM per step. On CPU, PyTorch sends fp32 ``F.linear`` to MKL, while
+the fused ``nn.LSTM`` and convolutions go through oneDNN. On the AMD EPYC machines this project is developed and tested
+on, MKL runs its AVX2 code path and oneDNN its AVX-512 one, so the same window GEMM is about twice as fast as a
+1-wide convolution as it is as a ``linear`` (forward and backward; ``python benchmarks/cells.py --loop`` shows the
+effect on the LSTM's per-step path). The numbers are exact fp32 either way; only the kernel differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _use_onednn(x: Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` for a whole window at once, through oneDNN on CPU.
+
+    Args:
+        x: ``(B, T, I)``.
+        weight: ``(O, I)``.
+        bias: ``(O,)`` or ``None``.
+
+    Returns:
+        ``(B, T, O)`` (on CPU a strided view of the convolution's output; slicing it per step is free).
+    """
+    if not _use_onednn(x):
+        return F.linear(x, weight, bias)
+    batch, steps, _ = x.shape
+    # A kernel-1 convolution over a single "sequence" whose length is every (b, t) position is exactly one GEMM.
+    rows = x.reshape(batch * steps, -1).t().unsqueeze(0)  # (1, I, B*T)
+    y = F.conv1d(rows, weight.unsqueeze(2), bias)  # (1, O, B*T)
+    return y.squeeze(0).t().view(batch, steps, -1)  # (B, T, O)
+
+
+def _gemm_tn(a: Tensor, b: Tensor) -> Tensor:
+    """``a.T @ b`` for ``a: (N, O)``, ``b: (N, I)``, through oneDNN on CPU (see the module doc)."""
+    if not _use_onednn(a):
+        return a.t() @ b
+    # conv1d over a "sequence" of length I with N input channels: out[o, i] = sum_n a[n, o] * b[n, i].
+    return F.conv1d(b.unsqueeze(0), a.t().unsqueeze(2)).squeeze(0)  # (O, I)
+
+
+class _WindowWeightGrad(torch.autograd.Function):
+    """A zero tensor whose backward turns the per-step output gradients into the weight's gradient in one GEMM."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, weight: Tensor, matmul: RecurrentMatmul, shape: tuple
+    ) -> Tensor:
+        ctx.matmul = matmul
+        return weight.new_zeros(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        inputs = torch.stack(ctx.matmul.inputs, dim=1)  # (B, T, I)
+        if inputs.size(1) != grad.size(1):
+            raise RuntimeError(f"RecurrentMatmul was called {inputs.size(1)} times in a window of {grad.size(1)} steps")
+        ctx.matmul.inputs = []  # release the window's inputs once they have been used
+        return _gemm_tn(grad.flatten(0, 1), inputs.flatten(0, 1)), None, None
+
+
+class RecurrentMatmul:
+    """``inp_t @ weight.T`` once per step of a window, with the weight's gradient computed once for the window.
+
+    Left to autograd, a per-step matmul computes ``dW_t = g_t^T inp_t`` at every step of the backward pass (a GEMM
+    each, then an accumulation into ``W.grad``), although BPTT needs only the sum ``G^T X`` over the window: one GEMM.
+    So the per-step products use a detached weight (their backward computes the input's gradient only) and add a
+    zero-valued tensor built by :class:`_WindowWeightGrad`, whose backward receives every ``g_t`` at once. This halves
+    the GEMMs of the backward loop (``benchmarks/cells.py --loop``).
+
+    Create one per weight and window, and call it exactly once per step, in order.
+
+    Args:
+        weight: ``(O, I)``; may be a non-leaf tensor (e.g. weight-dropped), its gradient flows back as usual.
+        batch: ``B``.
+        steps: ``T``, the number of calls to expect.
+    """
+
+    def __init__(self, weight: Tensor, batch: int, steps: int) -> None:
+        self.weight_t = weight.detach().t()  # (I, O)
+        self.inputs: list[Tensor] = []
+        self._offsets: tuple[Tensor, ...] | None = None
+        if torch.is_grad_enabled() and weight.requires_grad:
+            zero = _WindowWeightGrad.apply(weight, self, (batch, steps, weight.size(0)))  # (B, T, O)
+            self._offsets = zero.unbind(1)
+
+    def __call__(self, inp: Tensor, add: Tensor | None = None) -> Tensor:
+        """``add + inp @ weight.T`` for the next step.
+
+        Args:
+            inp: ``(B, I)``.
+            add: ``(B, O)`` added to the product (e.g. the step's hoisted input projection), or ``None``.
+        """
+        if self._offsets is None:
+            return torch.addmm(add, inp, self.weight_t) if add is not None else inp @ self.weight_t
+        offset = self._offsets[len(self.inputs)]
+        self.inputs.append(inp.detach())  # the values, for the window GEMM; autograd saves nothing for W here
+        return torch.addmm(offset if add is None else add + offset, inp, self.weight_t)
