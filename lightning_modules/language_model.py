@@ -85,6 +85,9 @@ class LanguageModel(L.LightningModule):
         init_range: if set, embeddings, softmax and recurrent weights start Uniform(-r, r) (Zaremba: 0.1 small,
             0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this. MoS's prior
             and latent layers keep PyTorch's initialisation, as in the reference code.
+        embedding_init_range: if set, the embedding and the output word vectors alone start Uniform(-r, r) with a
+            zero output bias, overriding ``init_range`` for them: AWD-LSTM and MoS use 0.1 there and leave the LSTM
+            at PyTorch's initialisation (``nn.Embedding``'s default N(0, 1) would give huge initial logits).
         cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``) and the recurrent
             regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
             ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
@@ -129,6 +132,7 @@ class LanguageModel(L.LightningModule):
         input_embedding_ratio: float | None = None,
         ar: float = 0.0,
         tar: float = 0.0,
+        embedding_init_range: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -184,9 +188,10 @@ class LanguageModel(L.LightningModule):
                 self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
             self.decoder = SoftmaxHead(embedding_size if tie_weights else hidden_size, vocab_size)
         output_layer = self.decoder.output_layer
-        if init_range is not None:
-            nn.init.uniform_(self.embedding.weight, -init_range, init_range)
-            nn.init.uniform_(output_layer.weight, -init_range, init_range)
+        word_init_range = init_range if embedding_init_range is None else embedding_init_range
+        if word_init_range is not None:
+            nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
+            nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
             nn.init.zeros_(output_layer.bias)
         if tie_weights:
             output_layer.weight = self.embedding.weight

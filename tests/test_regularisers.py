@@ -3,6 +3,8 @@ the dropout options' mapping, the input embedding ratio, and a MoS model scored 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor
@@ -10,6 +12,7 @@ from torch import Tensor
 from datamodules.streams import IGNORE_INDEX, LMBatch, StreamWindows
 from lightning_modules import LanguageModel
 from lightning_modules.language_model import embedding_dropout
+from tests.conftest import write_word_corpus
 from zoo.errors import ConfigError
 
 V = 13
@@ -198,3 +201,38 @@ def test_mos_model_trains(one_thread: None) -> None:
             optimizer.step()
             losses.append(loss.item())
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
+
+
+def test_embedding_init_range_leaves_the_recurrent_weights_at_pytorch_defaults() -> None:
+    model = _model(hidden_size=100, embedding_init_range=0.01, tie_weights=True, cell_options={"forget_bias": None})
+    assert float(model.embedding.weight.abs().max()) <= 0.01
+    assert float(model.decoder.bias.abs().max()) == 0
+    recurrent = model.rnn.layers[0].rnn.weight_hh_l0
+    assert 0.05 < float(recurrent.abs().max()) <= 0.1  # nn.LSTM's U(-1/sqrt(H), 1/sqrt(H))
+
+
+def test_weight_decay_comes_from_the_yaml_optimizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import LMZooCLI
+    from datamodules import TextDataModule
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = write_word_corpus(tmp_path / "corpus", "2")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "model:\n  class_path: lightning_modules.LanguageModel\n"
+        "  init_args: {embedding_size: 8, hidden_size: 8, num_layers: 1, head: mos, mos_components: 2, ar: 2.0}\n"
+        f"data:\n  class_path: datamodules.TextDataModule\n  init_args: {{corpus: '{corpus}'}}\n"
+        "optimizer:\n  class_path: torch.optim.SGD\n  init_args: {lr: 30.0, weight_decay: 1.2e-6}\n"
+    )
+    cli = LMZooCLI(
+        LanguageModel,
+        TextDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=["--config", str(config), "--trainer.logger", "false"],
+    )
+    optimizer = cli.model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    assert optimizer.param_groups[0]["weight_decay"] == 1.2e-6
+    assert (cli.model.hparams.head, cli.model.ar) == ("mos", 2.0)
