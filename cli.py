@@ -1,8 +1,9 @@
 """``lm-zoo``: train, evaluate and sample recurrent language models.
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI (YAML configs, ``--print_config``, any option
-overridable on the command line). The other subcommands take a SOURCE (a ``.ckpt``) and are plain argparse: they
-need no Trainer, and LightningCLI cannot mix its subcommands with others (``run=False`` disables them all).
+overridable on the command line). The other subcommands take a SOURCE (a ``.ckpt``, an exported directory, a Hub
+repo id or a registered model's short name) and are plain argparse: they need no Trainer, and LightningCLI cannot mix
+its subcommands with others (``run=False`` disables them all).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import zoo
 from zoo.errors import ConfigError, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    from checkpoints import LoadedModel
-    from datamodules import TextDataModule
+    from checkpoints.hub import Published
 
 LIGHTNING_COMMANDS = {
     "fit": "train a model from a YAML config (lm-zoo fit --config configs/ptb/lstm-small.yaml)",
@@ -33,14 +33,19 @@ LIGHTNING_COMMANDS = {
 COMMANDS = {
     "evaluate": "perplexity / bits per character of a SOURCE on a split (--json for one JSON object)",
     "generate": "sample text from a SOURCE (temperature, top-k, prompt, seed)",
-    "models": "list the architectures in the zoo",
+    "models": "list the architectures in the zoo (--pretrained: the published models)",
+    "export": "write a SOURCE as config.json + model.safetensors + tokenizer + model card (--out DIR)",
+    "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
+    "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",
 }
+SPLITS = ("train", "valid", "test")
+SOURCE_HELP = "a .ckpt written by lm-zoo fit, a directory written by lm-zoo export, a Hub repo id or a registered name"
 
 
 def _usage() -> str:
     lines = ["usage: lm-zoo COMMAND [options]   (lm-zoo COMMAND --help for its options; --debug shows tracebacks)", ""]
     lines += [f"  {name:<10} {text}" for name, text in {**LIGHTNING_COMMANDS, **COMMANDS}.items()]
-    lines += ["", "A SOURCE is a .ckpt written by `lm-zoo fit`."]
+    lines += ["", f"A SOURCE is {SOURCE_HELP} (lm-zoo models --pretrained)."]
     return "\n".join(lines)
 
 
@@ -77,26 +82,11 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     )
 
 
-def _datamodule_for(loaded: LoadedModel, corpus: str | None, data_root: str | None) -> TextDataModule:
-    """The data module a loaded model was trained with (or ``corpus``), using the model's own tokenizer."""
-    from datamodules import TextDataModule
-
-    settings = dict(loaded.data)
-    if not settings.get("corpus") and corpus is None:
-        raise ConfigError(f"{loaded.source} does not say which corpus it was trained on: pass --corpus")
-    if corpus is not None:
-        settings["corpus"] = corpus
-    if data_root is not None:
-        settings["data_root"] = data_root
-    datamodule = TextDataModule(**settings)
-    datamodule.load_state_dict({"tokenizer": loaded.tokenizer.state_dict()})
-    return datamodule
-
-
 def cmd_evaluate(argv: Sequence[str]) -> None:
     """``lm-zoo evaluate SOURCE``: score a split deterministically with the full softmax."""
     parser = argparse.ArgumentParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
-    parser.add_argument("source", help="a .ckpt written by lm-zoo fit")
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--split", choices=("train", "valid", "test"), default="test")
     parser.add_argument("--batch-size", type=int, help="parallel streams (default: the training run's eval batch size)")
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
@@ -109,8 +99,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     import checkpoints
     from lightning_modules.evaluation import evaluate
 
-    loaded = checkpoints.load(args.source)
-    datamodule = _datamodule_for(loaded, args.corpus, args.data_root)
+    loaded = checkpoints.load(args.source, args.revision)
+    datamodule = loaded.datamodule(args.corpus, args.data_root)
     result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
     result["source"] = loaded.source
     if args.json:
@@ -127,7 +117,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 def cmd_generate(argv: Sequence[str]) -> None:
     """``lm-zoo generate SOURCE``: sample text, one sample per line."""
     parser = argparse.ArgumentParser(prog="lm-zoo generate", description=COMMANDS["generate"])
-    parser.add_argument("source", help="a .ckpt written by lm-zoo fit")
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line)")
     parser.add_argument("--num-samples", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=100, help="most tokens per sample (a sample ends at <eos>)")
@@ -144,7 +135,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
     import checkpoints
 
-    loaded = checkpoints.load(args.source)
+    loaded = checkpoints.load(args.source, args.revision)
     tokenizer, model = loaded.tokenizer, loaded.model.to(args.device)
     # Every sample starts at the beginning of a line: the end-of-line token is its context, then the prompt.
     prompt_ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
@@ -162,10 +153,14 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
 
 def cmd_models(argv: Sequence[str]) -> None:
-    """``lm-zoo models``: the architectures in the zoo."""
+    """``lm-zoo models``: the architectures in the zoo, or (``--pretrained``) the registry of published models."""
     parser = argparse.ArgumentParser(prog="lm-zoo models", description=COMMANDS["models"])
+    parser.add_argument("--pretrained", action="store_true", help="the published models ($LM_ZOO_REGISTRY overrides)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.pretrained:
+        _print_registry(args.json)
+        return
     rows = [
         {"name": name, "description": text, "reference": ref, "presets": list(zoo.get(name).presets)}
         for name, text, ref in zoo.describe()
@@ -177,10 +172,122 @@ def cmd_models(argv: Sequence[str]) -> None:
         print(f"{row['name']:<10} {row['description']}  [{row['reference']}; presets: {', '.join(row['presets'])}]")
 
 
+def _print_registry(as_json: bool) -> None:
+    from checkpoints import registry
+
+    entries = registry.load_registry()
+    if as_json:
+        print(json.dumps([entry.to_json() for entry in entries.values()]))
+        return
+    if not entries:
+        print(f"no pretrained models are registered yet ({registry.registry_path()})")
+    for entry in entries.values():
+        scores = "; ".join(
+            ", ".join(f"{split} {metric} {value}" for metric, value in result.items() if metric in ("ppl", "bpc"))
+            + f" (eval batch {result['eval_batch_size']}, bptt {result['bptt']})"
+            for split, result in entry.results.items()
+        )
+        print(f"{entry.name:<20} {entry.repo_id}@{entry.revision}  {entry.dataset} {entry.architecture}  {scores}")
+
+
+def cmd_export(argv: Sequence[str]) -> None:
+    """``lm-zoo export SOURCE --out DIR``: the shareable format, with the results measured for its model card."""
+    parser = argparse.ArgumentParser(prog="lm-zoo export", description=COMMANDS["export"])
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
+    splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
+    parser.add_argument("--splits", nargs="*", default=["valid", "test"], choices=SPLITS, help=splits_help)
+    results_help = "use `lm-zoo evaluate --json` outputs saved in these files instead of evaluating"
+    parser.add_argument("--results", nargs="+", metavar="JSON", help=results_help)
+    parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
+    parser.add_argument("--bptt", type=int, help="eval BPTT (default: the training run's)")
+    parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    from checkpoints.export import CONFIG_NAME, export
+
+    results = [_read_result(path) for path in args.results] if args.results else None
+    evaluation = {"batch_size": args.batch_size, "bptt": args.bptt, "data_root": args.data_root, "device": args.device}
+    out = export(args.source, args.out, splits=args.splits, results=results, **evaluation)
+    config = json.loads((out / CONFIG_NAME).read_text())
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    if args.json:
+        print(json.dumps({"out": str(out), "files": files, "results": config["results"]}))
+        return
+    print(f"{out}: " + ", ".join(f"{name} ({size:,} bytes)" for name, size in files.items()))
+    for result in config["results"]:
+        metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
+        print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
+
+
+def _read_result(path: str) -> dict:
+    try:
+        return json.loads(open(path, encoding="utf-8").read())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--results {path}: not a saved `lm-zoo evaluate --json` output ({err})") from None
+
+
+def cmd_publish(argv: Sequence[str]) -> None:
+    """``lm-zoo publish DIR --repo-id owner/name``: create the repo if needed, upload, print the URL."""
+    parser = argparse.ArgumentParser(prog="lm-zoo publish", description=COMMANDS["publish"])
+    parser.add_argument("directory", help="a directory written by lm-zoo export")
+    parser.add_argument("--repo-id", required=True, help="owner/name on the Hub (HF_TOKEN: a token with write access)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--revision", help="the branch to commit to, created if missing (default main)")
+    parser.add_argument("--tag", help="also tag the commit (e.g. v1), so downloads can pin it")
+    parser.add_argument("--commit-message")
+    parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument("--name", help="short name for the registry entry printed with --json (default: repo name)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (with a registry entry)")
+    args = parser.parse_args(argv)
+
+    from checkpoints import hub, registry
+    from checkpoints.export import CONFIG_NAME
+
+    options = {"revision": args.revision, "tag": args.tag, "commit_message": args.commit_message}
+    published: Published = hub.publish(
+        args.directory, args.repo_id, private=args.private, endpoint=args.endpoint, **options
+    )
+    if args.json:
+        config = json.loads(open(f"{args.directory}/{CONFIG_NAME}", encoding="utf-8").read())
+        name = args.name or args.repo_id.split("/")[-1].lower()
+        entry = registry.entry_for(config, name, args.repo_id, published.tag or published.commit)
+        print(json.dumps({**published.__dict__, "registry_entry": entry.to_json()}))
+        return
+    print(published.url)
+    print(f"commit {published.commit} on {published.revision}" + (f", tagged {published.tag}" if published.tag else ""))
+
+
+def cmd_download(argv: Sequence[str]) -> None:
+    """``lm-zoo download ID``: a repo id or registered short name into the Hugging Face cache; prints the path."""
+    parser = argparse.ArgumentParser(prog="lm-zoo download", description=COMMANDS["download"])
+    parser.add_argument("model", help="owner/name, or a short name from lm-zoo models --pretrained")
+    parser.add_argument("--revision", help="branch, tag or commit (default main, or the registry's pinned revision)")
+    parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    from checkpoints import hub, registry
+
+    repo_id, revision = args.model, args.revision
+    entry = registry.lookup(args.model) if "/" not in args.model else None
+    if entry is not None:
+        repo_id, revision = entry.repo_id, revision or entry.revision
+    elif "/" not in args.model:
+        raise ConfigError(f"{args.model!r} is no registered model (lm-zoo models --pretrained) and no owner/name")
+    path = hub.download(repo_id, revision, endpoint=args.endpoint)
+    print(json.dumps({"repo_id": repo_id, "revision": revision, "path": str(path)}) if args.json else path)
+
+
 HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "evaluate": cmd_evaluate,
     "generate": cmd_generate,
     "models": cmd_models,
+    "export": cmd_export,
+    "publish": cmd_publish,
+    "download": cmd_download,
 }
 
 

@@ -1,0 +1,222 @@
+"""Lightning ``.ckpt`` files written by ``lm-zoo fit``, and what every loader shares: :class:`LoadedModel`, building the
+model from its settings and strict weight loading.
+
+A ``.ckpt`` on disk is read with ``torch.load(weights_only=True)``: tensors and plain data only, never arbitrary
+pickled objects. Files that come from the Hub or an export directory are never read this way (see
+:mod:`checkpoints.export`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from datamodules.tokenizers import Tokenizer
+from lightning_modules.language_model import LanguageModel
+from zoo.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from datamodules import TextDataModule
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to evaluate, sample from or export.
+
+    Attributes:
+        model: the language model, in eval mode.
+        tokenizer: the tokenizer it was trained with.
+        data: the data module's settings at training time (corpus, batch sizes, BPTT, ...).
+        source: where it was loaded from.
+        training: the rest of the recipe: optimizer settings, steps, epochs, whether the weights are an average, and
+            the run's LightningCLI config when it was found.
+        results: measured results (``lm-zoo evaluate`` dicts) that came with an exported model.
+    """
+
+    model: LanguageModel
+    tokenizer: Tokenizer
+    data: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    training: dict[str, Any] = field(default_factory=dict)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> TextDataModule:
+        """The data module the model was trained with (or on ``corpus``), using the model's own tokenizer.
+
+        Raises:
+            ConfigError: the model does not say which corpus it was trained on and none was given.
+        """
+        from datamodules import TextDataModule
+
+        settings = dict(self.data)
+        if not settings.get("corpus") and corpus is None:
+            raise ConfigError(f"{self.source} does not say which corpus it was trained on: pass --corpus")
+        if corpus is not None:
+            settings["corpus"] = corpus
+        if data_root is not None:
+            settings["data_root"] = data_root
+        datamodule = TextDataModule(**settings)
+        datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
+        return datamodule
+
+
+def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Constructor settings without LightningCLI's private entries (``_class_path``, ``_instantiator``)."""
+    return {k: v for k, v in settings.items() if not k.startswith("_")}
+
+
+def build_model(hparams: dict[str, Any], tokenizer: Tokenizer, where: str) -> LanguageModel:
+    """Construct the model its settings describe, after checking them against the tokenizer.
+
+    Args:
+        hparams: ``LanguageModel`` constructor arguments.
+        tokenizer: the tokenizer the model is used with.
+        where: names the source in error messages.
+
+    Raises:
+        CheckpointError: the vocabulary sizes disagree, or the settings are unknown to this lm-zoo.
+    """
+    if hparams.get("vocab_size") != tokenizer.vocab_size:
+        raise CheckpointError(
+            f"{where}: the model expects {hparams.get('vocab_size')} tokens but its tokenizer has "
+            f"{tokenizer.vocab_size}; the checkpoint is inconsistent, use another one"
+        )
+    try:
+        return LanguageModel(**hparams)
+    except TypeError as err:
+        raise CheckpointError(f"{where} has settings this lm-zoo does not know ({err}); upgrade lm-zoo") from None
+
+
+def _tied_names(state: dict[str, Tensor]) -> dict[str, set[str]]:
+    """Each tensor name -> the other names that share its storage (tied weights), for names that have any."""
+    groups: dict[tuple[int, tuple[int, ...]], set[str]] = {}
+    for name, tensor in state.items():
+        groups.setdefault((tensor.data_ptr(), tuple(tensor.shape)), set()).add(name)
+    return {name: group - {name} for group in groups.values() if len(group) > 1 for name in group}
+
+
+def load_weights(model: LanguageModel, state: dict[str, Tensor], where: str) -> None:
+    """Load ``state`` into ``model`` strictly: every tensor must be there and nothing else.
+
+    A tied tensor (the softmax sharing the embedding) may be stored under any one of its names, as safetensors stores
+    it once; loading it once fills all of them.
+
+    Raises:
+        CheckpointError: naming the missing or unexpected tensors, or the first size mismatch.
+    """
+    expected = model.state_dict()
+    tied = _tied_names(expected)
+    missing = sorted(k for k in expected if k not in state and not (tied.get(k, set()) & state.keys()))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where} does not match its architecture: missing tensors {missing[:5]}, unexpected tensors "
+            f"{unexpected[:5]}; use weights written by this lm-zoo version for this configuration"
+        )
+    try:
+        model.load_state_dict(state, strict=False)  # strictness checked above, tied names included
+    except RuntimeError as err:
+        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err)[:200])
+        raise CheckpointError(f"{where}: {mismatch.rstrip('.')}; the weights do not fit the stored settings") from None
+
+
+def _read_ckpt(path: Path) -> dict[str, Any]:
+    try:
+        # weights_only: a checkpoint holds tensors and plain data; nothing in it needs unpickling arbitrary objects.
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({reason[:200]}); it may be truncated or not a .ckpt: "
+            "use another checkpoint (e.g. last.ckpt) or train again"
+        ) from None
+
+
+def _find_tokenizer(ckpt: dict[str, Any], path: Path) -> Tokenizer:
+    # The data module's state_dict is stored under its class name; its hyperparameters also have a "tokenizer" (the
+    # kind, a string or None), so look for the saved tokenizer state itself.
+    for value in ckpt.values():
+        if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
+            return Tokenizer.from_state_dict(value["tokenizer"])
+    raise CheckpointError(f"{path} has no tokenizer (it was not written by `lm-zoo fit`): retrain with lm-zoo")
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or (
+        isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value)
+    )
+
+
+def _training_record(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
+    """What a checkpoint says about how it was trained, beyond the model and data settings."""
+    # Optimizer settings live in the saved param groups (the optimizer's class is not in a .ckpt); implementation
+    # switches (foreach, fused, ...) are dropped, they are no part of the recipe.
+    switches = {"params", "foreach", "fused", "differentiable", "capturable", "maximize"}
+    optimizers = [
+        {"param_groups": [{k: v for k, v in g.items() if k not in switches and _plain(v)} for g in opt["param_groups"]]}
+        for opt in ckpt.get("optimizer_states", [])
+        if isinstance(opt, dict) and "param_groups" in opt
+    ]
+    record: dict[str, Any] = {
+        "checkpoint": path.name,
+        "epoch": ckpt.get("epoch"),
+        "global_step": ckpt.get("global_step"),
+        "optimizers": optimizers,
+        # Lightning's WeightAveraging stores the averaged weights as "state_dict" and the live ones beside them.
+        "weight_averaged": "current_model_state" in ckpt,
+    }
+    config = _run_config(path, ckpt)
+    if config is not None:
+        record["config"] = config
+    return record
+
+
+def _run_config(path: Path, ckpt: dict[str, Any]) -> dict[str, Any] | None:
+    """The LightningCLI ``config.yaml`` of the run, when the checkpoint sits in its default place beside it.
+
+    (``<root>/lightning_logs/version_N/checkpoints/best.ckpt`` next to ``version_N/config.yaml``.) It is used only if
+    its corpus is the checkpoint's, so a config of another run is never attached.
+    """
+    import yaml
+
+    candidate = path.parent.parent / "config.yaml"
+    if not candidate.is_file():
+        return None
+    try:
+        config = yaml.safe_load(candidate.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    try:
+        corpus = config["data"]["init_args"]["corpus"]
+    except (KeyError, TypeError):
+        return None
+    return config if corpus == ckpt.get("datamodule_hyper_parameters", {}).get("corpus") else None
+
+
+def load_checkpoint(path: str | Path) -> LoadedModel:
+    """Load a Lightning checkpoint written by ``lm-zoo fit``.
+
+    A checkpoint of a weight-averaged run (Lightning's ``WeightAveraging`` / ``EMAWeightAveraging``) gives the
+    averaged weights: Lightning stores them as the checkpoint's ``state_dict``.
+
+    Raises:
+        CheckpointError: the file is missing, corrupt, lacks weights or tokenizer, or its weights do not fit its
+            configuration or vocabulary (the message names the tensors).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist: pass a .ckpt written by `lm-zoo fit`")
+    ckpt = _read_ckpt(path)
+    if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
+        raise CheckpointError(f"{path} holds no model weights and settings: pass a .ckpt written by `lm-zoo fit`")
+    tokenizer = _find_tokenizer(ckpt, path)
+    model = build_model(public_settings(ckpt["hyper_parameters"]), tokenizer, str(path))
+    load_weights(model, ckpt["state_dict"], str(path))
+    data = public_settings(ckpt.get("datamodule_hyper_parameters", {}))
+    return LoadedModel(model.eval(), tokenizer, data, str(path), training=_training_record(ckpt, path))

@@ -1,0 +1,364 @@
+"""The export format: a directory a model can be shared as, loaded without unpickling anything.
+
+::
+
+    config.json        what the model is: {"format": "lm-zoo", "format_version", "lm_zoo_version", "architecture",
+                       "head", "model": <every LanguageModel constructor argument>, "num_parameters",
+                       "tokenizer": {"kind", "vocab_size", "file", "options"},
+                       "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
+                                    "weight_averaged", "config": <the run's LightningCLI config, when found>},
+                       "results": [<lm-zoo evaluate results>]}
+    model.safetensors  the weights (tied weights stored once)
+    vocab.txt          word/char vocabularies: one "symbol<TAB>training count" per line, in id order
+    tokenizer.model    SentencePiece models: the model proto
+    README.md          the model card (checkpoints.model_card), whose model-index holds the results
+
+``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
+settings are copied from ``model.hparams`` as they are: options added to ``LanguageModel`` later travel without any
+change here.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.metadata
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import zoo
+from checkpoints.ckpt import LoadedModel, build_model, load_weights, public_settings
+from datamodules.tokenizers import Tokenizer
+from zoo.errors import CheckpointError, LMZooError
+
+FORMAT = "lm-zoo"
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+VOCAB_NAME = "vocab.txt"
+SENTENCEPIECE_NAME = "tokenizer.model"
+CARD_NAME = "README.md"
+EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME)
+# Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+# Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
+_LOCAL_DATA_SETTINGS = ("data_root",)
+# What an evaluation result keeps in config.json and the card ("source" is a local path).
+RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
+
+
+def lm_zoo_version() -> str:
+    """The installed lm-zoo version (``unknown`` when running from a source tree that is not installed)."""
+    try:
+        return importlib.metadata.version("lm-zoo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------------------- writing
+def _jsonable(value: Any, what: str) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{what} cannot be written to {CONFIG_NAME} ({err}); use JSON-like values") from None
+
+
+def _write_tokenizer(tokenizer: Tokenizer, out: Path) -> dict[str, Any]:
+    """Write the tokenizer's files; return its ``config.json`` entry (everything else its state holds)."""
+    state = tokenizer.state_dict()
+    entry: dict[str, Any] = {"kind": state.pop("kind"), "vocab_size": tokenizer.vocab_size, "file": None}
+    if "symbols" in state:
+        symbols, counts = state.pop("symbols"), state.pop("counts")
+        # A symbol never holds "\n" (lines are split on it) and may hold a tab only in character vocabularies, so
+        # "symbol<TAB>count" split at the last tab is exact. Bytes, not text mode: a "\r" symbol must survive.
+        lines = "".join(f"{symbol}\t{count}\n" for symbol, count in zip(symbols, counts, strict=True))
+        (out / VOCAB_NAME).write_bytes(lines.encode("utf-8"))
+        entry["file"] = VOCAB_NAME
+    if "model_proto" in state:
+        (out / SENTENCEPIECE_NAME).write_bytes(base64.b64decode(state.pop("model_proto")))
+        entry["file"] = SENTENCEPIECE_NAME
+    entry["options"] = _jsonable(state, "the tokenizer's settings")  # e.g. spaced_symbols
+    return entry
+
+
+def result_record(result: dict[str, Any]) -> dict[str, Any]:
+    """An ``lm-zoo evaluate`` result as exports keep it (no local paths).
+
+    Raises:
+        CheckpointError: the result lacks what a model card must state.
+    """
+    missing = [k for k in ("split", "loss", "ppl", "eval_batch_size", "bptt") if k not in result]
+    if missing:
+        raise CheckpointError(
+            f"an evaluation result lacks {', '.join(missing)}: pass the output of `lm-zoo evaluate --json`"
+        )
+    return {k: result[k] for k in RESULT_KEYS if k in result}
+
+
+def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any]) -> dict:
+    """The ``config.json`` of ``loaded``."""
+    hparams = public_settings(dict(loaded.model.hparams))
+    unique = {p.data_ptr(): p.numel() for p in loaded.model.parameters()}  # tied weights counted once
+    training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "lm_zoo_version": lm_zoo_version(),
+        "architecture": hparams.get("architecture"),
+        # Only the full softmax exists so far; a LanguageModel with a "head" option records it in "model" too.
+        "head": hparams.get("head", "softmax"),
+        "model": hparams,
+        "num_parameters": sum(unique.values()),
+        "tokenizer": tokenizer_entry,
+        "training": training,
+        "results": [result_record(r) for r in results],
+    }
+    return _jsonable(config, "the model's settings")
+
+
+def export_model(loaded: LoadedModel, out_dir: str | Path, results: Sequence[dict[str, Any]] | None = None) -> Path:
+    """Write ``loaded`` as an export directory.
+
+    Args:
+        loaded: the model (e.g. from :func:`checkpoints.load`); its weights are written as they are, so a
+            weight-averaged checkpoint exports the averaged weights.
+        out_dir: created if needed; a previous export there is replaced.
+        results: ``lm-zoo evaluate`` results for the model card; ``None`` keeps those ``loaded`` came with.
+
+    Returns:
+        The directory.
+
+    Raises:
+        CheckpointError: ``out_dir`` holds something that is not an export, or a setting is not JSON-like.
+    """
+    from safetensors.torch import save_model
+
+    from checkpoints.model_card import render_card
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file: choose a directory")
+    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
+        raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
+        (out / name).unlink(missing_ok=True)
+    results = loaded.results if results is None else results
+    tokenizer_entry = _write_tokenizer(loaded.tokenizer, out)
+    config = build_config(loaded, results, tokenizer_entry)
+    # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
+    save_model(loaded.model.cpu(), str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    (out / CARD_NAME).write_text(render_card(config), encoding="utf-8")
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _is_export(directory: Path) -> bool:
+    try:
+        read_config(directory, str(directory))
+    except CheckpointError:
+        return False
+    return True
+
+
+def measure(
+    loaded: LoadedModel,
+    splits: Iterable[str],
+    batch_size: int | None = None,
+    bptt: int | None = None,
+    data_root: str | None = None,
+    device: str = "cpu",
+) -> list[dict[str, Any]]:
+    """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card."""
+    from lightning_modules.evaluation import evaluate
+
+    splits = list(splits)
+    if not splits:
+        return []
+    datamodule = loaded.datamodule(data_root=data_root)
+    return [result_record(evaluate(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
+
+
+def export(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    splits: Sequence[str] = ("valid", "test"),
+    results: Sequence[dict[str, Any]] | None = None,
+    batch_size: int | None = None,
+    bptt: int | None = None,
+    data_root: str | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Load a SOURCE, measure it on ``splits`` (unless ``results`` are given), and export it.
+
+    Args:
+        source: a ``.ckpt``, an export directory or a Hub repo id.
+        out_dir: the export directory.
+        splits: splits to evaluate for the model card; empty to measure nothing.
+        results: results measured before (``lm-zoo evaluate --json``), used instead of evaluating.
+        batch_size: eval batch size (default: the training run's).
+        bptt: eval BPTT (default: the training run's).
+        data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
+        device: where to evaluate.
+    """
+    from checkpoints import load
+
+    loaded = load(source)
+    if results is None:
+        results = measure(loaded, splits, batch_size, bptt, data_root, device)
+    return export_model(loaded, out_dir, results)
+
+
+# ------------------------------------------------------------------------------------------------------- reading
+def pickle_refusal(where: str, pickles: Sequence[str]) -> CheckpointError:
+    """The error for weights stored as pickles (``pytorch_model.bin``, ``*.pt``, ...) instead of safetensors."""
+    return CheckpointError(
+        f"{where} holds {', '.join(pickles[:3])} but no {WEIGHTS_NAME}: lm-zoo never loads pickled weights from a "
+        "directory or the Hub (unpickling can run arbitrary code); for your own run pass the .ckpt file itself, or "
+        "ask the publisher for an `lm-zoo export`"
+    )
+
+
+def refuse_pickles(directory: Path, where: str) -> None:
+    """Refuse a directory whose weights are pickles instead of safetensors.
+
+    Raises:
+        CheckpointError: explaining why such files are never loaded.
+    """
+    if (directory / WEIGHTS_NAME).is_file():
+        return  # the weights are safetensors; any pickle beside them is never read
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise pickle_refusal(where, pickles)
+
+
+def read_config(directory: Path, where: str) -> dict[str, Any]:
+    """Read and check an export's ``config.json``.
+
+    Raises:
+        CheckpointError: no such file, not JSON, not an lm-zoo config, or a newer format.
+    """
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"{where} is not an lm-zoo export (no {CONFIG_NAME}): pass a .ckpt, a directory written by "
+            "`lm-zoo export`, or a Hub repo id"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{where}: {CONFIG_NAME} is not valid JSON ({err}); export the model again") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        library = config.get("library_name") or config.get("model_type") if isinstance(config, dict) else None
+        raise CheckpointError(
+            f'{where} is not an lm-zoo model: its {CONFIG_NAME} has no "format": "{FORMAT}"'
+            + (f" (it looks like a {library} model)" if library else "")
+            + "; lm-zoo loads only models written by `lm-zoo export`"
+        )
+    version = config.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{where} is in export format {version!r}, newer than this lm-zoo reads ({FORMAT_VERSION}): upgrade lm-zoo"
+        )
+    for key in ("model", "tokenizer"):
+        if not isinstance(config.get(key), dict):
+            raise CheckpointError(f'{where}: {CONFIG_NAME} has no "{key}" object; export the model again')
+    return config
+
+
+def _read_vocab(path: Path, where: str) -> tuple[list[str], list[int]]:
+    symbols: list[str] = []
+    counts: list[int] = []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{where}: cannot read {path.name} ({err}); export the model again") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        symbol, _, count = line.rpartition("\t")
+        if not symbol or not count.isdigit():
+            raise CheckpointError(f"{where}: {path.name} line {number} is not 'symbol<TAB>count'; export again")
+        symbols.append(symbol)
+        counts.append(int(count))
+    return symbols, counts
+
+
+def _read_tokenizer(directory: Path, entry: dict[str, Any], where: str) -> Tokenizer:
+    state: dict[str, Any] = {"kind": entry.get("kind"), **(entry.get("options") or {})}
+    file = entry.get("file")
+    if file is not None:
+        if file not in (VOCAB_NAME, SENTENCEPIECE_NAME):
+            raise CheckpointError(f"{where}: {CONFIG_NAME} names an unknown tokenizer file {file!r}")
+        if not (directory / file).is_file():
+            raise CheckpointError(f"{where} has no {file}, which its {CONFIG_NAME} names: download or export again")
+    if file == VOCAB_NAME:
+        state["symbols"], state["counts"] = _read_vocab(directory / VOCAB_NAME, where)
+    elif file == SENTENCEPIECE_NAME:
+        state["model_proto"] = base64.b64encode((directory / SENTENCEPIECE_NAME).read_bytes()).decode("ascii")
+    try:
+        tokenizer = Tokenizer.from_state_dict(state)
+    except LMZooError as err:
+        raise CheckpointError(f"{where}: its tokenizer cannot be rebuilt ({err})") from None
+    except (RuntimeError, OSError) as err:  # sentencepiece refuses a corrupt model proto
+        raise CheckpointError(f"{where}: {file} is not a valid tokenizer ({str(err)[:200]})") from None
+    if entry.get("vocab_size") != tokenizer.vocab_size:
+        raise CheckpointError(
+            f"{where}: {file} has {tokenizer.vocab_size} entries but {CONFIG_NAME} says the vocabulary has "
+            f"{entry.get('vocab_size')}; the export is inconsistent, export it again"
+        )
+    return tokenizer
+
+
+def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{where} has no {WEIGHTS_NAME}: download or export the model again")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{where}: {WEIGHTS_NAME} is not a readable safetensors file ({reason[:200]}); it may be truncated: "
+            "download or export the model again"
+        ) from None
+
+
+def load_export(directory: str | Path, source: str | None = None) -> LoadedModel:
+    """Load an export directory: JSON, safetensors and the tokenizer files only, never a pickle.
+
+    Args:
+        directory: the directory (an ``lm-zoo export`` output, or a downloaded Hub snapshot).
+        source: how to name it in messages and ``LoadedModel.source`` (e.g. the repo id); default the path.
+
+    Raises:
+        CheckpointError: it is not an export, a file is missing or corrupt, the architecture is unknown, or the
+            weights do not fit the settings or vocabulary (the message names the tensors).
+    """
+    directory = Path(directory)
+    where = source or str(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{where} is not a directory: pass a directory written by `lm-zoo export`")
+    refuse_pickles(directory, where)
+    config = read_config(directory, where)
+    hparams = config["model"]
+    architecture = hparams.get("architecture")
+    if architecture not in zoo.names():
+        raise CheckpointError(
+            f"{where}: {CONFIG_NAME} names architecture {architecture!r}, which this lm-zoo does not have "
+            f"(it has {', '.join(zoo.names())}): upgrade lm-zoo"
+        )
+    tokenizer = _read_tokenizer(directory, config["tokenizer"], where)
+    model = build_model(hparams, tokenizer, where)
+    load_weights(model, _read_weights(directory / WEIGHTS_NAME, where), where)
+    training = dict(config.get("training") or {})
+    data = training.pop("data", {}) or {}
+    results = [r for r in config.get("results") or [] if isinstance(r, dict)]
+    return LoadedModel(model.eval(), tokenizer, data, where, training=training, results=results)
