@@ -1,0 +1,385 @@
+"""The export format: round trips from a trained run, the model card, tokenizers, bad input, pickles, the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import checkpoints
+import cli
+import zoo
+from checkpoints import registry
+from checkpoints.ckpt import LoadedModel
+from checkpoints.export import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, export_model, load_export
+from datamodules.tokenizers import build_tokenizer
+from lightning_modules import LanguageModel
+from tests.conftest import write_word_corpus
+
+# A tied 1 x 8 LSTM trained for 8 steps with EMA weight averaging; PublishBest exports the best checkpoint.
+RUN_CONFIG = """
+seed_everything: 1
+trainer:
+  max_epochs: 1
+  limit_train_batches: 8
+  enable_progress_bar: false
+  enable_model_summary: false
+  log_every_n_steps: 4
+  default_root_dir: {root}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.EMAWeightAveraging
+      init_args: {{decay: 0.5}}
+    - class_path: checkpoints.callbacks.PublishBest
+      init_args: {{out_dir: {root}/export{publish}}}
+model:
+  class_path: lightning_modules.LanguageModel
+  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, tie_weights: true}}
+data:
+  class_path: datamodules.TextDataModule
+  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
+checkpoint:
+  dirpath: {root}/checkpoints
+optimizer:
+  class_path: torch.optim.SGD
+  init_args: {{lr: 1.0}}
+"""
+
+
+def train_run(root: Path, publish: str = "") -> Path:
+    """Fit the tiny run under ``root`` (its cache in ``root/cache``); returns ``root``."""
+    corpus = write_word_corpus(root / "corpus", "export")
+    config = root / "run.yaml"
+    config.write_text(RUN_CONFIG.format(root=root / "run", corpus=corpus, publish=publish))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LM_ZOO_CACHE", str(root / "cache"))
+        assert cli.main(["fit", "--config", str(config)]) == 0
+    return root / "run"
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: str) -> str:
+    """Assert the CLI stopped with exit 2 and one ``lm-zoo: error:`` line holding ``fragments``."""
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lm-zoo: error: "), err
+    for fragment in fragments:
+        assert fragment in last, last
+    return last
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_run(tmp_path_factory.mktemp("export"))
+
+
+@pytest.fixture(autouse=True)
+def cache(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(run.parent / "cache"))
+
+
+@pytest.fixture
+def exported(run: Path, tmp_path: Path) -> Path:
+    """A copy of the run's export that a test may damage."""
+    return Path(shutil.copytree(run / "export", tmp_path / "export"))
+
+
+def _evaluate(capsys: pytest.CaptureFixture[str], source: str, *extra: str) -> dict:
+    capsys.readouterr()
+    assert cli.main(["evaluate", source, "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _logits(model: LanguageModel, ids: torch.Tensor) -> torch.Tensor:
+    first, state = model(ids[:, :5])
+    second, _ = model(ids[:, 5:], state)  # the carried state too
+    return torch.cat([first, second], dim=1)
+
+
+# ------------------------------------------------------------------------------------------------- round trip
+def test_export_loads_back_identical(run: Path) -> None:
+    ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
+    export = checkpoints.load(run / "export")
+    ids = torch.randint(0, ckpt.tokenizer.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(_logits(ckpt.model, ids), _logits(export.model, ids))
+    text = "w1 w2 zebra w39\nw7"
+    assert export.tokenizer.encode_text(text).tolist() == ckpt.tokenizer.encode_text(text).tolist()
+    assert export.tokenizer.state_dict() == ckpt.tokenizer.state_dict()  # symbols and counts, in order
+    assert export.data == {k: v for k, v in ckpt.data.items() if k != "data_root"}
+    # tied weights: stored once, tied again after loading
+    with safe_open(run / "export" / WEIGHTS_NAME, "pt") as f:
+        assert len({"embedding.weight", "decoder.weight"} & set(f.keys())) == 1
+    assert export.model.decoder.weight is export.model.embedding.weight
+
+
+def test_weight_averaged_run_exports_the_averaged_weights(run: Path) -> None:
+    ckpt = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    assert "current_model_state" in ckpt  # EMAWeightAveraging ran
+    stored = load_file(run / "export" / WEIGHTS_NAME)
+    for name, tensor in stored.items():
+        assert torch.equal(tensor, ckpt["state_dict"][name]), name
+    live = ckpt["current_model_state"]
+    assert any(not torch.equal(tensor, live[name]) for name, tensor in stored.items())
+    config = json.loads((run / "export" / CONFIG_NAME).read_text())
+    assert config["training"]["weight_averaged"] is True
+    assert config["training"]["optimizers"][0]["class"] == "torch.optim.sgd.SGD"  # from PublishBest
+    assert config["training"]["optimizers"][0]["param_groups"][0]["lr"] == 1.0
+
+
+def test_config_records_model_tokenizer_recipe_and_version(run: Path) -> None:
+    config = json.loads((run / "export" / CONFIG_NAME).read_text())
+    assert config["format"] == "lm-zoo" and config["format_version"] == 1 and config["lm_zoo_version"]
+    assert config["architecture"] == "lstm" and config["head"] == "softmax"
+    loaded = checkpoints.load(run / "checkpoints" / "best.ckpt")
+    assert config["model"] == {k: v for k, v in loaded.model.hparams.items() if not k.startswith("_")}
+    assert config["num_parameters"] == sum(p.numel() for p in loaded.model.parameters())  # tied counted once
+    assert config["tokenizer"] == {"kind": "word", "vocab_size": 42, "file": VOCAB_NAME, "options": {}}
+    assert config["training"]["data"]["bptt"] == 6 and "data_root" not in config["training"]["data"]
+    lines = (run / "export" / VOCAB_NAME).read_text().splitlines()
+    assert len(lines) == 42 and lines[0] == "<eos>\t300"
+
+
+def test_cli_export_then_evaluate_ckpt_and_directory_alike(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    assert cli.main(["export", ckpt, "--out", str(tmp_path / "out"), "--splits", "test", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["files"]) == {CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, "README.md"}
+    from_ckpt, from_dir = _evaluate(capsys, ckpt), _evaluate(capsys, str(tmp_path / "out"))
+    assert from_ckpt["ppl"] == from_dir["ppl"] == report["results"][0]["ppl"]
+    assert from_dir["source"] == str(tmp_path / "out")
+    assert _evaluate(capsys, str(run / "export"))["ppl"] == from_ckpt["ppl"]  # PublishBest's export too
+    # results measured before can be passed instead of evaluating again
+    (tmp_path / "valid.json").write_text(json.dumps(_evaluate(capsys, ckpt, "--split", "valid")))
+    assert cli.main(["export", ckpt, "--out", str(tmp_path / "out"), "--results", str(tmp_path / "valid.json")]) == 0
+    assert [r["split"] for r in load_export(tmp_path / "out").results] == ["valid"]
+    assert cli.main(["generate", str(tmp_path / "out"), "--num-samples", "2", "--seed", "1"]) == 0
+
+
+def test_model_card_holds_the_measured_results(run: Path) -> None:
+    card = ModelCard.load(run / "export" / "README.md")
+    config = json.loads((run / "export" / CONFIG_NAME).read_text())
+    assert card.data.library_name == "lm-zoo" and "lm-zoo" in card.data.tags and card.data.license
+    by_split = {r.dataset_split: r for r in card.data.eval_results}
+    assert set(by_split) == {"validation", "test"}
+    for result in config["results"]:
+        entry = by_split["validation" if result["split"] == "valid" else "test"]
+        assert entry.metric_type == "perplexity"
+        assert entry.metric_value == pytest.approx(result["ppl"], abs=1e-4)
+        assert entry.metric_args["eval_batch_size"] == result["eval_batch_size"] == 2
+        assert entry.metric_args["bptt"] == result["bptt"] == 5
+    assert "lm-zoo evaluate" in card.text and "checkpoints.load" in card.text
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "options"),
+    [
+        ("char", "ab\tc\r d\u2028e\nba  \tc\n", {}),  # tabs, "\r" and a Unicode line separator are symbols
+        ("char", "a b _ c\nb _ a\n", {"spaced_symbols": True}),
+        ("byte", "", {}),
+        ("sentencepiece", "the cat sat on the mat\nthe dog ate the cat food\n" * 20, {"options": {"vocab_size": 300}}),
+    ],
+)
+def test_every_tokenizer_round_trips(kind: str, text: str, options: dict, tmp_path: Path) -> None:
+    tokenizer = build_tokenizer(kind, text, **options)
+    model = LanguageModel(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()
+    export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
+    loaded = load_export(tmp_path / "out")
+    sample = text or "any text, even caf\u00e9\n"
+    assert loaded.tokenizer.encode_text(sample).tolist() == tokenizer.encode_text(sample).tolist()
+    assert loaded.tokenizer.state_dict() == tokenizer.state_dict()
+    expected = model.state_dict()
+    assert all(torch.equal(t, expected[k]) for k, t in loaded.model.state_dict().items())
+
+
+CASES = [(name, "softmax", False) for name in zoo.names()] + [("lstm", "mos", True), ("gru", "softmax", True)]
+
+
+@pytest.mark.parametrize(("architecture", "head", "tie"), CASES, ids=[f"{a}-{h}{'-tied' * t}" for a, h, t in CASES])
+def test_every_architecture_and_head_round_trips(architecture: str, head: str, tie: bool, tmp_path: Path) -> None:
+    tokenizer = build_tokenizer("word", "a b c d\ne f a\n")
+    options = dict(zoo.preset(architecture, "tiny"))
+    size, hidden = options.pop("input_size"), options.pop("hidden_size")
+    options.pop("num_layers")
+    model = LanguageModel(
+        vocab_size=tokenizer.vocab_size,
+        architecture=architecture,
+        embedding_size=size,
+        hidden_size=hidden,
+        num_layers=2,
+        cell_options=options,
+        head=head,
+        mos_components=2,
+        tie_weights=tie,
+    ).eval()
+    export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
+    loaded = load_export(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / CONFIG_NAME).read_text())["head"] == head
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(_logits(model, ids), _logits(loaded.model, ids))
+
+
+# -------------------------------------------------------------------------------------------------- bad input
+def _edit_config(directory: Path, edit) -> None:
+    config = json.loads((directory / CONFIG_NAME).read_text())
+    edit(config)
+    (directory / CONFIG_NAME).write_text(json.dumps(config))
+
+
+def test_corrupt_or_missing_weights(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    weights = exported / WEIGHTS_NAME
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), WEIGHTS_NAME, "not a readable safetensors")
+    weights.write_bytes(os.urandom(300))
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), WEIGHTS_NAME, "not a readable safetensors")
+    weights.unlink()
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), f"has no {WEIGHTS_NAME}")
+
+
+def test_missing_or_extra_tensor_is_named(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = load_file(exported / WEIGHTS_NAME)
+    save_file({k: v for k, v in state.items() if k != "decoder.bias"}, exported / WEIGHTS_NAME)
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "missing tensors ['decoder.bias']")
+    save_file({**state, "head.extra": torch.zeros(2)}, exported / WEIGHTS_NAME)
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "unexpected tensors ['head.extra']")
+
+
+def test_unknown_architecture(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _edit_config(exported, lambda c: c["model"].update(architecture="transformerx"))
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "architecture 'transformerx'", "upgrade lm-zoo")
+
+
+def test_vocabulary_that_does_not_fit_the_weights(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    vocab = exported / VOCAB_NAME
+    vocab.write_text("".join(vocab.read_text().splitlines(keepends=True)[:-1]))
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "vocab.txt has 41 entries", "42")
+    # config.json edited to agree with vocab.txt: then the weights disagree
+    _edit_config(exported, lambda c: (c["tokenizer"].update(vocab_size=41), c["model"].update(vocab_size=41)))
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "size mismatch", "[42, 8]")
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda c: c.pop("format"), "is not an lm-zoo model"),
+        (lambda c: c.update(format="transformers", model_type="gpt2"), "looks like a gpt2 model"),
+        (lambda c: c.update(format_version=99), "format 99, newer than this lm-zoo reads"),
+        (lambda c: c["model"].update(unknown_option=3), "settings this lm-zoo does not know"),
+    ],
+)
+def test_config_that_is_not_ours(exported: Path, edit, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _edit_config(exported, edit)
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), fragment)
+
+
+def test_sources_that_are_no_model(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    one_line_error(capsys, cli.main(["evaluate", str(tmp_path)]), "is not an lm-zoo export (no config.json)")
+    (tmp_path / CONFIG_NAME).write_text("{not json")
+    one_line_error(capsys, cli.main(["evaluate", str(tmp_path)]), "not valid JSON")
+    one_line_error(capsys, cli.main(["evaluate", "nonsense"]), "cannot load 'nonsense'", "models --pretrained")
+    code = cli.main(["evaluate", str(run / "export"), "--revision", "v1"])
+    one_line_error(capsys, code, "--revision applies to a Hub repo id")
+    code = cli.main(["export", str(run / "export"), "--out", str(tmp_path), "--splits"])
+    one_line_error(capsys, code, "is not an lm-zoo export: choose an empty or new --out")
+
+
+# --------------------------------------------------------------------------------------------------- security
+class _Payload:
+    """Unpickling this creates a file: the proof that something was unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "last.ckpt"])
+def test_pickled_weights_are_refused_never_loaded(
+    name: str, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "unpickled"
+    (exported / WEIGHTS_NAME).unlink()
+    (exported / name).write_bytes(pickle.dumps(_Payload(marker)))
+    code = cli.main(["evaluate", str(exported)])
+    one_line_error(capsys, code, name, f"no {WEIGHTS_NAME}", "never loads pickled weights")
+    assert not marker.exists()
+    shutil.rmtree(exported)  # a bare directory of pickles, no config.json: refused the same way
+    exported.mkdir()
+    (exported / name).write_bytes(pickle.dumps(_Payload(marker)))
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), "never loads pickled weights")
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+ENTRY = {
+    "repo_id": "alice/ptb-tiny",
+    "revision": "v1",
+    "dataset": "ptb",
+    "architecture": "lstm",
+    "results": {"test": {"ppl": 112.38, "eval_batch_size": 1, "bptt": 35}},
+}
+
+
+@pytest.fixture
+def registry_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps({"format_version": 1, "models": {"ptb-tiny": ENTRY}}))
+    monkeypatch.setenv("LM_ZOO_REGISTRY", str(path))
+    return path
+
+
+def test_shipped_registry_is_valid() -> None:
+    entries = registry.load_registry(registry.DEFAULT_PATH)
+    assert all(registry.REPO_ID_PATTERN.match(e.repo_id) for e in entries.values())
+
+
+def test_models_pretrained_prints_the_registry(registry_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", "--pretrained", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"name": "ptb-tiny", "description": "", **ENTRY}]
+    assert cli.main(["models", "--pretrained"]) == 0
+    out = capsys.readouterr().out
+    assert "ptb-tiny" in out and "alice/ptb-tiny@v1" in out and "test ppl 112.38 (eval batch 1, bptt 35)" in out
+    registry_file.write_text(json.dumps({"format_version": 1, "models": {}}))
+    assert cli.main(["models", "--pretrained"]) == 0
+    assert "no pretrained models are registered yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"repo_id": "not-a-repo"}, "is not owner/name"),
+        ({"revision": ""}, "revision must be a non-empty string"),
+        ({"results": {"test": {"ppl": 80.0, "bptt": 35}}}, "needs eval_batch_size"),
+        ({"results": {"test": {"eval_batch_size": 1, "bptt": 35}}}, "needs a positive ppl or bpc"),
+        ({"results": {"dev": {"ppl": 80.0, "eval_batch_size": 1, "bptt": 35}}}, "train/valid/test"),
+        ({"paper": "x"}, "unknown ['paper']"),
+    ],
+)
+def test_registry_validation(
+    change: dict, fragment: str, registry_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry_file.write_text(json.dumps({"format_version": 1, "models": {"ptb-tiny": {**ENTRY, **change}}}))
+    one_line_error(capsys, cli.main(["models", "--pretrained"]), str(registry_file), "'ptb-tiny'", fragment)
+
+
+def test_registry_entry_from_an_export(run: Path) -> None:
+    config = json.loads((run / "export" / CONFIG_NAME).read_text())
+    entry = registry.entry_for(config, "tiny", "alice/tiny", "v1")
+    data = {"format_version": 1, "models": {"tiny": {k: v for k, v in entry.to_json().items() if k != "name"}}}
+    parsed = registry.parse_registry(data, "generated")["tiny"]
+    assert parsed.results["test"]["eval_batch_size"] == 2 and parsed.results["test"]["ppl"] > 1
+    assert parsed.description == "1 x 8 lstm on corpus" and parsed.revision == "v1"
