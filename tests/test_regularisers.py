@@ -236,3 +236,12 @@ def test_weight_decay_comes_from_the_yaml_optimizer(tmp_path: Path, monkeypatch:
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
     assert optimizer.param_groups[0]["weight_decay"] == 1.2e-6
     assert (cli.model.hparams.head, cli.model.ar) == ("mos", 2.0)
+
+
+def test_mos_model_generates() -> None:
+    model = _model(head="mos", mos_components=3, tie_weights=True).eval()
+    prompt = torch.tensor([[0, 5]] * 2)
+    a = model.generate(prompt, 8, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    assert a == model.generate(prompt, 8, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    greedy = model.generate(prompt[:1], 1, top_k=1)[0]
+    assert greedy == [int(model(prompt[:1])[0][0, -1].argmax())]
