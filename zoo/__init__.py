@@ -19,8 +19,10 @@ from torch import nn
 
 from zoo.base import STACK_OPTIONS, State, detach_state, mask_state
 from zoo.errors import ConfigError
-from zoo.gru import GRU
+from zoo.gru import GRU, GRUPaper
 from zoo.lstm import LSTM
+from zoo.lstm_ablations import LSTMNoForget, LSTMNoInput, LSTMNoOutput
+from zoo.mut import MUT1, MUT2, MUT3
 from zoo.rnn import TanhRNN
 
 __all__ = ["Architecture", "State", "build", "describe", "detach_state", "get", "mask_state", "names", "preset"]
@@ -88,6 +90,58 @@ _REGISTRY: dict[str, Architecture] = {
             "tanh (Elman) RNN; fused kernel unless a reset falls mid-window",
             "Elman 1990; Jozefowicz et al. 2015 baseline",
             {"tiny": _TINY, "medium": _MEDIUM},
+        ),
+        # Jozefowicz et al. 2015 (Table 3) compare cells at 5M/10M/20M parameters, sizing each by its own hidden size.
+        # "jozefowicz-ptb": 2 layers, embedding = hidden, 10k-word vocabulary, untied softmax; H chosen (in steps of
+        # 10) so that stack + embedding (V x H) + softmax (H x V + V) is closest to 20M (the LSTM's 2 x 650 is 19.8M).
+        Architecture(
+            "lstm_no_forget",
+            LSTMNoForget,
+            "LSTM-f: the LSTM without a forget gate (f = 1, c' = c + i*g)",
+            "Jozefowicz et al. 2015 Table 1",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "lstm_no_input",
+            LSTMNoInput,
+            "LSTM-i: the LSTM without an input gate (i = 1, c' = f*c + g); forget bias 1",
+            "Jozefowicz et al. 2015 Table 1",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "lstm_no_output",
+            LSTMNoOutput,
+            "LSTM-o: the LSTM without an output gate (o = 1, h = tanh(c)); forget bias 1",
+            "Jozefowicz et al. 2015 Table 1, §4",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "gru_paper",
+            GRUPaper,
+            "GRU as written in Jozefowicz et al. 2015: reset gate before the matmul, W_hh (r*h); per-step loop",
+            "Cho et al. 2014; Jozefowicz et al. 2015 §2.3",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "mut1",
+            MUT1,
+            "MUT1: evolved GRU-like cell, z from x only, tanh(x) in the candidate (projected if input != hidden)",
+            "Jozefowicz et al. 2015 §4",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 770, "hidden_size": 770, "num_layers": 2}},  # 20.2M
+        ),
+        Architecture(
+            "mut2",
+            MUT2,
+            "MUT2: evolved GRU-like cell, reset gate sees x without a matrix (projected if input != hidden)",
+            "Jozefowicz et al. 2015 §4",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 730, "hidden_size": 730, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "mut3",
+            MUT3,
+            "MUT3: evolved GRU-like cell, update gate sees tanh(h)",
+            "Jozefowicz et al. 2015 §4",
+            {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
         ),
     ]
 }
