@@ -9,7 +9,17 @@ import torch.nn.functional as F
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
-def test_window_linear_equals_linear_with_gradients() -> None:
+@pytest.mark.parametrize("threads", [1, 2])  # one thread takes the plain F.linear route
+def test_window_linear_equals_linear_with_gradients(threads: int) -> None:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_window_linear()
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _check_window_linear() -> None:
     torch.manual_seed(0)
     x = torch.randn(3, 5, 7, requires_grad=True)
     w = torch.randn(11, 7, requires_grad=True)
@@ -19,6 +29,7 @@ def test_window_linear_equals_linear_with_gradients() -> None:
     expected_grads = torch.autograd.grad(expected, (x, w, b), grad)
     got = window_linear(x, w, b)
     torch.testing.assert_close(got, expected)
+    assert all(step.is_contiguous() for step in got.unbind(1))  # what the per-step loop reads
     for g, e in zip(torch.autograd.grad(got, (x, w, b), grad), expected_grads):
         torch.testing.assert_close(g, e)
 

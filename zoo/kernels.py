@@ -18,7 +18,13 @@ from torch import Tensor
 
 
 def _use_onednn(x: Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    # With one thread PyTorch sends a batch-1 convolution to its slow reference kernel instead of oneDNN.
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and torch.get_num_threads() > 1
+    )
 
 
 def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -30,15 +36,17 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         bias: ``(O,)`` or ``None``.
 
     Returns:
-        ``(B, T, O)`` (on CPU a strided view of the convolution's output; slicing it per step is free).
+        ``(B, T, O)``, laid out time-major in memory so that each step's slice ``[:, t]`` is contiguous (the per-step
+        loop reads it T times; a strided slice would be copied at every step).
     """
+    time_major = x.transpose(0, 1)  # (T, B, I)
     if not _use_onednn(x):
-        return F.linear(x, weight, bias)
-    batch, steps, _ = x.shape
-    # A kernel-1 convolution over a single "sequence" whose length is every (b, t) position is exactly one GEMM.
-    rows = x.reshape(batch * steps, -1).t().unsqueeze(0)  # (1, I, B*T)
-    y = F.conv1d(rows, weight.unsqueeze(2), bias)  # (1, O, B*T)
-    return y.squeeze(0).t().view(batch, steps, -1)  # (B, T, O)
+        return F.linear(time_major, weight, bias).transpose(0, 1)  # (B, T, O) view of (T, B, O)
+    steps, batch, _ = time_major.shape
+    # A kernel-1 convolution over a single "sequence" whose length is every (t, b) position is exactly one GEMM.
+    rows = time_major.reshape(steps * batch, -1).t().unsqueeze(0)  # (1, I, T*B)
+    y = F.conv1d(rows, weight.unsqueeze(2), bias)  # (1, O, T*B)
+    return y.squeeze(0).t().contiguous().view(steps, batch, -1).transpose(0, 1)  # (B, T, O) view of (T, B, O)
 
 
 def _gemm_tn(a: Tensor, b: Tensor) -> Tensor:
