@@ -174,6 +174,12 @@ def _training_record(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
     config = _run_config(path, ckpt)
     if config is not None:
         record["config"] = config
+        # The run's config names the classes a .ckpt leaves out.
+        optimizer, scheduler = config.get("optimizer"), config.get("lr_scheduler")
+        if len(optimizers) == 1 and isinstance(optimizer, dict) and "class_path" in optimizer:
+            optimizers[0]["class"] = optimizer["class_path"]
+        if isinstance(scheduler, dict) and "class_path" in scheduler:
+            record["lr_schedulers"] = [scheduler["class_path"]]
     return record
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import json
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,7 @@ def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokeniz
         "format_version": FORMAT_VERSION,
         "lm_zoo_version": lm_zoo_version(),
         "architecture": hparams.get("architecture"),
-        # Only the full softmax exists so far; a LanguageModel with a "head" option records it in "model" too.
-        "head": hparams.get("head", "softmax"),
+        "head": hparams.get("head", "softmax"),  # a summary: "model" holds every option, the head's included
         "model": hparams,
         "num_parameters": sum(unique.values()),
         "tokenizer": tokenizer_entry,
@@ -152,6 +152,7 @@ def export_model(loaded: LoadedModel, out_dir: str | Path, results: Sequence[dic
     # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
     save_model(loaded.model.cpu(), str(out / WEIGHTS_NAME), metadata={"format": "pt"})
     (out / CARD_NAME).write_text(render_card(config), encoding="utf-8")
+    shutil.copymode(out / CARD_NAME, out / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return out
 

@@ -145,6 +145,8 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         groups = optimizer.get("param_groups", [{}])
         settings = ", ".join(f"{k} {v}" for k, v in groups[0].items()) if groups else ""
         lines.append(f"Optimizer: {optimizer.get('class', 'settings')}: {settings}.")
+    if training.get("lr_schedulers"):
+        lines.append(f"Learning-rate schedule: {', '.join(training['lr_schedulers'])}.")
     if training.get("global_step") is not None:
         lines.append(f"Stopped after {training['global_step']:,} steps (epoch {training.get('epoch')}).")
     if training.get("weight_averaged"):

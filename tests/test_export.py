@@ -104,6 +104,13 @@ def _logits(model: LanguageModel, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([first, second], dim=1)
 
 
+@pytest.mark.parametrize("command", ["export", "publish", "download"])
+def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0 and "usage: lm-zoo " + command in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------------- round trip
 def test_export_loads_back_identical(run: Path) -> None:
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
