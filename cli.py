@@ -271,12 +271,10 @@ def cmd_download(argv: Sequence[str]) -> None:
 
     from checkpoints import hub, registry
 
-    repo_id, revision = args.model, args.revision
-    entry = registry.lookup(args.model) if "/" not in args.model else None
-    if entry is not None:
-        repo_id, revision = entry.repo_id, revision or entry.revision
-    elif "/" not in args.model:
+    resolved = registry.resolve(args.model, args.revision)
+    if resolved is None:
         raise ConfigError(f"{args.model!r} is no registered model (lm-zoo models --pretrained) and no owner/name")
+    repo_id, revision = resolved
     path = hub.download(repo_id, revision, endpoint=args.endpoint)
     print(json.dumps({"repo_id": repo_id, "revision": revision, "path": str(path)}) if args.json else path)
 

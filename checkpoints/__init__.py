@@ -34,16 +34,13 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
         return load_export(path) if path.is_dir() else load_checkpoint(path)
     if path.suffix == ".ckpt":
         return load_checkpoint(path)  # says it does not exist
-    entry = registry.lookup(text) if "/" not in text else None
-    if entry is not None:
-        repo_id, revision = entry.repo_id, revision or entry.revision
-    elif registry.REPO_ID_PATTERN.match(text):
-        repo_id = text
-    else:
+    resolved = registry.resolve(text, revision)
+    if resolved is None:
         raise CheckpointError(
             f"cannot load {text!r}: it is no file or directory, no Hub repo id (owner/name) and no registered model "
             "(lm-zoo models --pretrained lists them)"
         )
+    repo_id, revision = resolved
     directory = hub.download(repo_id, revision, endpoint=endpoint)
     return load_export(directory, source=f"{repo_id}@{revision}" if revision else repo_id)
 

@@ -94,7 +94,8 @@ def _translate(
 
     label, endpoint = _label(repo_id, revision), settings.endpoint
     if isinstance(err, errors.HFValidationError):
-        return CheckpointError(f"{repo_id!r} is not a valid Hub repo id ({_reason(err)}): use owner/name")
+        local = "" if writing else ", nor a local file or directory"
+        return CheckpointError(f"{repo_id!r} is not a valid Hub repo id ({_reason(err)}){local}: use owner/name")
     if isinstance(err, errors.GatedRepoError):
         return CheckpointError(
             f"{label} is gated on {endpoint}: accept its conditions at {endpoint}/{repo_id} while logged in, then "

@@ -143,6 +143,17 @@ def lookup(name: str) -> RegistryEntry | None:
     return load_registry().get(name)
 
 
+def resolve(name: str, revision: str | None = None) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` for a Hub id (it has a "/") or a registered short name; ``None`` for neither.
+
+    A registered model's pinned revision is used unless ``revision`` is given.
+    """
+    if "/" in name:
+        return name, revision
+    entry = lookup(name)
+    return None if entry is None else (entry.repo_id, revision or entry.revision)
+
+
 def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) -> RegistryEntry:
     """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``."""
     results: dict[str, dict[str, float | int]] = {}

@@ -297,6 +297,8 @@ def test_sources_that_are_no_model(run: Path, tmp_path: Path, capsys: pytest.Cap
     (tmp_path / CONFIG_NAME).write_text("{not json")
     one_line_error(capsys, cli.main(["evaluate", str(tmp_path)]), "not valid JSON")
     one_line_error(capsys, cli.main(["evaluate", "nonsense"]), "cannot load 'nonsense'", "models --pretrained")
+    code = cli.main(["evaluate", str(tmp_path / "missing" / "export")])  # checked before any network call
+    one_line_error(capsys, code, "is not a valid Hub repo id", "nor a local file or directory")
     code = cli.main(["evaluate", str(run / "export"), "--revision", "v1"])
     one_line_error(capsys, code, "--revision applies to a Hub repo id")
     code = cli.main(["export", str(run / "export"), "--out", str(tmp_path), "--splits"])
