@@ -38,11 +38,12 @@ class GRULayer(FusedLayer):
         super().__init__(nn.GRU(input_size, hidden_size, batch_first=True), fused)
 
     def hoist(self, x: Tensor) -> Tensor:
-        return torch.nn.functional.linear(x, self.rnn.weight_ih_l0, self.rnn.bias_ih_l0)  # (B, T, 3H)
+        self.window.hidden_matmul = RecurrentMatmul(self.rnn.weight_hh_l0, x.size(0), x.size(1))
+        return window_linear(x, self.rnn.weight_ih_l0, self.rnn.bias_ih_l0)  # (B, T, 3H)
 
     def step(self, x_t: Tensor, state: State) -> State:
         (h,) = state
-        h_gates = torch.addmm(self.rnn.bias_hh_l0, h, self.rnn.weight_hh_l0.t())  # (B, 3H)
+        h_gates = self.window.hidden_matmul(h, add=self.rnn.bias_hh_l0)  # (B, 3H)
         x_r, x_z, x_n = x_t.chunk(3, dim=1)
         h_r, h_z, h_n = h_gates.chunk(3, dim=1)
         r = torch.sigmoid(x_r + h_r)
