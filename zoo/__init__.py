@@ -22,6 +22,8 @@ from zoo.errors import ConfigError
 from zoo.gru import GRU, GRUPaper
 from zoo.lstm import LSTM
 from zoo.lstm_ablations import LSTMNoForget, LSTMNoInput, LSTMNoOutput
+from zoo.mlstm import MLSTM
+from zoo.mogrifier import Mogrifier
 from zoo.mut import MUT1, MUT2, MUT3
 from zoo.rnn import TanhRNN
 
@@ -142,6 +144,31 @@ _REGISTRY: dict[str, Architecture] = {
             "MUT3: evolved GRU-like cell, update gate sees tanh(h)",
             "Jozefowicz et al. 2015 §4",
             {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        # Melis et al. 2020 compare models at 24M parameters on PTB (Tables 1, 3): 2 layers, 10k words, tied
+        # embeddings with embedding = hidden (input embedding ratio 1, no projection). "melis-ptb" picks the hidden
+        # size whose stack + embedding (V x H) + softmax bias (V) is closest to 24M (the LSTM's is 950: 23.97M).
+        Architecture(
+            "mogrifier",
+            Mogrifier,
+            "Mogrifier LSTM: x and h_prev gate each other for `rounds` rounds (x first, factor 2) before the LSTM; "
+            "rank <= 0 is full rank, zigzag=False the §4.1 ablation",
+            "Melis, Kočiský & Blunsom 2020 (Mogrifier LSTM) §2 eqs. 1-2, §4.1",
+            {
+                "tiny": {**_TINY, "rounds": 5, "rank": 4},
+                # r = 5, k = 84: in the paper's best ranges (r in {5, 6}, k in [40, 90], §4.1); 23.98M.
+                "melis-ptb": {"input_size": 912, "hidden_size": 912, "num_layers": 2, "rounds": 5, "rank": 84},
+            },
+        ),
+        Architecture(
+            "mlstm",
+            MLSTM,
+            "mLSTM: the LSTM run on h_m = (W_mx x) * (W_mh h_prev) instead of h_prev",
+            "Krause et al. 2016, as defined in Melis et al. 2020 §4.2",
+            {
+                "tiny": _TINY,
+                "melis-ptb": {"input_size": 874, "hidden_size": 874, "num_layers": 2},  # 24.04M (Table 3's mLSTM)
+            },
         ),
     ]
 }
