@@ -168,8 +168,10 @@ def cmd_models(argv: Sequence[str]) -> None:
     if args.json:
         print(json.dumps(rows))
         return
+    width = max(len(row["name"]) for row in rows)
     for row in rows:
-        print(f"{row['name']:<10} {row['description']}  [{row['reference']}; presets: {', '.join(row['presets'])}]")
+        presets = ", ".join(row["presets"])
+        print(f"{row['name']:<{width}}  {row['description']}  [{row['reference']}; presets: {presets}]")
 
 
 def _print_registry(as_json: bool) -> None:
