@@ -19,13 +19,16 @@ from torch import nn
 
 from zoo.base import STACK_OPTIONS, State, detach_state, mask_state
 from zoo.errors import ConfigError
+from zoo.fs_rnn import FSRNN
 from zoo.gru import GRU, GRUPaper
 from zoo.lstm import LSTM
 from zoo.lstm_ablations import LSTMNoForget, LSTMNoInput, LSTMNoOutput
 from zoo.mlstm import MLSTM
 from zoo.mogrifier import Mogrifier
 from zoo.mut import MUT1, MUT2, MUT3
+from zoo.on_lstm import ONLSTM
 from zoo.rnn import TanhRNN
+from zoo.skip_rnn import SkipLSTM
 
 __all__ = ["Architecture", "State", "build", "describe", "detach_state", "get", "mask_state", "names", "preset"]
 
@@ -144,6 +147,48 @@ _REGISTRY: dict[str, Architecture] = {
             "MUT3: evolved GRU-like cell, update gate sees tanh(h)",
             "Jozefowicz et al. 2015 §4",
             {"tiny": _TINY, "jozefowicz-ptb": {"input_size": 700, "hidden_size": 700, "num_layers": 2}},  # 19.9M
+        ),
+        Architecture(
+            "on_lstm",
+            ONLSTM,
+            "ON-LSTM: cumax master forget/input gates over chunks of chunk_size neurons; split points d̂ per step",
+            "Shen et al. 2019 §4, eqs. 1-15",
+            {
+                "tiny": {**_TINY, "chunk_size": 4},
+                # §5.1: 3 layers of 1150, C = 10, embedding 400. The paper's last layer has 400 units (= embedding, for
+                # tying); the zoo stacks equal layers and the LanguageModel ties through a projection instead.
+                "shen-ptb": {"input_size": 400, "hidden_size": 1150, "num_layers": 3, "chunk_size": 10},
+            },
+        ),
+        Architecture(
+            "fs_rnn",
+            FSRNN,
+            "Fast-Slow LSTM: fast_cells LSTM cells in a chain per step, one slow LSTM cell between F1 and F2",
+            "Mujika et al. 2017",
+            {
+                "tiny": {**_TINY, "slow_size": 8},
+                # PTB characters, FS-LSTM-2: fast 700, slow 400, embedding 128 (with 50 characters: 7.2M parameters,
+                # the paper's Table 1 count; the authors' configs.py has embed_size 128, hyper_size 400).
+                "mujika-ptb": {
+                    "input_size": 128,
+                    "hidden_size": 700,
+                    "num_layers": 1,
+                    "fast_cells": 2,
+                    "slow_size": 400,
+                },
+            },
+        ),
+        Architecture(
+            "skip_lstm",
+            SkipLSTM,
+            "Skip LSTM: a binary update gate (straight-through round) copies the state on skipped steps; budget loss",
+            "Campos et al. 2018 (Skip RNN)",
+            {
+                "tiny": _TINY,
+                "medium": _MEDIUM,
+                # The authors' adding task: (value, marker) inputs, one layer of 110 units (src/01_adding_task.py).
+                "campos-adding": {"input_size": 2, "hidden_size": 110, "num_layers": 1},
+            },
         ),
         # Melis et al. 2020 compare models at 24M parameters on PTB (Tables 1, 3): 2 layers, 10k words, tied
         # embeddings with embedding = hidden (input embedding ratio 1, no projection). "melis-ptb" picks the hidden
