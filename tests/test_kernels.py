@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from zoo import kernels
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
@@ -45,7 +46,13 @@ def _recurrence(weight: torch.Tensor, x: torch.Tensor, deferred: bool) -> torch.
     return torch.stack(outputs, 1)
 
 
-def test_recurrent_matmul_matches_autograd_values_and_gradients() -> None:
+@pytest.mark.parametrize("onednn", [False, True])
+def test_recurrent_matmul_matches_autograd_values_and_gradients(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if onednn:  # the per-step oneDNN product, which normally starts at large weights and needs two threads
+        if not kernels._onednn_step_product_works():
+            pytest.skip("this PyTorch build has no working oneDNN linear")
+        monkeypatch.setattr(kernels, "ONEDNN_STEP_MIN_WEIGHT", 0)
+        monkeypatch.setattr(kernels, "_use_onednn", lambda x: x.dtype == torch.float32)
     torch.manual_seed(1)
     raw = torch.randn(6, 6, requires_grad=True)
     x = torch.randn(2, 7, 6, requires_grad=True)
@@ -53,6 +60,7 @@ def test_recurrent_matmul_matches_autograd_values_and_gradients() -> None:
     expected = _recurrence(raw * 0.5, x, deferred=False)  # a non-leaf weight, as with weight drop
     expected_grads = torch.autograd.grad(expected, (raw, x), grad)
     got = _recurrence(raw * 0.5, x, deferred=True)
+    assert (RecurrentMatmul(raw, 2, 7)._onednn is not None) == onednn
     torch.testing.assert_close(got, expected)
     for g, e in zip(torch.autograd.grad(got, (raw, x), grad), expected_grads):
         torch.testing.assert_close(g, e)
