@@ -233,6 +233,18 @@ class RecurrentStack(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def set_forget_bias(self, value: float | None) -> None:
+        """Give every layer the effective forget-gate bias ``value`` (Jozefowicz et al. 2015 §2.2: 1, "LSTM-b").
+
+        Architectures with a forget gate call this after ``__init__``, i.e. after ``init_range`` has been applied, so
+        a uniform re-initialisation cannot wipe the bias out. ``None`` leaves the biases as initialised. The layers
+        implement ``set_forget_bias(value)``.
+        """
+        self.forget_bias = value
+        if value is not None:
+            for layer in self.layers:
+                layer.set_forget_bias(value)
+
     @property
     def hidden_size(self) -> int:
         return self.layers[-1].hidden_size

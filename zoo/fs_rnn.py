@@ -166,7 +166,4 @@ class FSRNN(RecurrentStack):
         super().__init__(layers, **stack_options)
         self.fast_cells = fast_cells
         self.slow_size = slow_size
-        self.forget_bias = forget_bias
-        if forget_bias is not None:
-            for layer in layers:
-                layer.set_forget_bias(forget_bias)
+        self.set_forget_bias(forget_bias)  # after init_range, which the base applied

@@ -75,7 +75,4 @@ class LSTM(RecurrentStack):
     ) -> None:
         layers = [LSTMLayer(input_size if i == 0 else hidden_size, hidden_size, fused) for i in range(num_layers)]
         super().__init__(layers, **stack_options)
-        self.forget_bias = forget_bias
-        if forget_bias is not None:
-            for layer in layers:
-                layer.set_forget_bias(forget_bias)
+        self.set_forget_bias(forget_bias)  # after init_range, which the base applied

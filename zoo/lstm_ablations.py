@@ -145,10 +145,7 @@ class _WithForgetGate(RecurrentStack):
     ) -> None:
         layers = _layers(self.layer_class, input_size, hidden_size, num_layers)
         super().__init__(layers, **stack_options)
-        self.forget_bias = forget_bias
-        if forget_bias is not None:  # after init_range, which the base applied
-            for layer in layers:
-                layer.set_forget_bias(forget_bias)
+        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
 
 
 class LSTMNoInput(_WithForgetGate):

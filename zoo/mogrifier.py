@@ -251,7 +251,4 @@ class Mogrifier(RecurrentStack):
             for i in range(num_layers)
         ]
         super().__init__(layers, **stack_options)
-        self.forget_bias = forget_bias
-        if forget_bias is not None:
-            for layer in layers:
-                layer.set_forget_bias(forget_bias)
+        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
