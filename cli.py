@@ -146,8 +146,18 @@ def cmd_generate(argv: Sequence[str]) -> None:
     )
     texts = [tokenizer.decode(prompt_ids[1:] + ids).rstrip("\n") for ids in samples]
     if args.json:
-        print(json.dumps({"source": loaded.source, "prompt": args.prompt, "temperature": args.temperature,
-                          "top_k": args.top_k, "seed": args.seed, "samples": texts}))
+        print(
+            json.dumps(
+                {
+                    "source": loaded.source,
+                    "prompt": args.prompt,
+                    "temperature": args.temperature,
+                    "top_k": args.top_k,
+                    "seed": args.seed,
+                    "samples": texts,
+                }
+            )
+        )
     else:
         print("\n".join(text.replace("\n", " ") for text in texts))
 

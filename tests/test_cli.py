@@ -146,8 +146,17 @@ def test_unknown_architecture(workdir: Path, capsys: pytest.CaptureFixture[str])
 def test_missing_corpus(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(workdir, workdir)
     code = cli.main(
-        ["fit", "--config", str(config), "--data.init_args.corpus", "ptb",
-         "--data.init_args.data_root", str(workdir / "nowhere"), "--data.init_args.download", "false"]
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--data.init_args.corpus",
+            "ptb",
+            "--data.init_args.data_root",
+            str(workdir / "nowhere"),
+            "--data.init_args.download",
+            "false",
+        ]
     )
     _one_line_error(capsys, code, 2, "ptb.train.txt", str(workdir / "nowhere"))
 

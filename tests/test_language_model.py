@@ -145,10 +145,13 @@ def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatc
     model = _tiny_model(vocab=dm.vocab_size)
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0)  # LightningCLI's job in lm-zoo
     starts = []
-    model.on_train_epoch_start = lambda: (starts.append(model._state["train"]), LanguageModel.on_train_epoch_start(
-        model))
-    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    model.on_train_epoch_start = lambda: (
+        starts.append(model._state["train"]),
+        LanguageModel.on_train_epoch_start(model),
+    )
+    trainer = L.Trainer(
+        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     trainer.fit(model, dm)
     assert len(starts) == 2 and starts[1] is not None  # state was carried through epoch 0, then reset
     assert model._state["train"] is not None

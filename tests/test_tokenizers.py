@@ -66,8 +66,10 @@ def test_sentencepiece_exact_round_trip_and_open_vocabulary() -> None:
     unseen = "zürich ∑ 🙂"
     assert tok.decode(tok.encode(unseen)) == unseen  # byte fallback: no <unk>
     units = tok.count_units(text, len(ids))
-    assert units.chars == len(text) and units.tokens == len(ids) and units.words == sum(
-        len(line.split()) + 1 for line in lines
+    assert (
+        units.chars == len(text)
+        and units.tokens == len(ids)
+        and units.words == sum(len(line.split()) + 1 for line in lines)
     )
 
 
