@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 
 def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:
     """A small word corpus of random lines over ``words`` word types, as train/valid/test.txt in ``directory``."""
@@ -17,3 +19,15 @@ def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:
         )
         (directory / f"{split}.txt").write_text(text)
     return directory
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: str, expected_code: int = 2) -> str:
+    """Assert the CLI stopped with ``expected_code`` and one ``lm-zoo: error:`` line holding ``fragments``."""
+    err = capsys.readouterr().err
+    assert code == expected_code, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lm-zoo: error: "), err
+    for fragment in fragments:
+        assert fragment in last, last
+    return last

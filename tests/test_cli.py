@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import cli
-from tests.conftest import write_word_corpus
+from tests.conftest import one_line_error, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -50,17 +50,6 @@ def _config(workdir: Path, corpus: Path, name: str = "run") -> Path:
     path = workdir / f"{name}.yaml"
     path.write_text(TINY_CONFIG.format(root=workdir / name, corpus=corpus))
     return path
-
-
-def _one_line_error(capsys: pytest.CaptureFixture[str], code: int, expected_code: int, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]
-    assert code == expected_code, err
-    assert "Traceback" not in err
-    assert last.startswith("lm-zoo: error: "), err
-    for fragment in fragments:
-        assert fragment in last, last
-    return last
 
 
 @pytest.fixture
@@ -140,7 +129,7 @@ def test_validate_and_test_through_lightning(trained: Path, workdir: Path) -> No
 def test_unknown_architecture(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
     code = cli.main(["fit", "--config", str(config), "--model.init_args.architecture", "lstmx"])
-    _one_line_error(capsys, code, 2, "unknown architecture 'lstmx'", "lstm")
+    one_line_error(capsys, code, "unknown architecture 'lstmx'", "lstm")
 
 
 def test_missing_corpus(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,7 +147,7 @@ def test_missing_corpus(workdir: Path, capsys: pytest.CaptureFixture[str]) -> No
             "false",
         ]
     )
-    _one_line_error(capsys, code, 2, "ptb.train.txt", str(workdir / "nowhere"))
+    one_line_error(capsys, code, "ptb.train.txt", str(workdir / "nowhere"))
 
 
 @pytest.mark.parametrize(("content", "fragment"), [(b"", "empty"), (b"caf\xe9 ok\n", "UTF-8")])
@@ -168,7 +157,7 @@ def test_empty_or_non_utf8_training_file(
     corpus = write_word_corpus(workdir / "corpus", "a")
     (corpus / "train.txt").write_bytes(content)
     code = cli.main(["fit", "--config", str(_config(workdir, corpus))])
-    _one_line_error(capsys, code, 2, "train.txt", fragment)
+    one_line_error(capsys, code, "train.txt", fragment)
 
 
 def test_corrupt_checkpoint(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,29 +167,29 @@ def test_corrupt_checkpoint(trained: Path, workdir: Path, capsys: pytest.Capture
     garbage.write_bytes(os.urandom(500))
     capsys.readouterr()
     for path in (truncated, garbage):
-        _one_line_error(capsys, cli.main(["evaluate", str(path)]), 2, str(path), "not a readable checkpoint")
-    _one_line_error(capsys, cli.main(["generate", str(workdir / "missing.ckpt")]), 2, "does not exist")
+        one_line_error(capsys, cli.main(["evaluate", str(path)]), str(path), "not a readable checkpoint")
+    one_line_error(capsys, cli.main(["generate", str(workdir / "missing.ckpt")]), "does not exist")
 
 
 def test_checkpoint_of_another_vocabulary(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = write_word_corpus(workdir / "other", "b", words=70)  # a larger vocabulary
     config = _config(workdir, other, name="other")
     code = cli.main(["test", "--config", str(config), "--ckpt_path", str(trained)])
-    _one_line_error(capsys, code, 2, "vocabulary of 42 tokens", "72")
+    one_line_error(capsys, code, "vocabulary of 42 tokens", "72")
     # a checkpoint whose weights and tokenizer disagree
     ckpt = torch.load(trained, weights_only=True)
     ckpt["TextDataModule"]["tokenizer"]["symbols"] = ckpt["TextDataModule"]["tokenizer"]["symbols"][:-1]
     ckpt["TextDataModule"]["tokenizer"]["counts"] = ckpt["TextDataModule"]["tokenizer"]["counts"][:-1]
     tampered = workdir / "tampered.ckpt"
     torch.save(ckpt, tampered)
-    _one_line_error(capsys, cli.main(["evaluate", str(tampered)]), 2, "expects 42 tokens", "41")
+    one_line_error(capsys, cli.main(["evaluate", str(tampered)]), "expects 42 tokens", "41")
 
 
 def test_nan_loss_exits_1_naming_the_step(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
     code = cli.main(["fit", "--config", str(config), "--model.init_args.init_range", "1e38"])
-    _one_line_error(capsys, code, 1, "training loss became", "at step 0")
+    one_line_error(capsys, code, "training loss became", "at step 0", expected_code=1)
 
 
 def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line_error(capsys, cli.main(["trian"]), 2, "unknown command 'trian'")
+    one_line_error(capsys, cli.main(["trian"]), "unknown command 'trian'")

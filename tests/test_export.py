@@ -22,7 +22,7 @@ from checkpoints.ckpt import LoadedModel
 from checkpoints.export import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, export_model, load_export
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
-from tests.conftest import write_word_corpus
+from tests.conftest import one_line_error, write_word_corpus
 
 # A tied 1 x 8 LSTM trained for 8 steps with EMA weight averaging; PublishBest exports the best checkpoint.
 RUN_CONFIG = """
@@ -62,18 +62,6 @@ def train_run(root: Path, publish: str = "") -> Path:
         env.setenv("LM_ZOO_CACHE", str(root / "cache"))
         assert cli.main(["fit", "--config", str(config)]) == 0
     return root / "run"
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: str) -> str:
-    """Assert the CLI stopped with exit 2 and one ``lm-zoo: error:`` line holding ``fragments``."""
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("lm-zoo: error: "), err
-    for fragment in fragments:
-        assert fragment in last, last
-    return last
 
 
 @pytest.fixture(scope="module")

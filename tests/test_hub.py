@@ -22,8 +22,9 @@ import checkpoints
 import cli
 from checkpoints.export import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from checkpoints.hub import hub_settings
+from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
-from tests.test_export import one_line_error, train_run
+from tests.test_export import train_run
 
 TOKEN = "hf_test_token"
 
