@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -163,10 +163,14 @@ def test_empty_or_non_utf8_training_file(
 def test_corrupt_checkpoint(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     truncated = workdir / "truncated.ckpt"
     truncated.write_bytes(trained.read_bytes()[:2000])
-    garbage = workdir / "garbage.ckpt"
-    garbage.write_bytes(os.urandom(500))
+    # Random bytes make torch.load fail in many ways (pickle errors, IndexError, EOFError, ...): try a fixed spread.
+    garbage = []
+    for seed in range(25):
+        path = workdir / f"garbage-{seed}.ckpt"
+        path.write_bytes(random.Random(seed).randbytes(500))
+        garbage.append(path)
     capsys.readouterr()
-    for path in (truncated, garbage):
+    for path in (truncated, *garbage):
         one_line_error(capsys, cli.main(["evaluate", str(path)]), str(path), "not a readable checkpoint")
     one_line_error(capsys, cli.main(["generate", str(workdir / "missing.ckpt")]), "does not exist")
 

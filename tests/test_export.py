@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
+import random
 import shutil
 from pathlib import Path
 
@@ -237,8 +237,9 @@ def test_corrupt_or_missing_weights(exported: Path, capsys: pytest.CaptureFixtur
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
     one_line_error(capsys, cli.main(["evaluate", str(exported)]), WEIGHTS_NAME, "not a readable safetensors")
-    weights.write_bytes(os.urandom(300))
-    one_line_error(capsys, cli.main(["evaluate", str(exported)]), WEIGHTS_NAME, "not a readable safetensors")
+    for seed in range(10):  # random bytes, a fixed spread of them
+        weights.write_bytes(random.Random(seed).randbytes(300))
+        one_line_error(capsys, cli.main(["evaluate", str(exported)]), WEIGHTS_NAME, "not a readable safetensors")
     weights.unlink()
     one_line_error(capsys, cli.main(["evaluate", str(exported)]), f"has no {WEIGHTS_NAME}")
 
