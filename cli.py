@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -330,6 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             HANDLERS[command](rest)
         else:
             raise ConfigError(f"unknown command {command!r}: use one of {', '.join([*LIGHTNING_COMMANDS, *HANDLERS])}")
+        sys.stdout.flush()  # here, where a closed pipe is caught below, rather than at interpreter exit
+    except BrokenPipeError:
+        # The reader went away (`lm-zoo models | head -3`): stop quietly, as Unix tools do. Python would otherwise
+        # print a traceback now and another one when it flushes stdout at exit, so point stdout at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
     except Exception as err:
         ours = _lm_zoo_error(err)
         if ours is None or debug:

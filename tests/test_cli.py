@@ -197,3 +197,16 @@ def test_nan_loss_exits_1_naming_the_step(workdir: Path, capsys: pytest.CaptureF
 
 def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
     one_line_error(capsys, cli.main(["trian"]), "unknown command 'trian'")
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    # `lm-zoo models | head -1`: the reader exits first; no traceback, the shell's status for SIGPIPE.
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import cli, sys; sys.exit(cli.main(['models']))"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait() == 141, stderr
+    assert stderr == ""
