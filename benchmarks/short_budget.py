@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,22 +62,19 @@ def train_briefly(
     before = evaluate(model, datamodule, "valid")["ppl"]
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.0, 0.999))
     model.train()
-    state = None
+    model.on_train_epoch_start()  # a fresh carried state
     start = time.perf_counter()
-    for step, batch in enumerate(datamodule.stream("train")):
-        if step == steps:
-            break
-        logits, state = model(batch.inputs, state, batch.reset)
-        state = zoo.detach_state(state)
-        total, count = model.nll(logits, batch.targets)
-        loss = total / count
-        extra = model.rnn.regularization_loss()
-        if extra is not None:
-            loss = loss + extra
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+    with warnings.catch_warnings():
+        # training_step's self.log has no Trainer to log to here; the loss it returns is the one `fit` optimises.
+        warnings.filterwarnings("ignore", message=".*self.trainer.* reference is not registered")
+        for step, batch in enumerate(datamodule.stream("train")):
+            if step == steps:
+                break
+            loss = model.training_step(batch, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
     seconds = time.perf_counter() - start
     after = evaluate(model, datamodule, "valid")["ppl"]
     return {
