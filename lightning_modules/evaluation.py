@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from datamodules.streams import IGNORE_INDEX
 from datamodules.text import TextDataModule
 from lightning_modules.language_model import LanguageModel
 
@@ -45,10 +46,11 @@ def evaluate(
     count = 0
     state = None
     for batch in stream:
-        logits, state = model(batch.inputs.to(device), state, None if batch.reset is None else batch.reset.to(device))
-        nats, predicted = model.nll(logits, batch.targets.to(device))
-        total += nats.double()
-        count += int(predicted)
+        targets = batch.targets.to(device)
+        reset = None if batch.reset is None else batch.reset.to(device)
+        nll, state = model.token_nll(batch.inputs.to(device), targets, state, reset)
+        total += nll.double().sum()
+        count += int((targets != IGNORE_INDEX).sum())
     units = datamodule.units(split)
     nats = float(total)
     loss = nats / count

@@ -211,11 +211,35 @@ class LanguageModel(L.LightningModule):
             ``(scores (B, T, V), state)``: logits for the softmax head, log-probabilities for MoS; either way
             ``log_softmax(scores)`` is the model's log-probabilities.
         """
-        scores, state, _, _ = self._run(inputs, state, reset)
-        return scores, state
+        features, state, _, _ = self._run(inputs, state, reset)
+        return self.decoder(features), state
+
+    def token_nll(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        state: State | None = None,
+        reset: Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, State]:
+        """Full-softmax negative log-likelihood of every target: what evaluation scores, whatever the training head.
+
+        Args:
+            inputs: ``(B, T)`` token ids.
+            targets: ``(B, T)`` next-token ids, ``-100`` where nothing is predicted.
+            state: the recurrent state after the previous window, or ``None``.
+            reset: ``(B, T)`` bool; zero stream b's state before step t.
+            temperature: the softmax temperature (scores divided by it before normalising).
+
+        Returns:
+            ``(nll (B, T) float32 nats, 0 where the target is -100; state)``.
+        """
+        features, state, _, _ = self._run(inputs, state, reset)
+        return self.decoder.token_nll(features, targets, temperature), state
 
     def _run(self, inputs: Tensor, state: State | None, reset: Tensor | None) -> tuple[Tensor, State, Tensor, Tensor]:
-        """:meth:`forward`, also returning the last layer's output before and after output dropout (for AR / TAR)."""
+        """The head's input ``(B, T, D)`` and the state, with the last layer's output before and after output dropout
+        (for AR / TAR)."""
         x = self.embedding(inputs)  # (B, T, E)
         if self.training:
             if self.embedding_dropout > 0:
@@ -223,8 +247,8 @@ class LanguageModel(L.LightningModule):
             x = sequence_dropout(x, self.input_dropout, self.locked_dropout)
         raw, state = self.rnn(x, state, reset)  # (B, T, H)
         dropped = sequence_dropout(raw, self.output_dropout, self.locked_dropout) if self.training else raw
-        y = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
-        return self.decoder(y), state, raw, dropped  # (B, T, V)
+        features = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
+        return features, state, raw, dropped
 
     @staticmethod
     def nll(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -242,9 +266,9 @@ class LanguageModel(L.LightningModule):
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
-        logits, state, raw, dropped = self._run(batch.inputs, state, batch.reset)
+        features, state, raw, dropped = self._run(batch.inputs, state, batch.reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
-        total, count = self.nll(logits, batch.targets)
+        total, count = self.nll(self.decoder(features), batch.targets)
         return total, count, raw, dropped
 
     def activation_regularization(self, dropped: Tensor) -> Tensor:

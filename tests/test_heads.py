@@ -82,3 +82,23 @@ def test_bad_options() -> None:
         MixtureOfSoftmaxes(H, E, V, components=0)
     with pytest.raises(ValueError, match="dropout"):
         MixtureOfSoftmaxes(H, E, V, dropout=1.0)
+
+
+@pytest.mark.parametrize("head_name", ["softmax", "mos"])
+def test_token_nll_is_minus_the_tempered_log_probability_of_each_target(head_name: str) -> None:
+    torch.manual_seed(1)
+    head = (_mos() if head_name == "mos" else SoftmaxHead(H, V).double()).eval()
+    h = torch.randn(B, T, H, dtype=torch.double)
+    targets = torch.randint(0, V, (B, T))
+    targets[0, 1] = -100
+    for temperature in (1.0, 0.7):
+        nll = head.token_nll(h, targets, temperature)
+        scores = head(h)
+        for b in range(B):
+            for t in range(T):
+                if targets[b, t] < 0:
+                    assert nll[b, t] == 0
+                    continue
+                tempered = scores[b, t] / temperature
+                expected = torch.logsumexp(tempered, 0) - tempered[targets[b, t]]
+                assert nll[b, t].item() == pytest.approx(expected.item(), abs=1e-9)

@@ -30,6 +30,22 @@ def _at_least_float32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def scores_nll(scores: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``-log_softmax(scores / temperature)[target]`` per position, in float32, 0 where the target is -100.
+
+    Args:
+        scores: ``(B, T, V)`` logits or log-probabilities.
+        targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
+        temperature: divides the scores before normalising (1: the model's own distribution).
+    """
+    scores = _at_least_float32(scores)
+    if temperature != 1.0:
+        scores = scores / temperature
+    return F.cross_entropy(scores.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none").view_as(
+        targets
+    )
+
+
 class SoftmaxHead(nn.Linear):
     """The full softmax output layer: ``logits = W h + b`` over the whole vocabulary.
 
@@ -53,6 +69,19 @@ class SoftmaxHead(nn.Linear):
     def context_size(self) -> int:
         """Width of the word vectors (what the embedding must have to be tied)."""
         return self.in_features
+
+    def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+        """Full-softmax negative log-likelihood of each target (see :func:`scores_nll`).
+
+        Args:
+            h: ``(B, T, D)`` the vectors to score.
+            targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
+            temperature: divides the logits.
+
+        Returns:
+            ``(B, T)`` float32 nats, 0 where the target is -100.
+        """
+        return scores_nll(self(h), targets, temperature)
 
 
 class MixtureOfSoftmaxes(nn.Module):
@@ -105,6 +134,10 @@ class MixtureOfSoftmaxes(nn.Module):
     @property
     def context_size(self) -> int:
         return self.decoder.in_features
+
+    def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+        """Negative log-likelihood of each target under the mixture, the tempered mixture renormalised over V."""
+        return scores_nll(self(h), targets, temperature)
 
     def forward(self, h: Tensor) -> Tensor:
         """Mixed log-probabilities.
