@@ -109,6 +109,11 @@ class StreamWindows(IterableDataset):
         self.epoch = 0
 
     @property
+    def batch_size(self) -> int:
+        """Columns (parallel streams) on this rank."""
+        return self.tokens.size(0)
+
+    @property
     def num_predicted(self) -> int:
         """Tokens this rank predicts per epoch."""
         return int(self.lengths.sum())

@@ -66,5 +66,5 @@ def evaluate(
         result["bpc"] = nats / units.chars / math.log(2)
     if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
-    result.update(eval_batch_size=stream.tokens.size(0), bptt=stream.bptt)
+    result.update(eval_batch_size=stream.batch_size, bptt=stream.bptt)
     return result
