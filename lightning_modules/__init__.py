@@ -1,6 +1,7 @@
-"""Lightning wrappers: the LanguageModel, learning-rate schedules, and evaluation."""
+"""Lightning wrappers: the LanguageModel, learning-rate schedules, weight averaging, and evaluation."""
 
+from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.language_model import LanguageModel
 from lightning_modules.schedules import ZarembaDecay
 
-__all__ = ["LanguageModel", "ZarembaDecay"]
+__all__ = ["LanguageModel", "WeightAveragingOnPlateau", "ZarembaDecay"]
