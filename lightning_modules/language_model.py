@@ -1,4 +1,4 @@
-"""The recurrent language model as a LightningModule: embedding -> zoo stack -> output head (softmax | MoS).
+"""The recurrent language model as a LightningModule: embedding -> zoo stack -> output head (softmax | MoS | NCE).
 
 Stateful truncated BPTT (Lightning 2 removed its TBPTT hook): the recurrent state is carried on the module from one
 training window to the next and detached at every window, as pytorch/examples' ``repackage_hidden`` does; each stage
@@ -19,6 +19,7 @@ AWD-LSTM ``main.py``). Weight decay (L2) is the optimizer's: ``optimizer.init_ar
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -32,9 +33,14 @@ from datamodules.streams import IGNORE_INDEX, LMBatch
 from zoo.base import State, detach_state, sequence_dropout_mask
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
 from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
+from zoo.nce import SAMPLERS, NCEHead
 
 STAGES = ("train", "val", "test")
-HEADS = ("softmax", "mos")
+HEADS = ("softmax", "mos", "nce", "sampled_softmax")
+NO_NOISE = (
+    "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "
+    "tokenizer has none (no `counts`): use a word-level data module, or call model.set_noise_distribution(counts)"
+)
 
 
 def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:
@@ -92,7 +98,12 @@ class LanguageModel(L.LightningModule):
             regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
             ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
             here are the same as ``inter_layer_dropout`` / ``locked_dropout`` below.
-        head: ``"softmax"`` (full softmax) or ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017).
+        head: ``"softmax"`` (full softmax), ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017), ``"nce"``
+            (trained by noise-contrastive estimation, Mnih & Teh 2012, output bias starting at -log V so that Z = 1)
+            or ``"sampled_softmax"`` (trained by a softmax over the target and the noise words, Jean et al. 2015).
+            The last two are full softmaxes everywhere but in ``training_step`` (``zoo/nce.py``) and need the
+            unigram counts of the training data: ``setup`` takes them from the data module's tokenizer (``counts``),
+            or call :meth:`set_noise_distribution`.
         mos_components: K, the number of softmaxes mixed by the MoS head.
         mos_dropout: dropout on the MoS component contexts (the reference's ``dropoutl``).
         input_dropout: dropout on the embeddings fed to the stack (Melis; AWD ``dropouti``); ``None``: ``dropout``.
@@ -108,6 +119,13 @@ class LanguageModel(L.LightningModule):
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
         tar: temporal activation regularisation beta: ``tar * mean((raw_t - raw_{t-1}) ** 2)``, consecutive steps of
             the same stream (pairs across a reset are left out) (Merity et al. 2017 §4.6).
+        noise_samples: k, noise words per time step of the ``nce`` / ``sampled_softmax`` heads (400 in the GBW
+            recipes of Léonard et al. 2016).
+        noise_power: the noise distribution is the unigram distribution raised to this power (and renormalised).
+        noise_per_row: draw k noise words for every row and step instead of one set per step shared by the batch
+            (dpnn's ``rownoise``; the shared default is its ``batchnoise``).
+        noise_sampler: ``"alias"`` (Walker's alias table) or ``"multinomial"`` (``torch.multinomial``);
+            ``benchmarks/nce.py`` compares them.
     """
 
     def __init__(
@@ -133,6 +151,10 @@ class LanguageModel(L.LightningModule):
         ar: float = 0.0,
         tar: float = 0.0,
         embedding_init_range: float | None = None,
+        noise_samples: int = 100,
+        noise_power: float = 1.0,
+        noise_per_row: bool = False,
+        noise_sampler: str = "alias",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -142,6 +164,11 @@ class LanguageModel(L.LightningModule):
             raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
         if head not in HEADS:
             raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
+        if noise_samples < 1 or noise_power < 0 or noise_sampler not in SAMPLERS:
+            raise ConfigError(
+                f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
+                f"{noise_samples}, {noise_power} and {noise_sampler!r}"
+            )
         if "dropout" in cell_options and inter_layer_dropout is not None:
             raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
         if input_embedding_ratio is not None:
@@ -186,13 +213,21 @@ class LanguageModel(L.LightningModule):
             # Tying needs the decoder's input width to equal the embedding width.
             if tie_weights and hidden_size != embedding_size:
                 self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
-            self.decoder = SoftmaxHead(embedding_size if tie_weights else hidden_size, vocab_size)
+            context_size = embedding_size if tie_weights else hidden_size
+            if head == "softmax":
+                self.decoder = SoftmaxHead(context_size, vocab_size)
+            else:
+                self.decoder = NCEHead(
+                    context_size, vocab_size, noise_samples, head, noise_power, noise_per_row, noise_sampler
+                )
         output_layer = self.decoder.output_layer
         word_init_range = init_range if embedding_init_range is None else embedding_init_range
         if word_init_range is not None:
             nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
             nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
             nn.init.zeros_(output_layer.bias)
+        if isinstance(self.decoder, NCEHead):
+            self.decoder.reset_bias()  # -log V, so that Z = 1 from the start, whatever the word vectors' init
         if tie_weights:
             output_layer.weight = self.embedding.weight
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
@@ -268,7 +303,15 @@ class LanguageModel(L.LightningModule):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
         features, state, raw, dropped = self._run(batch.inputs, state, batch.reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
-        total, count = self.nll(self.decoder(features), batch.targets)
+        if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words
+            total = self.decoder.token_nll(features, batch.targets).sum()
+            count = (batch.targets != IGNORE_INDEX).sum()
+        elif isinstance(self.decoder, NCEHead):
+            if not self.decoder.noise.ready:
+                raise ConfigError(NO_NOISE)
+            total, count = self.decoder.training_loss(features, batch.targets)
+        else:
+            total, count = self.nll(self.decoder(features), batch.targets)
         return total, count, raw, dropped
 
     def activation_regularization(self, dropped: Tensor) -> Tensor:
@@ -295,7 +338,8 @@ class LanguageModel(L.LightningModule):
                 f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
                 "lower the learning rate or set --trainer.gradient_clip_val, then resume from the last checkpoint"
             )
-        self.metrics["train_nll"].update(loss.detach(), weight=count)
+        if not isinstance(self.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
+            self.metrics["train_nll"].update(loss.detach(), weight=count)
         self.log("train_loss", loss, prog_bar=True, batch_size=int(count))
         # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
         if self.ar > 0:
@@ -325,6 +369,30 @@ class LanguageModel(L.LightningModule):
         total, count, _, _ = self._window(batch, stage)
         if count > 0:
             self.metrics[f"{stage}_nll"].update(total / count, weight=count)
+
+    def setup(self, stage: str) -> None:
+        """Before fitting an ``nce`` / ``sampled_softmax`` head, take its noise distribution from the data module's
+        tokenizer (its ``counts``: the training count of every id)."""
+        if stage != "fit" or not isinstance(self.decoder, NCEHead) or self.decoder.noise.ready:
+            return
+        tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
+        counts = getattr(tokenizer, "counts", None)
+        if counts is None:
+            raise ConfigError(NO_NOISE)
+        self.set_noise_distribution(counts)
+
+    def set_noise_distribution(self, counts: Sequence[int] | Tensor) -> None:
+        """Set the unigram training counts (one per id) the ``nce`` / ``sampled_softmax`` head draws noise from.
+
+        Args:
+            counts: ``(V,)`` counts; raised to ``noise_power`` and normalised.
+        """
+        if not isinstance(self.decoder, NCEHead):
+            raise ConfigError(f"the {self.hparams.head!r} head draws no noise words: only nce and sampled_softmax do")
+        try:
+            self.decoder.set_noise_distribution(counts)
+        except ValueError as error:
+            raise ConfigError(f"noise distribution: {error}") from None
 
     def on_train_epoch_start(self) -> None:
         self._state["train"] = None

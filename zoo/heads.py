@@ -30,6 +30,13 @@ def _at_least_float32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+# Most logits (rows x vocabulary entries) the full softmax holds at once when scoring: 2^24 float32 = 64 MiB, so a
+# 793k-word vocabulary is scored in slices of ~2,600 words for a 128 x 50 window instead of a 20 GB (B, T, V) tensor.
+CHUNK_LOGITS = 2**24
+# Narrowest vocabulary slice: below it the per-slice GEMMs get too thin to run efficiently; rows are split instead.
+CHUNK_COLUMNS = 1024
+
+
 def scores_nll(scores: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """``-log_softmax(scores / temperature)[target]`` per position, in float32, 0 where the target is -100.
 
@@ -46,6 +53,62 @@ def scores_nll(scores: Tensor, targets: Tensor, temperature: float = 1.0) -> Ten
     )
 
 
+def chunked_nll(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float = 1.0,
+    max_logits: int = CHUNK_LOGITS,
+) -> Tensor:
+    """Full-softmax ``-log_softmax(W h + b)[target]`` without ever holding more than ``max_logits`` logits.
+
+    The log-partition is a running ``logaddexp`` of per-slice ``logsumexp`` over slices of the vocabulary, and each
+    target's logit is picked from the slice that holds it (the same GEMM output the unchunked path would use). Slices
+    run over the vocabulary rather than over rows so that the ``(V, D)`` weight is read once per call, not once per
+    row block: at V = 793k it is the largest thing the step touches. Rows are split too only when even one slice of
+    ``CHUNK_COLUMNS`` words over all rows would exceed the budget.
+
+    Args:
+        h: ``(..., D)`` vectors to score.
+        weight: ``(V, D)`` output word vectors.
+        bias: ``(V,)`` or ``None``.
+        targets: ``(...)`` ids, ``-100`` where nothing is predicted.
+        temperature: divides the logits before normalising.
+        max_logits: the memory budget, in logits held at once; when all rows x V fit, this is :func:`scores_nll`.
+
+    Returns:
+        ``targets``-shaped float32 (or float64) nats, 0 where the target is -100.
+    """
+    shape = targets.shape
+    h = h.reshape(-1, h.size(-1))  # (N, D)
+    targets = targets.reshape(-1)  # (N,)
+    num_rows, vocab_size = h.size(0), weight.size(0)
+    if num_rows * vocab_size <= max_logits:
+        return scores_nll(F.linear(h, weight, bias).unsqueeze(0), targets.unsqueeze(0), temperature).view(shape)
+    columns = min(vocab_size, max(max_logits // max(num_rows, 1), CHUNK_COLUMNS))
+    rows = min(num_rows, max(1, max_logits // columns))
+    pieces = []
+    for r0 in range(0, num_rows, rows):
+        h_rows, t_rows = h[r0 : r0 + rows], targets[r0 : r0 + rows]  # (R, D), (R,)
+        log_partition = None
+        target_logit = None
+        for v0 in range(0, vocab_size, columns):
+            logits = F.linear(h_rows, weight[v0 : v0 + columns], None if bias is None else bias[v0 : v0 + columns])
+            logits = _at_least_float32(logits)  # (R, C)
+            if temperature != 1.0:
+                logits = logits / temperature
+            slice_lse = logits.logsumexp(-1)  # (R,)
+            log_partition = slice_lse if log_partition is None else torch.logaddexp(log_partition, slice_lse)
+            local = t_rows - v0
+            inside = (local >= 0) & (local < logits.size(1))
+            picked = logits.gather(1, local.clamp(0, logits.size(1) - 1).unsqueeze(1)).squeeze(1)  # (R,)
+            target_logit = picked if target_logit is None else torch.where(inside, picked, target_logit)
+        nll = log_partition - target_logit
+        pieces.append(torch.where(t_rows != -100, nll, torch.zeros_like(nll)))
+    return torch.cat(pieces).view(shape)
+
+
 class SoftmaxHead(nn.Linear):
     """The full softmax output layer: ``logits = W h + b`` over the whole vocabulary.
 
@@ -55,10 +118,13 @@ class SoftmaxHead(nn.Linear):
     Args:
         input_size: width D of the vectors it scores.
         vocab_size: V.
+        chunk_logits: memory budget of :meth:`token_nll`, in logits held at once (see :func:`chunked_nll`); an
+            attribute, not a parameter, so it can be changed on a loaded model.
     """
 
-    def __init__(self, input_size: int, vocab_size: int) -> None:
+    def __init__(self, input_size: int, vocab_size: int, chunk_logits: int = CHUNK_LOGITS) -> None:
         super().__init__(input_size, vocab_size)
+        self.chunk_logits = chunk_logits
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -71,7 +137,8 @@ class SoftmaxHead(nn.Linear):
         return self.in_features
 
     def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-        """Full-softmax negative log-likelihood of each target (see :func:`scores_nll`).
+        """Full-softmax negative log-likelihood of each target, never more than ``chunk_logits`` logits at once
+        (see :func:`chunked_nll`).
 
         Args:
             h: ``(B, T, D)`` the vectors to score.
@@ -81,7 +148,7 @@ class SoftmaxHead(nn.Linear):
         Returns:
             ``(B, T)`` float32 nats, 0 where the target is -100.
         """
-        return scores_nll(self(h), targets, temperature)
+        return chunked_nll(h, self.weight, self.bias, targets, temperature, self.chunk_logits)
 
 
 class MixtureOfSoftmaxes(nn.Module):
