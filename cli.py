@@ -53,6 +53,18 @@ def _usage() -> str:
 class LMZooCLI(LightningCLI):
     """LightningCLI with the vocabulary linked from the data and a default best/last checkpoint callback."""
 
+    @staticmethod
+    def configure_optimizers(
+        lightning_module: object,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> object:
+        """The YAML's optimizer and scheduler, stepped at the scheduler's own ``interval`` / ``frequency`` if it has
+        them (``lightning_modules.schedules.scheduler_config``)."""
+        from lightning_modules.schedules import scheduler_config
+
+        return scheduler_config(optimizer, lr_scheduler)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The vocabulary is built from the training split when the data module is created.
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")

@@ -2,6 +2,6 @@
 
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.language_model import LanguageModel
-from lightning_modules.schedules import ZarembaDecay
+from lightning_modules.schedules import HalveOnPlateau, LinearDecay, ZarembaDecay
 
-__all__ = ["LanguageModel", "WeightAveragingOnPlateau", "ZarembaDecay"]
+__all__ = ["HalveOnPlateau", "LanguageModel", "LinearDecay", "WeightAveragingOnPlateau", "ZarembaDecay"]

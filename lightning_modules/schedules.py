@@ -1,13 +1,25 @@
-"""Learning-rate schedules from the papers, as ``torch.optim.lr_scheduler`` classes usable from YAML.
+"""Learning-rate schedules from the papers, usable from YAML.
 
 LightningCLI builds ``lr_scheduler: {class_path: ..., init_args: ...}`` with the optimizer as first argument and steps
-it once per epoch, which is the granularity of these schedules.
+it once per epoch (:class:`ZarembaDecay`, ``torch.optim.lr_scheduler.LinearLR``), or, for :class:`LinearDecay`, at
+the ``interval`` / ``frequency`` it names (:func:`scheduler_config`). Reduce-on-plateau is Lightning's
+``lightning.pytorch.cli.ReduceLROnPlateau`` (torch's, plus the ``monitor`` Lightning needs). Jozefowicz et al.'s
+halve-then-stop schedule must stop the trainer, so it is a callback (:class:`HalveOnPlateau`, under
+``trainer.callbacks``).
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any, Literal
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau
+
+from zoo.errors import ConfigError
 
 
 class ZarembaDecay(LambdaLR):
@@ -34,3 +46,139 @@ class ZarembaDecay(LambdaLR):
 
     def _factor(self, epoch: int) -> float:
         return self.decay ** max(epoch + 1 - self.constant_epochs, 0)
+
+
+class LinearDecay(LinearLR):
+    """``torch.optim.lr_scheduler.LinearLR`` that also says how often Lightning steps it: the GBW recipe.
+
+    Léonard 2016 ("Language modeling a billion words"; Element-Research/rnn ``noise-contrastive-estimate.lua``) starts
+    at ``startlr`` and after every "epoch" adds ``(minlr - startlr) / saturate``, clamped at ``minlr``: 1 -> 0.001 over
+    ``saturate = 300`` epochs, where an epoch is ``--trainsize 400000`` time steps of ``--seqlen 50``, i.e. 8,000
+    batches, not a pass over the corpus. ``LinearLR(start_factor=1, end_factor=minlr / startlr, total_iters=saturate)``
+    is exactly that sequence; what LightningCLI's ``lr_scheduler`` cannot say is "step it every 8,000 batches", which
+    ``interval`` and ``frequency`` do here (``lm-zoo fit`` passes them to Lightning's scheduler config). With
+    ``interval: epoch`` (the default) it is plain ``LinearLR``, which YAML can name directly.
+
+    Args:
+        optimizer: the optimizer.
+        end_factor: the last learning rate as a fraction of the initial one (``minlr / startlr``).
+        total_iters: scheduler steps to get there (``saturate``).
+        start_factor: the first learning rate as a fraction of the optimizer's.
+        interval: ``"epoch"`` or ``"step"`` (optimizer steps).
+        frequency: step the schedule every this many intervals.
+        last_epoch: for resuming.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        end_factor: float,
+        total_iters: int,
+        start_factor: float = 1.0,
+        interval: Literal["epoch", "step"] = "epoch",
+        frequency: int = 1,
+        last_epoch: int = -1,
+    ) -> None:
+        if interval not in ("epoch", "step"):
+            raise ConfigError(f"interval must be 'epoch' or 'step', got {interval!r}")
+        if frequency < 1:
+            raise ConfigError(f"frequency must be at least 1, got {frequency}")
+        self.interval, self.frequency = interval, frequency
+        super().__init__(optimizer, start_factor, end_factor, total_iters, last_epoch)
+
+
+def scheduler_config(optimizer: Optimizer, lr_scheduler: LRScheduler | ReduceLROnPlateau | None) -> Any:
+    """What ``configure_optimizers`` returns for the YAML's ``optimizer`` and ``lr_scheduler``.
+
+    LightningCLI's own version passes ``monitor`` for ``lightning.pytorch.cli.ReduceLROnPlateau`` and nothing else;
+    this one also passes a scheduler's ``interval`` / ``frequency`` attributes (:class:`LinearDecay`), and turns
+    torch's ``ReduceLROnPlateau``, which has no ``monitor`` and which Lightning then rejects with a long message,
+    into one line saying what to write instead.
+    """
+    if lr_scheduler is None:
+        return optimizer
+    config: dict[str, Any] = {"scheduler": lr_scheduler}
+    if isinstance(lr_scheduler, ReduceLROnPlateau):
+        if not getattr(lr_scheduler, "monitor", None):
+            raise ConfigError(
+                "lr_scheduler ReduceLROnPlateau needs the metric to watch: use class_path "
+                "lightning.pytorch.cli.ReduceLROnPlateau with init_args.monitor: val_loss"
+            )
+        config["monitor"] = lr_scheduler.monitor
+    for key in ("interval", "frequency"):
+        if hasattr(lr_scheduler, key):
+            config[key] = getattr(lr_scheduler, key)
+    return {"optimizer": optimizer, "lr_scheduler": config}
+
+
+class HalveOnPlateau(Callback):
+    """Jozefowicz et al. 2015 §3.6, the "schedule for architecture search": halve the learning rate once validation
+    has not improved for ``patience`` checks, and again at each check after that, ``decays`` times in all; stop after
+    the check that ends the last halved period.
+
+    The paper: "If we would observe no improvement in three consecutive epochs on the validation set, we would start
+    lowering the learning rate by a factor of 2 at each epoch, for four additional epochs. Learning would then stop."
+    With a validation check per epoch (Lightning's default) the learning rate of epochs ``1 .. t`` is ``lr``, where
+    check ``t`` is the third in a row without a strict improvement, then ``lr/2, lr/4, lr/8, lr/16`` for epochs
+    ``t+1 .. t+4``, and training stops at check ``t+4`` (improvements during the halving change nothing). With
+    ``val_check_interval`` every check counts as an "epoch".
+
+    It is a callback, not an ``lr_scheduler``, because stopping needs the trainer; it owns the learning rate, so a
+    config that also sets ``lr_scheduler`` is refused.
+
+    Args:
+        monitor: the logged validation metric (lower is better).
+        patience: checks without improvement before the first halving (3).
+        factor: the multiplier (0.5).
+        decays: halvings before stopping (4).
+    """
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 3, factor: float = 0.5, decays: int = 4) -> None:
+        if patience < 1 or decays < 1:
+            raise ConfigError(f"patience and decays must be at least 1, got {patience} and {decays}")
+        if not 0 < factor < 1:
+            raise ConfigError(f"factor must be in (0, 1), got {factor}")
+        self.monitor, self.patience, self.factor, self.decays = monitor, patience, factor, decays
+        self.best = math.inf
+        self.checks_without_improvement = 0
+        self.decays_done = 0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.lr_scheduler_configs:
+            raise ConfigError("HalveOnPlateau sets the learning rate itself: remove the config's lr_scheduler")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            raise ConfigError(f"HalveOnPlateau monitors {self.monitor!r}, which validation did not log")
+        if self.decays_done == 0:  # waiting for the plateau
+            if float(value) < self.best:
+                self.best, self.checks_without_improvement = float(value), 0
+                return
+            self.checks_without_improvement += 1
+            if self.checks_without_improvement < self.patience:
+                return
+        elif self.decays_done == self.decays:  # the last halved period is over
+            rank_zero_info(f"HalveOnPlateau: stopping after {self.decays} halvings (step {trainer.global_step})")
+            trainer.should_stop = True
+            return
+        self.decays_done += 1
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= self.factor
+        rates = ", ".join(f"{group['lr']:.4g}" for opt in trainer.optimizers for group in opt.param_groups)
+        rank_zero_info(f"HalveOnPlateau: learning rate x {self.factor} -> {rates} (step {trainer.global_step})")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "checks_without_improvement": self.checks_without_improvement,
+            "decays_done": self.decays_done,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict["best"]
+        self.checks_without_improvement = state_dict["checks_without_improvement"]
+        self.decays_done = state_dict["decays_done"]
