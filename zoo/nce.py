@@ -141,12 +141,13 @@ class UnigramNoise(nn.Module):
         weights = counts.pow(self.power) if self.power != 1.0 else counts
         weights = torch.where(counts > 0, weights, torch.zeros_like(weights))  # 0 ** 0 is 1: keep unseen words out
         probs = weights / weights.sum()
-        accept, alias = alias_table(probs)
         device = self.probs.device
         self.probs = probs.float().to(device)
         self.log_probs = probs.log().clamp(min=MIN_LOG_NOISE).float().to(device)
-        self.accept = accept.float().to(device)
-        self.alias = alias.to(device)
+        if self.sampler == "alias":
+            accept, alias = alias_table(probs)
+            self.accept = accept.float().to(device)
+            self.alias = alias.to(device)
 
     def sample(self, shape: Sequence[int], generator: torch.Generator | None = None) -> Tensor:
         """Draw ids from ``q``, independently, with replacement.
@@ -252,12 +253,19 @@ class NCEHead(SoftmaxHead):
         predicted = targets != -100  # (B, T)
         safe_targets = targets.clamp(min=0)
         log_kq = self.noise.log_probs + math.log(noise.size(-1))  # (V,)  log(k q(w))
-        target_scores = (h * self.weight[safe_targets]).sum(-1) + self.bias[safe_targets]  # (B, T)
-        noise_vectors = self.weight[noise]  # (T, k, D) or (B, T, k, D): the only rows of W the step touches
+        # The only rows of W the step touches, gathered in one indexing: its backward builds the dense (V, D)
+        # gradient once (zeros + scatter), where two gathers would build and add two of them.
+        ids = torch.cat([safe_targets.flatten(), noise.flatten()])
+        vectors, biases = self.weight[ids], self.bias[ids]  # (B*T + n, D), (B*T + n,)
+        target_vectors, noise_vectors = vectors.split([B * T, noise.numel()])
+        target_biases, noise_biases = biases.split([B * T, noise.numel()])
+        target_scores = (h * target_vectors.view(B, T, -1)).sum(-1) + target_biases.view(B, T)  # (B, T)
+        noise_vectors = noise_vectors.view(*noise.shape, -1)  # (T, k, D) or (B, T, k, D)
+        noise_biases = noise_biases.view(noise.shape)
         if noise.dim() == 2:  # shared by the batch: one batched (B, D) x (D, k) product per step
-            noise_scores = torch.einsum("btd,tkd->btk", h, noise_vectors) + self.bias[noise]  # (B, T, k)
+            noise_scores = torch.einsum("btd,tkd->btk", h, noise_vectors) + noise_biases  # (B, T, k)
         else:
-            noise_scores = torch.einsum("btd,btkd->btk", h, noise_vectors) + self.bias[noise]  # (B, T, k)
+            noise_scores = torch.einsum("btd,btkd->btk", h, noise_vectors) + noise_biases  # (B, T, k)
         logits = torch.cat(
             [(target_scores - log_kq[safe_targets]).unsqueeze(-1), noise_scores - log_kq[noise]], dim=-1
         ).float()  # (B, T, 1 + k): Δ = s − log(k q)

@@ -1,0 +1,413 @@
+"""NCE against the full softmax at Google Billion Word's vocabulary (V = 793,471), measured side by side in one run.
+
+Three measurements, each printed with its ratio:
+
+1. **Noise sampler.** Draws of ``bptt x k`` noise words (one training window's worth, shared by the batch) from a
+   Zipf(1) unigram distribution over V words: Walker's alias table (``zoo.nce.alias_table``) against
+   ``torch.multinomial``, and the one-off cost of building the table.
+2. **Training step.** Forward + backward of a 2-layer LSTM stack of width H and the output layer over V words, on
+   ``(batch, bptt, H)`` random input vectors (what the embedding would give; the ``(V, H)`` embedding table itself is
+   left out: it costs both heads the same and would double the parameter memory): the full softmax's
+   cross-entropy against NCE's loss with k noise words per step. Peak memory is what the step allocates above the
+   parameters; it is printed twice: with the ``(V, H)`` parameter gradients (dense for both heads) and without them,
+   the accounting of the Torch blog's memory figure ("not counting parameters and their gradients"). Each
+   (head, H) runs in its own process: on CPU the peak is the resident-set high-water mark (reset through
+   ``/proc/self/clear_refs`` just before the step), on CUDA ``torch.cuda.max_memory_allocated``.
+3. **Evaluation.** The chunked full softmax (``SoftmaxHead.token_nll``) of an untrained 2 x H LSTM over the GBW
+   sample's test shard (``news.en.heldout-00013``, sentences as ``<S> ... </S>``, vocabulary from shards 10-11 padded
+   with never-seen ids up to ``--eval-vocab`` words), at a useful batch size and at batch 1 as in the blog's 3-hour
+   test pass. Same tokens, same windows length, each batch size in its own process.
+
+The paper-size step is batch 128 x bptt 50. On a CPU the full softmax at H = 2048 cannot hold that
+(6400 x 793k logits are 20 GB, twice over with their gradient, next to 13 GB of output weights and gradients), so use
+``--batch``/``--bptt`` to scale the step down there; the output says which sizes ran. A configuration that would not
+fit in the memory available is skipped with a line saying so. Examples::
+
+    python benchmarks/nce.py --device cuda                                    # the paper's sizes
+    python benchmarks/nce.py --batch 8 --bptt 20 --eval-tokens 4000          # a CPU
+    python benchmarks/nce.py --only sampler                                   # one part
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import zoo  # noqa: E402
+from datamodules.streams import StreamWindows  # noqa: E402
+from lightning_modules.language_model import LanguageModel  # noqa: E402
+from zoo.heads import SoftmaxHead  # noqa: E402
+from zoo.nce import NCEHead, UnigramNoise  # noqa: E402
+
+GBW_VOCAB = 793_471
+SAMPLE = Path(os.environ.get("LM_ZOO_DATA", Path.home() / ".cache" / "lm-zoo" / "data")) / "gbw-sample"
+GIB = 2**30
+
+
+def zipf_counts(vocab_size: int) -> torch.Tensor:
+    """Counts ∝ 1/rank: the shape of a word unigram distribution (GBW's is close to it)."""
+    return 1e9 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Any, device: torch.device, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------------ memory probes
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class PeakMemory:
+    """Bytes allocated above the level at entry, at the highest point inside the ``with`` block.
+
+    CUDA: the caching allocator's own counters. CPU: torch's allocations are plain ``malloc``/``mmap``, invisible to
+    ``tracemalloc``, so this reads the kernel's resident-set high-water mark (VmHWM), reset at entry by writing 5 to
+    ``/proc/self/clear_refs``; pages that glibc kept from earlier frees make it read low, never high.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.base = _status_kib("VmRSS") * 1024
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            self.peak = _status_kib("VmHWM") * 1024 - self.base
+
+
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- 1. sampler
+def sampler_benchmark(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    draws = args.bptt_sampler * args.k
+    print(
+        f"\n== noise sampler: {draws:,} draws (bptt {args.bptt_sampler} x k {args.k}) from Zipf over V = "
+        f"{args.vocab:,}, {args.device}"
+    )
+    counts = zipf_counts(args.vocab)
+    noise = {}
+    for sampler in ("alias", "multinomial"):
+        start = time.perf_counter()
+        noise[sampler] = UnigramNoise(args.vocab, sampler=sampler).to(device)
+        noise[sampler].set_counts(counts)
+        sync(device)
+        print(f"  set-up {sampler:<11} {time.perf_counter() - start:8.3f} s  (table built on the CPU, once)")
+    seconds = {}
+    for sampler in ("alias", "multinomial"):
+        seconds[sampler] = timed(lambda s=sampler: noise[s].sample((args.bptt_sampler, args.k)), device, args.repeats)
+        print(f"  draw   {sampler:<11} {seconds[sampler] * 1e3:8.3f} ms per window")
+    print(f"  multinomial / alias: {seconds['multinomial'] / seconds['alias']:.1f}x")
+
+
+# ---------------------------------------------------------------------------------------------- 2. training step
+def step_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """One (head, hidden) configuration: peak memory of the second step, then the median time of the next ones."""
+    device = torch.device(config["device"])
+    vocab, hidden, batch, bptt = config["vocab"], config["hidden"], config["batch"], config["bptt"]
+    torch.manual_seed(0)
+    rnn = zoo.build("lstm", hidden, hidden, config["layers"]).to(device)
+    if config["head"] == "softmax":
+        head: SoftmaxHead = SoftmaxHead(hidden, vocab).to(device)
+    else:
+        head = NCEHead(hidden, vocab, config["k"], objective=config["head"], sampler=config["sampler"]).to(device)
+        head.set_noise_distribution(zipf_counts(vocab))
+    words = UnigramNoise(vocab).to(device)
+    words.set_counts(zipf_counts(vocab))
+    inputs = 0.1 * torch.randn(batch, bptt, hidden, device=device)  # (B, T, H) what the embedding would give
+    targets = words.sample((batch, bptt))  # (B, T) Zipf-distributed, like text
+    parameters = list(rnn.parameters()) + list(head.parameters())
+
+    def clear_gradients() -> None:
+        for p in parameters:
+            p.grad = None  # Lightning's zero_grad(set_to_none=True): the step allocates the gradients itself
+
+    def step() -> None:
+        clear_gradients()
+        features, _ = rnn(inputs)  # (B, T, H)
+        if isinstance(head, NCEHead):
+            total, count = head.training_loss(features, targets)
+        else:
+            total, count = LanguageModel.nll(head(features), targets)  # the LanguageModel's softmax loss
+        (total / count).backward()
+
+    step()  # warm-up: lazily loaded kernels and thread pools stay resident and are no part of the step's cost
+    clear_gradients()
+    with PeakMemory(device) as memory:
+        step()
+    gradient_bytes = sum(p.grad.numel() * p.grad.element_size() for p in parameters if p.grad is not None)
+    seconds = timed(step, device, config["steps"])
+    return {
+        "seconds": seconds,  # the warm-up and measured steps above are not timed
+        "peak": memory.peak,
+        "peak_without_gradients": memory.peak - gradient_bytes,
+        "parameters": sum(p.numel() * p.element_size() for p in parameters),
+    }
+
+
+def run_worker(kind: str, config: dict[str, Any]) -> dict[str, Any] | str:
+    """Run a worker in a fresh process (its own memory high-water mark); a string says why it did not finish."""
+    # glibc keeps freed blocks under its (adaptive, up to 32 MiB) mmap threshold for reuse, so they would not show in
+    # the high-water mark of the measured step; a fixed 1 MiB threshold returns every sizeable block to the kernel.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", kind, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"failed: {tail}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def step_memory_estimate(head: str, vocab: int, hidden: int, batch: int, bptt: int, k: int) -> int:
+    """A rough upper bound of a step's bytes, to skip what cannot fit: output weights and gradient, LSTM, logits."""
+    weights = 2 * 4 * vocab * hidden + 2 * 4 * 2 * 4 * hidden * 2 * hidden
+    activations = 3 * 4 * batch * bptt * vocab if head == "softmax" else 4 * 4 * bptt * k * hidden
+    return weights + activations + 40 * 4 * batch * bptt * hidden
+
+
+def step_benchmark(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    print(
+        f"\n== training step: 2-layer LSTM + output layer over V = {args.vocab:,}, batch {args.batch} x bptt "
+        f"{args.bptt}, k = {args.k} ({args.sampler}), {args.device}"
+    )
+    if (args.batch, args.bptt) != (128, 50):
+        print("   (the paper's recipes use batch 128 x bptt 50; this run is scaled down to fit the machine)")
+    print(f"   {'H':>5} {'head':<16} {'step':>9} {'peak':>10} {'peak w/o grads':>15} {'parameters':>11}")
+    for hidden in args.hidden:
+        results: dict[str, dict[str, Any]] = {}
+        for head in args.heads:
+            need = step_memory_estimate(head, args.vocab, hidden, args.batch, args.bptt, args.k)
+            if need > 0.9 * available_bytes(device):
+                print(
+                    f"   {hidden:>5} {head:<16} skipped: needs ~{need / GIB:.1f} GiB, "
+                    f"{available_bytes(device) / GIB:.1f} GiB available (lower --batch/--bptt)"
+                )
+                continue
+            config = dict(vars(args), hidden=hidden, head=head)
+            config = {
+                key: config[key]
+                for key in ("device", "vocab", "hidden", "batch", "bptt", "layers", "k", "sampler", "head", "steps")
+            }
+            result = run_worker("step", config)
+            if isinstance(result, str):
+                print(f"   {hidden:>5} {head:<16} {result}")
+                continue
+            results[head] = result
+            print(
+                f"   {hidden:>5} {head:<16} {result['seconds'] * 1e3:7.1f}ms {result['peak'] / GIB:8.3f}G "
+                f"{result['peak_without_gradients'] / GIB:13.3f}G {result['parameters'] / GIB:9.3f}G"
+            )
+        if "softmax" in results:
+            base = results["softmax"]
+            for head, result in results.items():
+                if head == "softmax":
+                    continue
+                print(
+                    f"   {hidden:>5} {head} / softmax: step {result['seconds'] / base['seconds']:.3f}x, "
+                    f"peak {result['peak'] / base['peak']:.3f}x, peak w/o grads "
+                    f"{result['peak_without_gradients'] / base['peak_without_gradients']:.3f}x"
+                )
+
+
+# ------------------------------------------------------------------------------------------------- 3. evaluation
+def sentences(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def eval_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Score the first ``eval_tokens`` tokens of the test shard at one batch size with the chunked full softmax."""
+    device = torch.device(config["device"])
+    train = [s for shard in config["vocab_shards"] for s in sentences(Path(shard))]
+    counter = Counter(word for sentence in train for word in sentence)
+    symbols = ["<S>", "</S>", "<UNK>"] + [w for w, _ in counter.most_common()]
+    index = {w: i for i, w in enumerate(symbols)}
+    ids = []
+    for sentence in sentences(Path(config["test_shard"])):
+        ids += [1] + [index.get(w, 2) for w in sentence] + [1]  # </S> ends one sentence, <S> would open the next
+        if len(ids) >= config["eval_tokens"]:
+            break
+    ids = torch.tensor(ids[: config["eval_tokens"]])
+    vocab = max(len(symbols), config["eval_vocab"])
+    torch.manual_seed(0)
+    hidden = config["hidden"]
+    model = LanguageModel(vocab, "lstm", hidden, hidden, 2, init_range=0.1).to(device).eval()
+    model.decoder.chunk_logits = config["chunk_logits"]
+    stream = StreamWindows(ids, config["batch"], config["bptt"], start_id=0)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+
+    def run() -> None:
+        state = None
+        for batch in stream:
+            nll, state = model.token_nll(batch.inputs.to(device), batch.targets.to(device), state)
+            total.add_(nll.double().sum())
+
+    with torch.no_grad(), PeakMemory(device) as memory:
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,  # the warm-up and measured steps above are not timed
+        "tokens": stream.num_predicted,
+        "peak": memory.peak,
+        "vocab": vocab,
+        "sample_vocab": len(symbols),
+        "loss": float(total) / stream.num_predicted,
+    }
+
+
+def eval_benchmark(args: argparse.Namespace) -> None:
+    test_shard = args.data / "news.en.heldout-00013-of-00050"
+    vocab_shards = [args.data / f"news.en.heldout-000{n}-of-00050" for n in (10, 11)]
+    missing = [str(p) for p in [test_shard, *vocab_shards] if not p.exists()]
+    if missing:
+        print(f"\n== evaluation: skipped, missing {', '.join(missing)} (set LM_ZOO_DATA or --data)")
+        return
+    limit = "the whole shard" if args.eval_tokens is None else f"its first {args.eval_tokens:,} tokens"
+    print(
+        f"\n== evaluation: chunked full softmax (<= {args.chunk_logits:,} logits at once), 2 x {args.eval_hidden} "
+        f"LSTM, {test_shard.name}, {limit}, bptt {args.eval_bptt}, {args.device}"
+    )
+    results = {}
+    for batch in (args.eval_batch, 1):
+        config = {
+            "device": args.device,
+            "test_shard": str(test_shard),
+            "vocab_shards": [str(p) for p in vocab_shards],
+            "eval_tokens": args.eval_tokens or 10**12,
+            "eval_vocab": args.eval_vocab,
+            "hidden": args.eval_hidden,
+            "batch": batch,
+            "bptt": args.eval_bptt,
+            "chunk_logits": args.chunk_logits,
+        }
+        result = run_worker("eval", config)
+        if isinstance(result, str):
+            print(f"   batch {batch:>4}: {result}")
+            continue
+        results[batch] = result
+        unchunked = batch * args.eval_bptt * result["vocab"] * 4
+        print(
+            f"   batch {batch:>4}: {result['seconds']:8.2f} s for {result['tokens']:,} tokens "
+            f"({result['tokens'] / result['seconds']:8.0f} tokens/s), V = {result['vocab']:,} "
+            f"({result['sample_vocab']:,} from the sample), peak {result['peak'] / GIB:.3f} GiB "
+            f"(unchunked logits alone: {unchunked / GIB:.2f} GiB)"
+        )
+    if len(results) == 2:
+        fast, slow = results[args.eval_batch], results[1]
+        print(f"   batch 1 / batch {args.eval_batch} time: {slow['seconds'] / fast['seconds']:.1f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--vocab", type=int, default=GBW_VOCAB, help="V (default: GBW's 793,471)")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[250, 2048], help="LSTM widths H of the step")
+    parser.add_argument("--layers", type=int, default=2, help="LSTM layers of the step")
+    parser.add_argument("--batch", type=int, default=128, help="step batch size (paper: 128)")
+    parser.add_argument("--bptt", type=int, default=50, help="step window length (paper: 50)")
+    parser.add_argument("--k", type=int, default=400, help="noise words per step (paper: 400)")
+    parser.add_argument("--sampler", default="alias", choices=["alias", "multinomial"], help="NCE's noise sampler")
+    parser.add_argument(
+        "--heads",
+        nargs="+",
+        default=["softmax", "nce"],
+        choices=["softmax", "nce", "sampled_softmax"],
+        help="objectives to time (softmax first)",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median)")
+    parser.add_argument("--repeats", type=int, default=50, help="timed sampler draws (median)")
+    parser.add_argument("--bptt-sampler", type=int, default=50, help="steps per window of the sampler timing")
+    parser.add_argument("--data", type=Path, default=SAMPLE, help="the GBW sample directory")
+    parser.add_argument("--eval-batch", type=int, default=128, help="the useful evaluation batch size")
+    parser.add_argument("--eval-bptt", type=int, default=50, help="evaluation window length")
+    parser.add_argument("--eval-hidden", type=int, default=250, help="LSTM width of the evaluated model")
+    parser.add_argument(
+        "--eval-vocab",
+        type=int,
+        default=GBW_VOCAB,
+        help="output layer size: the sample's vocabulary padded with unseen ids (0: unpadded)",
+    )
+    parser.add_argument("--eval-tokens", type=int, default=None, help="score only this many tokens of the shard")
+    parser.add_argument("--chunk-logits", type=int, default=2**24, help="the chunked softmax's budget, in logits")
+    parser.add_argument("--only", choices=["sampler", "step", "eval"], help="run one part")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        kind, config = args.worker
+        result = (step_worker if kind == "step" else eval_worker)(json.loads(config))
+        print(json.dumps(result))
+        return
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; noisy if the machine "
+        "is shared: compare the ratios, which are measured side by side"
+    )
+    if args.only in (None, "sampler"):
+        sampler_benchmark(args)
+    if args.only in (None, "step"):
+        step_benchmark(args)
+    if args.only in (None, "eval"):
+        eval_benchmark(args)
+
+
+if __name__ == "__main__":
+    main()
