@@ -38,6 +38,7 @@ COMMANDS = {
     "export": "write a SOURCE as config.json + model.safetensors + tokenizer + model card (--out DIR)",
     "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
     "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",
+    "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
 }
 SPLITS = ("train", "valid", "test")
 SOURCE_HELP = "a .ckpt written by lm-zoo fit, a directory written by lm-zoo export, a Hub repo id or a registered name"
@@ -304,6 +305,13 @@ def cmd_download(argv: Sequence[str]) -> None:
     print(json.dumps({"repo_id": repo_id, "revision": revision, "path": str(path)}) if args.json else path)
 
 
+def cmd_tune(argv: Sequence[str]) -> None:
+    """``lm-zoo tune``: Optuna search over a space of config keys (``lightning_modules.tuning``)."""
+    from lightning_modules.tuning import cmd_tune as tune
+
+    tune(argv)
+
+
 HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "evaluate": cmd_evaluate,
     "generate": cmd_generate,
@@ -311,6 +319,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "export": cmd_export,
     "publish": cmd_publish,
     "download": cmd_download,
+    "tune": cmd_tune,
 }
 
 

@@ -1,0 +1,155 @@
+"""``lm-zoo tune``: Optuna trials of a tiny config in two processes sharing one SQLite study, the best config reused
+by ``lm-zoo fit``, median pruning of a clearly worse trial, and one-line errors for a bad space."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+import cli
+from lightning_modules.tuning import load_space
+from tests.conftest import one_line_error, write_word_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# 8 steps, a validation check (3 batches) every 2 steps: 4 reports per trial.
+TINY = """
+seed_everything: 1
+trainer:
+  max_epochs: 1
+  limit_train_batches: 8
+  limit_val_batches: 3
+  val_check_interval: 2
+  num_sanity_val_steps: 0
+  default_root_dir: {root}/runs
+model:
+  class_path: lightning_modules.LanguageModel
+  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
+data:
+  class_path: datamodules.TextDataModule
+  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
+optimizer:
+  class_path: torch.optim.SGD
+  init_args: {{lr: 1.0}}
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    corpus = write_word_corpus(tmp_path / "corpus", "tuning")
+    (tmp_path / "tiny.yaml").write_text(TINY.format(root=tmp_path, corpus=corpus))
+    return tmp_path
+
+
+def write_space(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = write_space(
+        workdir / "space.yaml",
+        "optimizer.init_args.lr: {type: loguniform, low: 0.3, high: 3.0}\n"
+        "model.init_args.dropout: {type: float, low: 0.0, high: 0.5}\n"
+        "model.init_args.cell_options.forget_bias: {type: categorical, choices: [0.0, 1.0]}\n",
+    )
+    out = workdir / "best.yaml"
+    argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--trials", "3", "--out", str(out), "--seed", "0"]
+    assert cli.main([*argv, "--jobs", "2"]) == 0  # this process and one helper, sharing a SQLite study
+    lines = capsys.readouterr().out.splitlines()
+    trials = [line for line in lines if line.startswith("trial ")]
+    assert len(trials) == 3 and all(" complete " in line for line in trials), lines
+    values = {int(line.split()[1]): float(line.split()[4]) for line in trials}
+    best_number = min(values, key=values.get)
+    assert lines[-1].startswith(f"best: trial {best_number}, val_loss {values[best_number]:.4f}")
+    study_dir = workdir / "runs" / "tune" / "tiny-space"
+    stored = optuna.load_study(study_name="tiny-space", storage=f"sqlite:///{study_dir / 'study.db'}").trials
+    assert sorted(t.number for t in stored) == sorted(values)
+    assert len({t.user_attrs["pid"] for t in stored}) == 2  # two trials here, one in the helper process
+
+    # The best config: the tiny config with the best trial's values, complete enough for `lm-zoo fit`.
+    best = yaml.safe_load(out.read_text())
+    trial_config = yaml.safe_load((study_dir / f"trial_{best_number}" / "config.yaml").read_text())
+    lr = best["optimizer"]["init_args"]["lr"]
+    assert lr == trial_config["optimizer"]["init_args"]["lr"] and 0.3 <= lr <= 3.0
+    assert best["model"]["init_args"]["dropout"] == trial_config["model"]["init_args"]["dropout"]
+    assert best["model"]["init_args"]["cell_options"] == trial_config["model"]["init_args"]["cell_options"]
+    assert best["model"]["init_args"]["cell_options"]["forget_bias"] in (0.0, 1.0)
+    assert best["trainer"]["default_root_dir"] == f"{workdir}/runs"  # the run's own, not the trial's directory
+    with pytest.raises(SystemExit) as printed_config:  # LightningCLI exits after printing
+        cli.main(["fit", "--config", str(out), "--print_config"])
+    assert printed_config.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["optimizer"]["init_args"]["lr"] == lr
+    assert printed["model"]["init_args"]["cell_options"] == best["model"]["init_args"]["cell_options"]
+
+
+def test_median_pruning_stops_a_clearly_worse_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # lr 3 brings the tiny model's validation loss down at every check; lr 1e-6 leaves it at its initial value.
+    space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: categorical, choices: [3.0, 1.0e-6]}\n")
+    storage = f"sqlite:///{workdir / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="pruning")
+    for lr in (3.0, 1e-6):  # a fixed order: a good trial first, so the median has something to compare with
+        study.enqueue_trial({"optimizer.init_args.lr": lr})
+    argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--trials", "2", "--storage", storage]
+    argv += ["--study-name", "pruning", "--pruner-startup-trials", "1"]
+    assert cli.main(argv) == 0
+    trials = optuna.load_study(study_name="pruning", storage=storage).trials
+    states = [t.state for t in trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
+    good, bad = trials[0].intermediate_values, trials[1].intermediate_values
+    assert list(good) == [2, 4, 6, 8] and list(bad) == [2]  # stopped at its first check, 6 of its 8 steps unrun
+    assert bad[2] > good[2]
+    assert "best: trial 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("space", "fragments"),
+    [
+        (None, ("no such file",)),
+        ("[1, 2]", ("expected a mapping",)),
+        ("optimizer.init_args.lr: {type: gaussian, low: 1, high: 2}", ("unknown type 'gaussian'",)),
+        ("optimizer.init_args.lr: {type: float, low: 0.5, high: 0.1}", ("low must be below high",)),
+        ("optimizer.init_args.lr: {type: loguniform, low: 0.0, high: 0.1}", ("needs low > 0",)),
+        ("optimizer.init_args.lr: {type: categorical, choices: []}", ("non-empty list",)),
+        ("model.init_args.num_layers: {type: int, low: 1.5, high: 3}", ("must be integers",)),
+        ("optimizer.init_args.lr: {type: float, lo: 0.1, high: 1}", ("unknown field(s) lo",)),
+        (
+            "model.init_args.hiden_size: {type: int, low: 4, high: 8}",
+            ("no 'hiden_size'", "model.init_args.hidden_size"),
+        ),
+        ("trainer.max_epoch: {type: int, low: 1, high: 2}", ("no 'max_epoch' under trainer",)),
+        ("model.init_args.tie_weights: {type: categorical, choices: [maybe]}", ("LightningCLI rejects",)),
+    ],
+    ids=["missing", "not-a-mapping", "type", "range", "log", "choices", "int", "field", "key", "trainer-key", "value"],
+)
+def test_bad_space_is_one_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str], space: str | None, fragments: tuple[str, ...]
+) -> None:
+    path = workdir / "space.yaml"
+    if space is not None:
+        path.write_text(space + "\n")
+    code = cli.main(["tune", "--config", "tiny.yaml", "--space", str(path), "--trials", "1"])
+    one_line_error(capsys, code, *fragments)
+
+
+def test_shipped_table_4_space_fits_the_mogrifier_config() -> None:
+    space = load_space(ROOT / "configs" / "tune" / "melis-table4.yaml")
+    text = (ROOT / "configs" / "tune" / "melis-table4.yaml").read_text()
+    assert re.search(r"Table 4", text)
+    # Every key names a setting of the paper's PTB config.
+    from lightning_modules.tuning import check_key, full_config
+
+    base = full_config(ROOT / "configs" / "ptb" / "mogrifier.yaml")
+    for key in space:
+        check_key(base, key)
+    assert space["model.init_args.cell_options.rounds"] == {"type": "int", "low": 0, "high": 6}
+    assert space["model.init_args.cell_options.rank"] == {"type": "int", "low": -20, "high": 100}
