@@ -84,12 +84,14 @@ class LMZooCLI(LightningCLI):
 def run_lightning(argv: Sequence[str] | None) -> None:
     """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
     # Importing is what lets a config name these classes by their short names.
-    from datamodules import TextDataModule
+    from lightning import LightningDataModule
+
+    from datamodules import GBWDataModule, TextDataModule  # noqa: F401
     from lightning_modules import LanguageModel, ZarembaDecay  # noqa: F401
 
     LMZooCLI(
         LanguageModel,
-        TextDataModule,
+        LightningDataModule,  # any data module: TextDataModule, GBWDataModule (which is no TextDataModule)
         subclass_mode_model=True,
         subclass_mode_data=True,
         args=None if argv is None else list(argv),
@@ -133,10 +135,17 @@ def cmd_generate(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="lm-zoo generate", description=COMMANDS["generate"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
-    parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line)")
-    parser.add_argument("--num-samples", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=100, help="most tokens per sample (a sample ends at <eos>)")
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line / sentence)")
+    parser.add_argument("--num-samples", type=int, default=5, help="samples (sentence models: sentences), one per line")
+    parser.add_argument(
+        "--max-tokens", type=int, default=100, help="most tokens per sample (a sample ends at <eos>, or </S>)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="softmax temperature (default: 0.7 for sentence models such as GBW's, as Léonard 2016 samples; else 1.0)",
+    )
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -151,12 +160,15 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
     loaded = checkpoints.load(args.source, args.revision)
     tokenizer, model = loaded.tokenizer, loaded.model.to(args.device)
-    # Every sample starts at the beginning of a line: the end-of-line token is its context, then the prompt.
-    prompt_ids = [tokenizer.eos_id] + tokenizer.encode(args.prompt)
+    # Every sample starts at the beginning of a line: the end-of-line token is its context, then the prompt. A sentence
+    # model (GBW) starts from <S> with a zero state and a row stops at </S>, so each line is one independent sentence.
+    sentences = tokenizer.bos_id != tokenizer.eos_id
+    temperature = args.temperature if args.temperature is not None else (0.7 if sentences else 1.0)
+    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
     prompt = torch.tensor([prompt_ids] * args.num_samples, device=args.device)
     generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
     samples = model.generate(
-        prompt, args.max_tokens, args.temperature, args.top_k, stop_id=tokenizer.eos_id, generator=generator
+        prompt, args.max_tokens, temperature, args.top_k, stop_id=tokenizer.eos_id, generator=generator
     )
     texts = [tokenizer.decode(prompt_ids[1:] + ids).rstrip("\n") for ids in samples]
     if args.json:
@@ -165,7 +177,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
                 {
                     "source": loaded.source,
                     "prompt": args.prompt,
-                    "temperature": args.temperature,
+                    "temperature": temperature,
                     "top_k": args.top_k,
                     "seed": args.seed,
                     "samples": texts,

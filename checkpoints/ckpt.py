@@ -20,7 +20,7 @@ from lightning_modules.language_model import LanguageModel
 from zoo.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
-    from datamodules import TextDataModule
+    from lightning import LightningDataModule
 
 
 @dataclass
@@ -30,7 +30,7 @@ class LoadedModel:
     Attributes:
         model: the language model, in eval mode.
         tokenizer: the tokenizer it was trained with.
-        data: the data module's settings at training time (corpus, batch sizes, BPTT, ...).
+        data: the data module's settings at training time (corpus, batch sizes, BPTT, ...) and its ``class_path``.
         source: where it was loaded from.
         training: the rest of the recipe: optimizer settings, steps, epochs, whether the weights are an average, and
             the run's LightningCLI config when it was found.
@@ -44,24 +44,59 @@ class LoadedModel:
     training: dict[str, Any] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
 
-    def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> TextDataModule:
-        """The data module the model was trained with (or on ``corpus``), using the model's own tokenizer.
+    def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> LightningDataModule:
+        """The data module the model was trained with (its class and settings, or on ``corpus``), using the model's
+        own tokenizer.
 
         Raises:
             ConfigError: the model does not say which corpus it was trained on and none was given.
+            CheckpointError: the recorded data module class is not one of lm-zoo's.
         """
-        from datamodules import TextDataModule
-
         settings = dict(self.data)
+        data_class = data_module_class(settings.pop("class_path", None), self.source)
         if not settings.get("corpus") and corpus is None:
             raise ConfigError(f"{self.source} does not say which corpus it was trained on: pass --corpus")
         if corpus is not None:
             settings["corpus"] = corpus
         if data_root is not None:
             settings["data_root"] = data_root
-        datamodule = TextDataModule(**settings)
+        datamodule = data_class(**settings)
         datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
         return datamodule
+
+
+def data_module_class(class_path: str | None, where: str) -> type[LightningDataModule]:
+    """The data module class a model records in its data settings (``class_path``); ``None`` (models saved before
+    it was recorded) means ``TextDataModule``.
+
+    Only lm-zoo's own data modules are looked up, by name: a downloaded ``config.json`` never makes lm-zoo import
+    anything else.
+
+    Raises:
+        CheckpointError: the class is not one of lm-zoo's data modules.
+    """
+    from lightning import LightningDataModule
+
+    import datamodules
+
+    name = (class_path or "TextDataModule").rsplit(".", 1)[-1]
+    found = getattr(datamodules, name, None) if name in datamodules.__all__ else None
+    if not (isinstance(found, type) and issubclass(found, LightningDataModule)):
+        raise CheckpointError(
+            f"{where} was trained with the data module {class_path!r}, which this lm-zoo does not have; upgrade lm-zoo"
+        )
+    return found
+
+
+def _data_class_path(ckpt: dict[str, Any]) -> str:
+    """The data module's class: LightningCLI records it; a plain ``Trainer`` run leaves only its state's key."""
+    recorded = ckpt.get("datamodule_hyper_parameters", {}).get("_class_path")
+    if isinstance(recorded, str):
+        return recorded
+    for key, value in ckpt.items():
+        if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
+            return f"datamodules.{key}"
+    return "datamodules.TextDataModule"
 
 
 def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -223,4 +258,5 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     model = build_model(public_settings(ckpt["hyper_parameters"]), tokenizer, str(path))
     load_weights(model, ckpt["state_dict"], str(path))
     data = public_settings(ckpt.get("datamodule_hyper_parameters", {}))
+    data["class_path"] = _data_class_path(ckpt)  # which data module rebuilds the splits (exports keep it too)
     return LoadedModel(model.eval(), tokenizer, data, str(path), training=_training_record(ckpt, path))

@@ -1,7 +1,9 @@
 """Corpora, tokenizers and stream batching, as LightningDataModules."""
 
+from datamodules.gbw import GBWDataModule
+from datamodules.multisequence import MultiSequenceWindows
 from datamodules.streams import LMBatch, StreamWindows
 from datamodules.text import TextDataModule
 from datamodules.tokenizers import Tokenizer
 
-__all__ = ["LMBatch", "StreamWindows", "TextDataModule", "Tokenizer"]
+__all__ = ["GBWDataModule", "LMBatch", "MultiSequenceWindows", "StreamWindows", "TextDataModule", "Tokenizer"]

@@ -15,8 +15,9 @@ import base64
 import io
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +26,9 @@ from zoo.errors import ConfigError
 
 EOS = "<eos>"
 UNK = "<unk>"
+BOS_SENTENCE = "<S>"
+EOS_SENTENCE = "</S>"
+UNK_SENTENCE = "<UNK>"
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,12 @@ class Tokenizer(ABC):
     @property
     @abstractmethod
     def eos_id(self) -> int:
-        """The end-of-line id: what sampling starts from and stops at."""
+        """The end-of-line id: what sampling stops at (and starts from, unless the tokenizer has a ``bos_id``)."""
+
+    @property
+    def bos_id(self) -> int:
+        """The id every sample starts from: the end-of-line id, except for tokenizers with a start-of-sentence token."""
+        return self.eos_id
 
     @abstractmethod
     def encode_text(self, text: str) -> np.ndarray:
@@ -120,14 +129,19 @@ class VocabularyTokenizer(Tokenizer):
     """
 
     specials: ClassVar[tuple[str, ...]] = (EOS, UNK)
+    eos_symbol: ClassVar[str] = EOS
+    unk_symbol: ClassVar[str] = UNK
 
     def __init__(self, symbols: list[str], counts: list[int]) -> None:
         if len(symbols) != len(counts) or len(set(symbols)) != len(symbols):
             raise ConfigError("a vocabulary needs unique symbols and one count per symbol")
+        missing = [s for s in self.specials if s not in symbols]
+        if missing:
+            raise ConfigError(f"a {self.kind} vocabulary needs the special symbols {', '.join(missing)}")
         self.symbols = list(symbols)
         self.counts = list(counts)
         self.index = {s: i for i, s in enumerate(self.symbols)}
-        self.unk_id = self.index[UNK]
+        self.unk_id = self.index[self.unk_symbol]
 
     @property
     def vocab_size(self) -> int:
@@ -135,7 +149,7 @@ class VocabularyTokenizer(Tokenizer):
 
     @property
     def eos_id(self) -> int:
-        return self.index[EOS]
+        return self.index[self.eos_symbol]
 
     @abstractmethod
     def _line_symbols(self, line: str) -> list[str]:
@@ -236,6 +250,131 @@ class CharTokenizer(VocabularyTokenizer):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "spaced_symbols": self.spaced_symbols}
+
+
+class SentenceTokenizer(VocabularyTokenizer):
+    """Independent sentences, one per line, as ``<S> w1 ... wn </S>``; words outside the vocabulary are ``<UNK>``.
+
+    The One Billion Word benchmark's convention (Chelba et al. 2013; Léonard 2016 wraps every sentence in ``<S>`` and
+    ``</S>``): words are separated by ASCII white space only, as the benchmark's byte-oriented tools split them (a
+    no-break space inside a token is part of the word); blank lines are no sentences. ``counts`` holds the training
+    count of every id, ``<S>`` and ``</S>`` once per sentence and ``<UNK>`` summing the words below the cutoff: the
+    unigram distribution NCE draws its noise from.
+
+    Args:
+        symbols: id -> symbol; the first three are ``<S>``, ``</S>``, ``<UNK>``.
+        counts: training count of each symbol.
+    """
+
+    kind = "sentence"
+    specials: ClassVar[tuple[str, ...]] = (BOS_SENTENCE, EOS_SENTENCE, UNK_SENTENCE)
+    eos_symbol: ClassVar[str] = EOS_SENTENCE
+    unk_symbol: ClassVar[str] = UNK_SENTENCE
+
+    def __init__(self, symbols: list[str], counts: list[int]) -> None:
+        super().__init__(symbols, counts)
+        self._byte_index: dict[bytes, int] | None = None
+
+    @property
+    def bos_id(self) -> int:
+        """``<S>``: what every sentence, sampled or read, starts with."""
+        return self.index[BOS_SENTENCE]
+
+    def _line_symbols(self, line: str) -> list[str]:
+        return self.split_words(line)
+
+    @staticmethod
+    def split_words(line: str) -> list[str]:
+        """The words of a line, split at ASCII white space only (``str.split`` would also split at U+00A0)."""
+        if line.isascii():
+            return line.split()
+        return [word.decode("utf-8") for word in line.encode("utf-8").split()]
+
+    @classmethod
+    def from_counts(cls, word_counts: Mapping[str, int], num_sentences: int, min_count: int = 1) -> SentenceTokenizer:
+        """The vocabulary of words seen at least ``min_count`` times, most frequent first (ties by symbol).
+
+        Args:
+            word_counts: training count of every word (no markers).
+            num_sentences: training sentences, the count of ``<S>`` and of ``</S>``.
+            min_count: the cutoff; rarer words become ``<UNK>`` and add their counts to it.
+        """
+        kept = sorted(
+            ((w, n) for w, n in word_counts.items() if n >= min_count and w not in cls.specials),
+            key=lambda item: (-item[1], item[0]),
+        )
+        dropped = sum(n for w, n in word_counts.items() if n < min_count and w not in cls.specials)
+        unk = word_counts.get(UNK_SENTENCE, 0) + dropped  # a corpus already holding <UNK> keeps its own too
+        symbols = [*cls.specials, *(w for w, _ in kept)]
+        counts = [num_sentences, num_sentences, unk, *(n for _, n in kept)]
+        return cls(symbols, counts)
+
+    @classmethod
+    def build(cls, text: str, min_count: int = 1, **options: Any) -> SentenceTokenizer:
+        """Build the vocabulary from a training split held in memory (``datamodules.gbw`` streams large ones)."""
+        counter: Counter[str] = Counter()
+        sentences = 0
+        for line in _lines(text):
+            words = cls.split_words(line)
+            if words:
+                counter.update(words)
+                sentences += 1
+        return cls.from_counts(counter, sentences, min_count)
+
+    def encode_text(self, text: str) -> np.ndarray:
+        index, unk = self.index, self.unk_id
+        ids: list[int] = []
+        for line in _lines(text):
+            words = self._line_symbols(line)
+            if words:
+                ids.append(self.bos_id)
+                ids.extend(index.get(w, unk) for w in words)
+                ids.append(self.eos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    def encode_block(self, block: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """Encode whole lines of UTF-8 bytes at C speed: no Python string per word, no Python loop per token.
+
+        Args:
+            block: complete lines (what follows the last newline counts as a line).
+
+        Returns:
+            ``(ids, lengths)``: the int32 ids of every non-blank line as ``<S> w1 ... wn </S>``, laid end to end, and
+            each of those sentences' length in ids (words + 2), int64.
+        """
+        if self._byte_index is None:
+            self._byte_index = {s.encode("utf-8"): i for i, s in enumerate(self.symbols)}
+        words = block.split()  # (W,) every word of the block; split() and split(b"\n") agree on the lines' words
+        per_line = np.fromiter(map(len, map(bytes.split, block.split(b"\n"))), dtype=np.int64)
+        per_line = per_line[per_line > 0]  # blank lines are no sentences
+        word_ids = np.fromiter(map(self._byte_index.get, words, repeat(self.unk_id)), np.int32, count=len(words))
+        lengths = per_line + 2
+        ends = np.cumsum(lengths)  # (S,) one past each sentence's </S>
+        ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+        is_word = np.ones(len(ids), dtype=bool)
+        is_word[ends - lengths] = False
+        is_word[ends - 1] = False
+        ids[ends - lengths] = self.bos_id
+        ids[ends - 1] = self.eos_id
+        ids[is_word] = word_ids
+        return ids, lengths
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Sentences one per line; ``<S>`` is dropped and ``</S>`` ends the line."""
+        out: list[str] = []
+        bos, eos = self.bos_id, self.eos_id
+        for i in ids:
+            if i == eos:
+                out.append("\n")
+            elif i != bos:
+                out.append(self.symbols[i] + " ")
+        text = "".join(out).replace(" \n", "\n")
+        return text[:-1] if text.endswith(" ") else text  # a sentence cut short has no </S> to end it
+
+    def count_units(self, text: str, num_tokens: int) -> TextUnits:
+        """Predicted tokens are every id but the ``<S>`` that opens each sentence; words count one ``</S>`` each."""
+        sentences = sum(1 for line in _lines(text) if self._line_symbols(line))
+        return TextUnits(tokens=num_tokens - sentences, chars=len(text), words=num_tokens - sentences)
 
 
 class ByteTokenizer(Tokenizer):
@@ -374,18 +513,22 @@ def build_tokenizer(
     """Build a tokenizer of ``kind`` from the training split.
 
     Args:
-        kind: ``word``, ``char``, ``byte`` or ``sentencepiece``.
+        kind: ``word``, ``char``, ``sentence`` (one sentence per line in ``<S> ... </S>``), ``byte`` or
+            ``sentencepiece``.
         train_text: the training split (ignored by ``byte``).
         spaced_symbols: the corpus is PTB-char style (``char`` only).
-        options: ``min_count`` for word/char; ``vocab_size``, ``model_type``, ``max_sentences`` for sentencepiece.
+        options: ``min_count`` for word/char/sentence; ``vocab_size``, ``model_type``, ``max_sentences`` for
+            sentencepiece.
     """
     options = dict(options or {})
     if kind == "word":
         return WordTokenizer.build(train_text, **options)
     if kind == "char":
         return CharTokenizer.build(train_text, spaced_symbols=spaced_symbols, **options)
+    if kind == "sentence":
+        return SentenceTokenizer.build(train_text, **options)
     if kind == "byte":
         return ByteTokenizer()
     if kind == "sentencepiece":
         return SentencePieceTokenizer.train(train_text, **options)
-    raise ConfigError(f"unknown tokenizer {kind!r}: use word, char, byte or sentencepiece")
+    raise ConfigError(f"unknown tokenizer {kind!r}: use word, char, sentence, byte or sentencepiece")

@@ -182,6 +182,7 @@ def test_model_card_holds_the_measured_results(run: Path) -> None:
         ("char", "ab\tc\r d\u2028e\nba  \tc\n", {}),  # tabs, "\r" and a Unicode line separator are symbols
         ("char", "a b _ c\nb _ a\n", {"spaced_symbols": True}),
         ("byte", "", {}),
+        ("sentence", "The cat sat .\nA \u00a0 dog\u00a0x , sat .\n\nThe end\n", {}),  # GBW: <S> ... </S>, counts
         ("sentencepiece", "the cat sat on the mat\nthe dog ate the cat food\n" * 20, {"options": {"vocab_size": 300}}),
     ],
 )

@@ -73,7 +73,7 @@ def test_sentencepiece_exact_round_trip_and_open_vocabulary() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["word", "char", "byte", "sentencepiece"])
+@pytest.mark.parametrize("kind", ["word", "char", "sentence", "byte", "sentencepiece"])
 def test_state_dict_round_trip(kind: str) -> None:
     text = "\n".join(f"line {i} of some text here" for i in range(50)) + "\n"
     options = {"vocab_size": 290} if kind == "sentencepiece" else None
