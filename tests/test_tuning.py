@@ -153,3 +153,11 @@ def test_shipped_table_4_space_fits_the_mogrifier_config() -> None:
         check_key(base, key)
     assert space["model.init_args.cell_options.rounds"] == {"type": "int", "low": 0, "high": 6}
     assert space["model.init_args.cell_options.rank"] == {"type": "int", "low": -20, "high": 100}
+
+
+def test_tune_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["tune", "--help"])
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "usage: lm-zoo tune" in out and "--space" in out and "--storage" in out
