@@ -10,7 +10,8 @@ Each trial is ``lm-zoo fit`` run in this process on a copy of the full config (w
 every key has a value) with the sampled values set, under ``<workdir>/trial_<n>/``. In-process because a fresh
 interpreter per trial pays the torch / Lightning import again (seconds, which is most of a small trial); parallel
 trials are separate processes instead of Optuna's ``n_jobs`` threads, which would share torch's global RNG (and
-``seed_everything``) and the GIL. The trial's value is the best validation ``--metric`` of its checks.
+``seed_everything``) and the GIL. The trial's value is the best validation ``--metric`` of its checks (lamb reports
+its ``best_xe`` to the tuner the same way).
 
 The best trial's config is written as a complete YAML for ``lm-zoo fit --config``.
 """
@@ -215,8 +216,10 @@ def run_fit(config: Path, callbacks: list[Callback]) -> None:
 class Objective:
     """One trial: the base config with the sampled values, fitted under ``workdir/trial_<n>``."""
 
-    def __init__(self, base: dict[str, Any], space: dict[str, dict[str, Any]], workdir: Path, metric: str) -> None:
-        self.base, self.space, self.workdir, self.metric = base, space, workdir, metric
+    def __init__(
+        self, base: dict[str, Any], space: dict[str, dict[str, Any]], workdir: Path, metric: str, maximize: bool
+    ) -> None:
+        self.base, self.space, self.workdir, self.metric, self.maximize = base, space, workdir, metric, maximize
 
     def trial_config(self, params: dict[str, Any], root: Path | None) -> dict[str, Any]:
         """The base config with ``params`` set; with ``root``, a trial's quiet run writing under ``root``."""
@@ -253,7 +256,7 @@ class Objective:
             raise optuna.TrialPruned(f"{self.metric} {report.values[-1]:.4f} at step {report.pruned_at}")
         if not report.values:
             raise ConfigError(f"the config ran no validation, so there is no {self.metric} to tune on")
-        return min(report.values)
+        return max(report.values) if self.maximize else min(report.values)  # the best check, as lamb reports
 
 
 # --------------------------------------------------------------------------------------------------- command
@@ -299,7 +302,7 @@ def cmd_tune(argv: Sequence[str]) -> None:
     workdir = Path(args.workdir or Path(root) / "tune" / study_name)
     workdir.mkdir(parents=True, exist_ok=True)
     storage = args.storage or (f"sqlite:///{(workdir / 'study.db').resolve()}" if args.jobs > 1 else None)
-    objective = Objective(base, space, workdir, args.metric)
+    objective = Objective(base, space, workdir, args.metric, args.direction == "maximize")
     if not args.worker:
         # Parse one trial's config before any training, so that a key or value LightningCLI rejects fails now.
         check_trial_config(objective, space, workdir)
