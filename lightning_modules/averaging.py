@@ -11,7 +11,8 @@ Merity et al. 2017 (AWD-LSTM ``main.py``) switch SGD to ``ASGD(t0=0, lambd=0)`` 
 ``len(history) > nonmono and val_loss > min(history[:-nonmono])`` (``history`` holding the earlier checks' losses),
 i.e. when the loss is worse than the best of the checks older than ``nonmono``; ASGD with ``t0=0, lambd=0`` takes
 plain SGD steps and keeps the equal-weight mean of the iterates from then on, which is what this callback keeps when
-the optimizer is SGD.
+the optimizer is SGD -- except that torch's ASGD (then and now) starts its mean at its second step (its ``mu`` is 1
+for two steps), this callback at the first step after the switch: one iterate in the mean, 1/k of it after k steps.
 
 Both are Lightning's ``WeightAveraging`` (an equal-weight ``torch.optim.swa_utils.AveragedModel``, updated after
 every optimizer step for which ``should_update`` says yes, swapped in for validation and written as the checkpoint's

@@ -264,3 +264,25 @@ def test_lm_zoo_fit_saves_the_uniform_average(tmp_path: Path, monkeypatch: pytes
         # The tied embedding and decoder stay one tensor in the average.
         assert torch.equal(weights["embedding.weight"], weights["decoder.weight"])
     assert saved_after_switch > 0
+
+
+def test_torch_asgd_is_sgd_with_the_mean_of_its_iterates_from_its_second_step() -> None:
+    # What NT-ASGD switches to in AWD-LSTM: ASGD(t0=0, lambd=0) takes SGD's steps, and its average `ax` is the plain
+    # mean of the iterates after steps 2..k (the callback's mean, checked above, starts at step 1).
+    targets = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+
+    def run(optimizer: type[torch.optim.Optimizer], **options: float) -> tuple[list[torch.Tensor], Any]:
+        w = nn.Parameter(torch.zeros(4))
+        opt = optimizer([w], lr=0.1, **options)
+        iterates = []
+        for target in targets:
+            opt.zero_grad()
+            ((w - target) ** 2).sum().backward()
+            opt.step()
+            iterates.append(w.detach().clone())
+        return iterates, opt.state[w]
+
+    sgd, _ = run(torch.optim.SGD)
+    asgd, state = run(torch.optim.ASGD, t0=0, lambd=0.0)
+    torch.testing.assert_close(torch.stack(asgd), torch.stack(sgd))
+    torch.testing.assert_close(state["ax"], mean(sgd[1:]))
