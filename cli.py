@@ -99,7 +99,9 @@ def run_lightning(argv: Sequence[str] | None) -> None:
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
-    """``lm-zoo evaluate SOURCE``: score a split deterministically with the full softmax."""
+    """``lm-zoo evaluate SOURCE``: score a split with the full softmax (deterministic, MC dropout or dynamic)."""
+    from lightning_modules.evaluation import add_procedure_arguments
+
     parser = argparse.ArgumentParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
@@ -110,24 +112,23 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
 
     import checkpoints
-    from lightning_modules.evaluation import evaluate
+    from lightning_modules.evaluation import check_settings, describe, evaluate, procedure_from_args
 
+    procedure = procedure_from_args(args)  # mc, dynamic, tune_trials
+    check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
     loaded = checkpoints.load(args.source, args.revision)
     datamodule = loaded.datamodule(args.corpus, args.data_root)
-    result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
+    options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
+    result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
     result["source"] = loaded.source
     if args.json:
         print(json.dumps(result))
         return
-    char_level = "bpc" in result and datamodule.level == "char"
-    metric = f"bpc {result['bpc']:.4f}" if char_level else f"ppl {result['ppl']:.2f}"
-    print(
-        f"{result['corpus']} {result['split']}: {metric}  (loss {result['loss']:.4f} nats/token over "
-        f"{result['tokens']:,} tokens; eval batch size {result['eval_batch_size']}, bptt {result['bptt']})"
-    )
+    print(describe(result, char_level=datamodule.level == "char"))
 
 
 def cmd_generate(argv: Sequence[str]) -> None:

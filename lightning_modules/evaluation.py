@@ -1,23 +1,134 @@
 """Evaluation of a language model over a whole split: the numbers ``lm-zoo evaluate`` reports.
 
-The loop is written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
-float64) and every setting perplexity depends on: the eval batch size (each of the B streams starts without context)
-and the BPTT length.
+The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), each recorded in the result:
+
+* **deterministic** (dropout off), the default, at an eval batch size and BPTT that the result records (each of the
+  B streams starts without context, so perplexity depends on them); ``long_context``: one stream over the whole split;
+* **softmax temperature**: a given one, or ``"auto"``: the one minimising validation cross-entropy
+  (:mod:`lightning_modules.temperature`), then applied to the requested split;
+* **MC dropout**: predictions averaged over sampled dropout masks in probability space, dropout rates optionally
+  scaled (:mod:`lightning_modules.mc_dropout`);
+* **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
+  tuned on validation over Table 6's ranges (:mod:`lightning_modules.dynamic_evaluation`).
+
+The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
+float64) and every setting perplexity depends on. Every procedure scores through ``LanguageModel.token_nll`` (the
+full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
+``token_nll``.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from datamodules.streams import IGNORE_INDEX
+from datamodules.streams import LMBatch
 from datamodules.text import TextDataModule
+from lightning_modules.dynamic_evaluation import (
+    DynamicEvaluation,
+    adapting,
+    dynamic_nll,
+    mean_squared_gradients,
+    tune,
+)
 from lightning_modules.language_model import LanguageModel
+from lightning_modules.mc_dropout import (
+    DEFAULT_ROWS_PER_CALL,
+    MCDropout,
+    head_is_stochastic,
+    mc_nll,
+    row_groups,
+    shares_masks_across_rows,
+)
+from lightning_modules.temperature import (
+    CACHE_BYTES,
+    TEMPERATURE_RANGE,
+    TEMPERATURE_TOLERANCE,
+    collect_features,
+    golden_section_search,
+    total_nll,
+)
+from zoo.base import State, detach_state
+from zoo.errors import ConfigError
+
+AUTO = "auto"
 
 
 @torch.no_grad()
+def deterministic_nll(
+    model: LanguageModel, windows: Iterable[LMBatch], temperature: float = 1.0
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Each window's NLL ``(B, T)`` (dropout off, state carried between windows) and its targets."""
+    device = next(model.parameters()).device
+    state: State | None = None
+    for batch in windows:
+        targets = batch.targets.to(device)
+        reset = None if batch.reset is None else batch.reset.to(device)
+        nll, state = model.token_nll(batch.inputs.to(device), targets, state, reset, temperature)
+        state = detach_state(state)
+        yield nll, targets
+
+
+def parse_temperature(text: str | float) -> float | str:
+    """A softmax temperature: a number > 0, or ``auto``.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"--temperature must be a number > 0 or 'auto', got {text!r}")
+    return value
+
+
+def check_settings(
+    batch_size: int | None = None,
+    bptt: int | None = None,
+    long_context: bool = False,
+    temperature: float | str = 1.0,
+    mc: MCDropout | None = None,
+    dynamic: DynamicEvaluation | None = None,
+    tune_trials: int = 0,
+) -> None:
+    """Refuse settings that cannot work together, with one line that says what to do.
+
+    Raises:
+        ConfigError: the first problem found.
+    """
+    parse_temperature(temperature)
+    for flag, value in (("--batch-size", batch_size), ("--bptt", bptt)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if long_context and batch_size not in (None, 1):
+        raise ConfigError(
+            f"--long-context reads the split as one stream (batch size 1): drop --batch-size {batch_size}"
+        )
+    if tune_trials < 0:
+        raise ConfigError(f"--tune-trials must be at least 1, got {tune_trials}")
+    if tune_trials and dynamic is None:
+        raise ConfigError("--tune searches dynamic evaluation's hyperparameters: add --dynamic")
+    if dynamic is not None:
+        if mc is not None:
+            raise ConfigError("--dynamic with --mc-samples is not supported: run them separately")
+        if batch_size not in (None, 1):
+            raise ConfigError(
+                f"--dynamic reads the split as one stream (batch size 1; with more, a step on later text would change "
+                f"the weights before earlier text is scored): drop --batch-size {batch_size}"
+            )
+        if bptt is not None:
+            raise ConfigError("--dynamic takes one gradient step per segment: set its length with --dyn-max-time-steps")
+
+
 def evaluate(
     model: LanguageModel,
     datamodule: TextDataModule,
@@ -25,34 +136,170 @@ def evaluate(
     batch_size: int | None = None,
     bptt: int | None = None,
     device: str | torch.device = "cpu",
+    *,
+    long_context: bool = False,
+    temperature: float | str = 1.0,
+    mc: MCDropout | None = None,
+    dynamic: DynamicEvaluation | None = None,
+    tune_trials: int = 0,
+    seed: int = 0,
+    temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
+    cache_bytes: int = CACHE_BYTES,
 ) -> dict[str, Any]:
-    """Score a split with the full softmax, deterministically (dropout off).
+    """Score a split with the full softmax, by one of the paper's procedures.
 
     Args:
-        model: the language model (its vocabulary must be the data module's).
+        model: the language model (its vocabulary must be the data module's). It is left as it was: in eval mode,
+            with its trained weights and dropout rates.
         datamodule: provides the split's stream and its size in tokens/characters/words.
         split: ``train``, ``valid`` or ``test``.
         batch_size: parallel streams; ``None`` uses the data module's eval batch size.
         bptt: window length; ``None`` uses the data module's eval BPTT.
         device: where to run.
+        long_context: one stream over the whole split (batch size 1), as the strongest published numbers use.
+        temperature: softmax temperature, or ``"auto"``: golden-section search on the validation split within
+            ``temperature_range``, then applied to ``split``.
+        mc: MC-dropout settings, or ``None`` for deterministic evaluation.
+        dynamic: dynamic-evaluation settings (batch size 1, segments of ``max_time_steps``), or ``None``.
+        tune_trials: with ``dynamic``: random-search this many settings over Table 6 on validation, keep the best.
+        seed: seeds the MC masks and the tuning draws.
+        temperature_range: the bracket of the temperature search.
+        cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
 
     Returns:
-        ``split, corpus, tokens, loss`` (mean nats per token), ``ppl``, ``bpc`` (character-level corpora and
-        SentencePiece), ``word_ppl`` (when tokens are not words), ``eval_batch_size``, ``bptt``.
+        ``split, corpus, tokenizer, tokens, loss`` (mean nats per token), ``ppl``, ``bpc`` (character-level corpora and
+        SentencePiece), ``word_ppl`` (when tokens are not words), ``eval_batch_size``, ``bptt``, ``long_context``,
+        ``method``, ``temperature`` with ``temperature_search`` (how an ``auto`` one was found, with its validation
+        loss), ``mc_samples``, ``dropout_scale``, ``mc_rows_per_call``, ``seed``, ``dynamic`` (its settings, gradient
+        statistics and tuning trials).
+
+    Raises:
+        ConfigError: settings that cannot work together (:func:`check_settings`).
     """
+    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials)
+    temperature = parse_temperature(temperature)
     model.eval().to(device)
-    stream = datamodule.stream(split, batch_size=batch_size, bptt=bptt)
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    state = None
-    for batch in stream:
-        targets = batch.targets.to(device)
-        reset = None if batch.reset is None else batch.reset.to(device)
-        nll, state = model.token_nll(batch.inputs.to(device), targets, state, reset)
-        total += nll.double().sum()
-        count += int((targets != IGNORE_INDEX).sum())
+    level = datamodule.level
+    if dynamic is not None:
+        dynamic = dynamic.for_level(level)
+    if long_context or dynamic is not None:
+        batch_size = 1
+    fixed_temperature = 1.0 if temperature == AUTO else float(temperature)
+    record: dict[str, Any] = {}
+    best_trial = None  # with tuning: the winning trial, itself a dynamic evaluation of the validation split
+
+    # Each procedure: how to get a split's windows, and how to score them at a temperature.
+    def windows_for(name: str) -> Iterable[LMBatch]:
+        steps = dynamic.max_time_steps if dynamic is not None else bptt
+        return datamodule.stream(name, batch_size=batch_size, bptt=steps)
+
+    score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
+    cacheable = dynamic is None
+    if dynamic is not None:
+        train = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
+        statistics = mean_squared_gradients(model, train, dynamic.stat_batches)
+        tuning: dict[str, Any] | None = None
+        if tune_trials:
+            trials = tune(
+                model,
+                statistics,
+                lambda steps: datamodule.stream("valid", batch_size=1, bptt=steps),
+                dynamic,
+                tune_trials,
+                level,
+                seed,
+                fixed_temperature,
+            )
+            best_trial = min(trials, key=lambda trial: trial.loss)
+            dynamic = best_trial.settings
+            tuning = {
+                "split": "valid",
+                "trials": [trial.record() for trial in trials],
+                "best_valid_loss": best_trial.loss,
+                "temperature": fixed_temperature,
+                "seed": seed,
+                "search": "random over Table 6 (trial 0: the given settings)",
+            }
+        settings = dynamic
+
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            with adapting(model, statistics, settings) as adaptation:
+                return total_nll(dynamic_nll(model, windows, adaptation, t))
+
+        record["dynamic"] = {**settings.record(), **statistics.record(), "tuning": tuning}
+        record["method"] = "dynamic"
+    elif mc is not None:
+        mc_settings = mc
+        cacheable = mc.dropout_scale == 0 or not head_is_stochastic(model)
+
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            return total_nll(mc_nll(model, windows, mc_settings, t, seed))
+
+        per_replica = mc.dropout_scale > 0 and shares_masks_across_rows(model)
+        streams = 1 if batch_size == 1 else windows_for(split).batch_size
+        rows = mc.rows_per_call or DEFAULT_ROWS_PER_CALL
+        groups = row_groups(streams, mc.samples, rows, per_replica)
+        record.update(method="mc-dropout", mc_rows_per_call=max(hi - lo for lo, hi in groups))
+    else:
+
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            return total_nll(deterministic_nll(model, windows, t))
+
+        record["method"] = "deterministic"
+
+    # The temperature: given, or searched on validation.
+    scored: tuple[float, int] | None = None
+    search: dict[str, Any] | None = None
+    if temperature == AUTO:
+        valid = windows_for("valid")
+        cache = collect_features(model, valid, mc, seed, cache_bytes) if cacheable else None
+        seen: dict[float, tuple[float, int]] = {}
+
+        def objective(t: float) -> float:
+            seen[t] = cache.loss(t) if cache is not None else score(valid, t)
+            return seen[t][0] / seen[t][1]
+
+        found = golden_section_search(objective, *temperature_range, TEMPERATURE_TOLERANCE)
+        at_one = objective(1.0)
+        temperature = found.temperature
+        search = {
+            "method": "golden-section",
+            "split": "valid",
+            "range": list(temperature_range),
+            "tolerance": TEMPERATURE_TOLERANCE,
+            "evaluations": len(found.evaluations),
+            "features_cached": cache is not None,
+            "valid": _metrics(datamodule, "valid", *seen[found.temperature]),
+            "valid_loss_at_1": at_one,
+        }
+        if split == "valid":
+            scored = seen[found.temperature]
+    elif dynamic is not None and best_trial is not None and split == "valid":
+        scored = best_trial.nats, best_trial.tokens  # the winning trial was this very evaluation
+
+    stream = windows_for(split)
+    if scored is None:
+        scored = score(stream, float(temperature))
+    result = _metrics(datamodule, split, *scored)
+    result.update(
+        eval_batch_size=stream.batch_size,
+        bptt=stream.bptt,
+        long_context=batch_size == 1,
+        method=record.pop("method"),
+        temperature=float(temperature),
+        temperature_search=search,
+        mc_samples=mc.samples if mc is not None else 0,
+        dropout_scale=mc.dropout_scale if mc is not None else None,
+        mc_rows_per_call=record.pop("mc_rows_per_call", None),
+        seed=seed,
+        dynamic=record.pop("dynamic", None),
+    )
+    return result
+
+
+def _metrics(datamodule: TextDataModule, split: str, nats: float, count: int) -> dict[str, Any]:
+    """``split, corpus, tokenizer, tokens, loss, ppl`` and ``bpc`` / ``word_ppl`` where they apply."""
     units = datamodule.units(split)
-    nats = float(total)
     loss = nats / count
     result: dict[str, Any] = {
         "split": split,
@@ -66,5 +313,162 @@ def evaluate(
         result["bpc"] = nats / units.chars / math.log(2)
     if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
-    result.update(eval_batch_size=stream.batch_size, bptt=stream.bptt)
     return result
+
+
+def describe(result: dict[str, Any], char_level: bool) -> str:
+    """The human-readable line of ``lm-zoo evaluate``: the metric, then every setting it depends on."""
+
+    def metric(r: dict[str, Any]) -> str:
+        return f"bpc {r['bpc']:.4f}" if char_level and "bpc" in r else f"ppl {r['ppl']:.2f}"
+
+    settings = [f"eval batch size {result['eval_batch_size']}", f"bptt {result['bptt']}"]
+    if result.get("long_context"):
+        settings.append("long context")
+    search = result.get("temperature_search")
+    if search:
+        settings.append(f"temperature {result['temperature']:.3f} searched on valid ({metric(search['valid'])} there)")
+    elif result.get("temperature", 1.0) != 1.0:
+        settings.append(f"temperature {result['temperature']:g}")
+    if result.get("mc_samples"):
+        scale, seed = result["dropout_scale"], result["seed"]
+        settings.append(f"MC dropout {result['mc_samples']} samples, dropout scale {scale:g}, seed {seed}")
+    dyn = result.get("dynamic")
+    if dyn:
+        tuned = f", tuned over {len(dyn['tuning']['trials'])} trials" if dyn.get("tuning") else ""
+        settings.append(
+            f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
+            f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
+        )
+    return (
+        f"{result['corpus']} {result['split']}: {metric(result)}  (loss {result['loss']:.4f} nats/token over "
+        f"{result['tokens']:,} tokens; {'; '.join(settings)})"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def option(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
+    one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""
+    bound = f"> {minimum:g}" if above else f">= {minimum:g}"
+    what = f"an integer {bound}" if kind is int else f"a number {bound}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{flag} must be {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (above and value == minimum):
+            raise ConfigError(f"{flag} must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
+    """``lm-zoo evaluate``'s procedure flags; a bad value is one :class:`ConfigError` line naming the flag."""
+    group = parser.add_argument_group("procedures (Melis et al. 2020 §3.3; the result records every setting)")
+    group.add_argument(
+        "--long-context", action="store_true", help="score the split as one stream (batch size 1, BPTT as given)"
+    )
+    group.add_argument(
+        "--temperature",
+        type=parse_temperature,
+        default=1.0,
+        metavar="T|auto",
+        help="softmax temperature (default 1); auto: golden-section search on the valid split in [0.5, 2], then "
+        "applied to --split (with --dynamic, or MoS dropout under --mc-samples, each trial re-runs the pass)",
+    )
+    group.add_argument(
+        "--mc-samples",
+        type=option("--mc-samples", int, 1),
+        metavar="N",
+        help="MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
+    )
+    group.add_argument(
+        "--dropout-scale",
+        type=option("--dropout-scale", float, 0),
+        metavar="F",
+        help="MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
+    )
+    group.add_argument(
+        "--mc-batch",
+        type=option("--mc-batch", int, 1),
+        metavar="ROWS",
+        help=f"MC dropout: most stream replicas (streams x samples) per forward call (default {DEFAULT_ROWS_PER_CALL})",
+    )
+    group.add_argument("--seed", type=option("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)")
+    group.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step on it",
+    )
+    defaults = DynamicEvaluation()
+    for flag, metavar, text in (
+        ("--dyn-lr", "ETA", f"learning rate (default {defaults.learning_rate:g}; Table 6: 1e-6 .. 1e-3)"),
+        ("--dyn-decay", "LAMBDA", f"decay towards the trained weights (default {defaults.decay_rate:g}; 1e-6 .. 1e-2)"),
+        ("--dyn-eps", "EPS", f"epsilon of the RMS-normalised step (default {defaults.epsilon:g}; 1e-8 .. 1e-2)"),
+    ):
+        group.add_argument(flag, type=option(flag, float, 0), metavar=metavar, help=text)
+    for flag, metavar, text in (
+        ("--dyn-max-time-steps", "T", "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)"),
+        (
+            "--dyn-stat-batches",
+            "K",
+            f"training batches for the mean squared gradients (default {defaults.stat_batches})",
+        ),
+        ("--dyn-stat-batch-size", "B", f"streams per such batch (default {defaults.stat_batch_size}, the paper's)"),
+    ):
+        group.add_argument(flag, type=option(flag, int, 1), metavar=metavar, help=text)
+    group.add_argument(
+        "--tune",
+        action="store_true",
+        help="with --dynamic: random search over Table 6's ranges on the valid split; the best settings score --split",
+    )
+    group.add_argument(
+        "--tune-trials",
+        type=option("--tune-trials", int, 1),
+        metavar="N",
+        help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
+    )
+
+
+def procedure_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of :func:`add_procedure_arguments` as :func:`evaluate` arguments (``mc``, ``dynamic``,
+    ``tune_trials``).
+
+    Raises:
+        ConfigError: a flag given without the procedure it belongs to.
+    """
+    flags = ("mc_samples", "dropout_scale", "mc_batch", "dynamic", "tune", "tune_trials", *DYNAMIC_FLAGS)
+    values = {name: getattr(args, name, None) for name in flags}
+    given = {name: v for name, v in values.items() if v is not None and v is not False}  # 0 is a given value
+    for flag, needs, mode in (
+        ("dropout_scale", "mc_samples", "--mc-samples N"),
+        ("mc_batch", "mc_samples", "--mc-samples N"),
+        ("tune_trials", "tune", "--tune"),
+        *((name, "dynamic", "--dynamic") for name in DYNAMIC_FLAGS),
+        ("tune", "dynamic", "--dynamic"),
+    ):
+        if flag in given and needs not in given:
+            raise ConfigError(f"--{flag.replace('_', '-')} applies only with {mode}: add it or drop the flag")
+    mc = None
+    if "mc_samples" in given:
+        mc = MCDropout(given["mc_samples"], given.get("dropout_scale", 1.0), given.get("mc_batch"))
+    dynamic = None
+    if "dynamic" in given:
+        dynamic = DynamicEvaluation(**{field: given[flag] for flag, field in DYNAMIC_FLAGS.items() if flag in given})
+    trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
+    return {"mc": mc, "dynamic": dynamic, "tune_trials": trials}
+
+
+#: ``lm-zoo evaluate`` flag (argparse dest) -> :class:`DynamicEvaluation` field.
+DYNAMIC_FLAGS = {
+    "dyn_lr": "learning_rate",
+    "dyn_decay": "decay_rate",
+    "dyn_eps": "epsilon",
+    "dyn_max_time_steps": "max_time_steps",
+    "dyn_stat_batches": "stat_batches",
+    "dyn_stat_batch_size": "stat_batch_size",
+}
+DEFAULT_TUNE_TRIALS = 20

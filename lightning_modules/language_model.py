@@ -272,6 +272,14 @@ class LanguageModel(L.LightningModule):
         features, state, _, _ = self._run(inputs, state, reset)
         return self.decoder.token_nll(features, targets, temperature), state
 
+    def features(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
+        """The head's input ``(B, T, D)`` and the state: :meth:`token_nll` is ``self.decoder.token_nll`` of these.
+
+        They do not depend on the softmax temperature, so evaluation keeps them to score one pass at many temperatures.
+        """
+        features, state, _, _ = self._run(inputs, state, reset)
+        return features, state
+
     def _run(self, inputs: Tensor, state: State | None, reset: Tensor | None) -> tuple[Tensor, State, Tensor, Tensor]:
         """The head's input ``(B, T, D)`` and the state, with the last layer's output before and after output dropout
         (for AR / TAR)."""

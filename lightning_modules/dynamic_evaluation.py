@@ -1,0 +1,319 @@
+"""Dynamic evaluation (Krause et al. 2017, "Dynamic evaluation of neural sequence models", arXiv:1709.07432): the model
+adapts to the evaluation text as it reads it.
+
+The split is read as one stream (batch size 1) cut into segments of ``max_time_steps`` tokens. Each segment is
+scored first, with the weights adapted on the segments before it only, and THEN the weights take one gradient step
+on that segment's mean NLL; the recurrent state carries on from the forward pass that scored it. The step is
+Krause et al.'s RMS-normalised update with an RMS-scaled decay towards the trained weights θ0 (their §5, "RMS with
+an RMS global prior"), as the Mogrifier paper's code (deepmind/lamb ``dyneval.py``) implements it::
+
+    MS_g  = 1/K Σ_k (∂L_k/∂θ_g)²          over K training batches, once, before evaluation
+    r_g   = sqrt(MS_g),   r̄ = mean of r_g over every weight of the model
+    d_g   = min(1, λ · r_g / r̄)            the decay, clipped at 1 so a step never overshoots θ0
+    θ_g  ← θ_g − η · ∂L(s_i)/∂θ_g / (r_g + ε) + d_g · (θ0_g − θ_g)
+
+with η the learning rate, λ the decay rate and ε the epsilon of Table 6 (Melis et al. 2020, Appendix A). L is the
+mean NLL per predicted token of a training batch (for MS) or of the segment s_i; training statistics come from the
+deterministic model (dropout off, as Krause's ``gradstat``), batches of 1024 x ``max_time_steps`` (Appendix A: "The
+batch size for estimating the mean squared gradients over the training data was set to 1024, gradient clipping was
+turned off, and the l2 penalty was set to zero"). Krause's code normalises r̄ as the mean of per-tensor means; LAMB's,
+followed here, as the mean over all weights.
+
+Batch size 1 is not a choice: with B parallel streams a step on stream 2's segment (later text) would change the
+weights before stream 1's next segment (earlier text) is scored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from datamodules.streams import IGNORE_INDEX, LMBatch
+from lightning_modules.language_model import LanguageModel
+from lightning_modules.temperature import total_nll
+from zoo.base import State, detach_state
+from zoo.errors import ConfigError
+
+#: Table 6 of the Mogrifier paper: log-spaced tuning ranges, and the highest ``max_time_steps`` (word / character).
+TABLE6_RANGES = {"learning_rate": (1e-6, 1e-3), "decay_rate": (1e-6, 1e-2), "epsilon": (1e-8, 1e-2)}
+MAX_TIME_STEPS_RANGE = {"word": (1, 20), "char": (1, 50)}
+
+
+def _log_middle(name: str) -> float:
+    low, high = TABLE6_RANGES[name]
+    return float(f"{math.sqrt(low * high):.3g}")
+
+
+@dataclass(frozen=True)
+class DynamicEvaluation:
+    """Hyperparameters of dynamic evaluation; the defaults are the middles of Table 6's (log-spaced) ranges.
+
+    Attributes:
+        learning_rate: η (Table 6: 1e-6 .. 1e-3).
+        decay_rate: λ, the pull towards the trained weights (1e-6 .. 1e-2).
+        epsilon: ε in the RMS normalisation (1e-8 .. 1e-2).
+        max_time_steps: segment length, one gradient step per segment (1 .. 20 word-level, 1 .. 50 character-level);
+            ``None``: the middle of the range for the corpus's level (10 or 25).
+        stat_batches: most training batches for the mean squared gradients (LAMB's ``max_training_eval_batches``
+            default, 100); fewer if the training split runs out.
+        stat_batch_size: streams per training batch (the paper: 1024).
+    """
+
+    learning_rate: float = _log_middle("learning_rate")
+    decay_rate: float = _log_middle("decay_rate")
+    epsilon: float = _log_middle("epsilon")
+    max_time_steps: int | None = None
+    stat_batches: int = 100
+    stat_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("learning_rate", "decay_rate", "epsilon"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"dynamic evaluation's {name} must be a number >= 0, got {value}")
+        for name in ("max_time_steps", "stat_batches", "stat_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"dynamic evaluation's {name} must be at least 1, got {value}")
+
+    def for_level(self, level: str) -> DynamicEvaluation:
+        """These settings with ``max_time_steps`` filled in for a ``word`` or ``char`` corpus."""
+        if self.max_time_steps is not None:
+            return self
+        low, high = MAX_TIME_STEPS_RANGE.get(level, MAX_TIME_STEPS_RANGE["word"])
+        return replace(self, max_time_steps=(low + high) // 2)
+
+    def record(self) -> dict[str, float | int | None]:
+        """The settings as a results-JSON entry."""
+        return asdict(self)
+
+
+def adapted_parameters(model: LanguageModel) -> dict[str, Tensor]:
+    """The weights dynamic evaluation adapts: every trainable parameter (a tied matrix once)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+@dataclass
+class GradientStatistics:
+    """Mean squared gradients of the training loss, per parameter name.
+
+    Attributes:
+        mean_squared: name -> MS, shaped like the parameter.
+        batches: training batches they average.
+        tokens: training tokens those batches predict.
+        batch_size: streams per batch.
+        bptt: steps per batch.
+    """
+
+    mean_squared: dict[str, Tensor]
+    batches: int
+    tokens: int
+    batch_size: int
+    bptt: int
+
+    def record(self) -> dict[str, int]:
+        return {"stat_batches_used": self.batches, "stat_tokens": self.tokens, "stat_bptt": self.bptt}
+
+
+def mean_squared_gradients(model: LanguageModel, windows: Iterable[LMBatch], max_batches: int) -> GradientStatistics:
+    """``MS = 1/K Σ_k g_k²`` with ``g_k`` the gradient of training batch k's mean NLL per token (state carried
+    between batches, dropout off, no clipping, no L2), over at most ``max_batches`` batches.
+
+    Raises:
+        ConfigError: no training batch predicts a token.
+    """
+    model.eval()
+    params = adapted_parameters(model)
+    device = next(model.parameters()).device
+    sums = {name: torch.zeros_like(p) for name, p in params.items()}
+    batches = tokens = streams = steps = 0
+    state: State | None = None
+    for batch in windows:
+        if batches >= max_batches:
+            break
+        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+        reset = None if batch.reset is None else batch.reset.to(device)
+        with torch.enable_grad():
+            nll, state = model.token_nll(inputs, targets, state, reset)
+            count = int((targets != IGNORE_INDEX).sum())
+            state = detach_state(state)
+            if count == 0:
+                continue
+            grads = torch.autograd.grad(nll.sum() / count, list(params.values()), allow_unused=True)
+        for name, grad in zip(params, grads):
+            if grad is not None:
+                sums[name] += grad.detach() ** 2
+        batches += 1
+        tokens += count
+        streams, steps = max(streams, inputs.size(0)), max(steps, inputs.size(1))
+    if batches == 0:
+        raise ConfigError("the training split predicts no token: dynamic evaluation needs its gradient statistics")
+    return GradientStatistics({n: s / batches for n, s in sums.items()}, batches, tokens, streams, steps)
+
+
+class RMSAdaptation:
+    """The update rule of the module docstring, applied in place to the model's weights.
+
+    Args:
+        model: the model to adapt (its current weights are θ0).
+        statistics: MS per parameter name (from :func:`mean_squared_gradients`).
+        settings: η, λ, ε.
+    """
+
+    def __init__(self, model: LanguageModel, statistics: GradientStatistics, settings: DynamicEvaluation) -> None:
+        self.params = adapted_parameters(model)
+        missing = sorted(set(self.params) - set(statistics.mean_squared))
+        if missing:
+            raise ConfigError(f"gradient statistics lack {missing[:3]}: compute them on this model")
+        self.learning_rate = settings.learning_rate
+        self.initial = {name: p.detach().clone() for name, p in self.params.items()}  # θ0
+        rms = {name: statistics.mean_squared[name].sqrt() for name in self.params}
+        numel = sum(r.numel() for r in rms.values())
+        mean_rms = float(sum(float(r.double().sum()) for r in rms.values()) / numel)  # r̄
+        # d_g = min(1, λ r_g / r̄); all-zero statistics (a model that cannot learn) give no decay, never 0/0.
+        self.decay = {
+            n: (settings.decay_rate * r / mean_rms if mean_rms > 0 else r * 0).clamp(max=1.0) for n, r in rms.items()
+        }
+        self.inverse_rms = {name: 1.0 / (r + settings.epsilon) for name, r in rms.items()}  # 1 / (r_g + ε)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, Tensor | None]) -> None:
+        """``θ ← θ − η g / (r + ε) + d ⊙ (θ0 − θ)`` for every adapted weight (``None``: a zero gradient)."""
+        for name, p in self.params.items():
+            delta = self.decay[name] * (self.initial[name] - p)
+            grad = grads.get(name)
+            if grad is not None:
+                delta -= self.learning_rate * grad * self.inverse_rms[name]
+            p += delta
+        self.steps += 1
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put θ0 back exactly."""
+        for name, p in self.params.items():
+            p.copy_(self.initial[name])
+
+
+@contextmanager
+def adapting(
+    model: LanguageModel, statistics: GradientStatistics, settings: DynamicEvaluation
+) -> Iterator[RMSAdaptation]:
+    """An :class:`RMSAdaptation` of ``model`` whose trained weights are restored on exit, also after an error."""
+    adaptation = RMSAdaptation(model, statistics, settings)
+    try:
+        yield adaptation
+    finally:
+        adaptation.restore()
+
+
+def dynamic_nll(
+    model: LanguageModel,
+    windows: Iterable[LMBatch],
+    adaptation: RMSAdaptation,
+    temperature: float = 1.0,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Each segment's NLL ``(B, T)`` (float64) scored before the step on it, with its targets.
+
+    ``windows`` are the segments (a batch-size-1 stream with ``bptt = max_time_steps``). The gradient is that of the
+    segment's mean NLL at ``temperature``, the loss being reported.
+    """
+    model.eval()  # dropout off, as in Krause et al.'s code
+    device = next(model.parameters()).device
+    names = list(adaptation.params)
+    state: State | None = None
+    for batch in windows:
+        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+        reset = None if batch.reset is None else batch.reset.to(device)
+        with torch.enable_grad():
+            nll, state = model.token_nll(inputs, targets, state, reset, temperature)
+            scored = nll.detach().double()  # the score, computed before any step on this segment
+            count = int((targets != IGNORE_INDEX).sum())
+            if count > 0:
+                grads = torch.autograd.grad(nll.sum() / count, list(adaptation.params.values()), allow_unused=True)
+                adaptation.step(dict(zip(names, grads)))
+        state = detach_state(state)
+        yield scored, targets
+
+
+@dataclass
+class TuningTrial:
+    """One trial of :func:`tune`: its settings and what it scored on validation."""
+
+    settings: DynamicEvaluation
+    nats: float
+    tokens: int
+
+    @property
+    def loss(self) -> float:
+        """Mean nats per predicted token."""
+        return self.nats / max(self.tokens, 1)
+
+    def record(self) -> dict[str, float | int | None]:
+        return {
+            "learning_rate": self.settings.learning_rate,
+            "decay_rate": self.settings.decay_rate,
+            "epsilon": self.settings.epsilon,
+            "max_time_steps": self.settings.max_time_steps,
+            "loss": self.loss,
+        }
+
+
+def sample_settings(base: DynamicEvaluation, level: str, rng: np.random.Generator) -> DynamicEvaluation:
+    """Settings drawn from Table 6: log-uniform η, λ, ε; ``max_time_steps`` uniform over the level's range."""
+
+    def log_uniform(name: str) -> float:
+        low, high = TABLE6_RANGES[name]
+        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}")
+
+    low, high = MAX_TIME_STEPS_RANGE.get(level, MAX_TIME_STEPS_RANGE["word"])
+    return replace(
+        base,
+        learning_rate=log_uniform("learning_rate"),
+        decay_rate=log_uniform("decay_rate"),
+        epsilon=log_uniform("epsilon"),
+        max_time_steps=int(rng.integers(low, high + 1)),
+    )
+
+
+def tune(
+    model: LanguageModel,
+    statistics: GradientStatistics,
+    segments: Callable[[int], Iterable[LMBatch]],
+    base: DynamicEvaluation,
+    trials: int,
+    level: str = "word",
+    seed: int = 0,
+    temperature: float = 1.0,
+) -> list[TuningTrial]:
+    """Random search over Table 6 on validation: trial 0 is ``base``, the others are drawn by :func:`sample_settings`.
+
+    The paper tuned with Vizier (a Gaussian-process bandit); a seeded random search over the same ranges is the
+    simple open stand-in. All trials share one set of gradient statistics (computed with ``base.max_time_steps``
+    steps per training batch): MS is the per-weight scale of a training batch's mean gradient, and recomputing it
+    per segment length would multiply the cost of a trial.
+
+    Args:
+        segments: ``max_time_steps -> the validation stream`` (batch size 1).
+        base: the first trial, and the source of the statistics settings.
+        trials: how many settings to try (>= 1).
+
+    Returns:
+        Every trial, in the order run.
+    """
+    if trials < 1:
+        raise ConfigError(f"tuning needs at least 1 trial, got {trials}")
+    rng = np.random.default_rng(seed)
+    candidates = [base.for_level(level)] + [sample_settings(base, level, rng) for _ in range(trials - 1)]
+    results = []
+    for settings in candidates:
+        with adapting(model, statistics, settings) as adaptation:
+            nats, count = total_nll(dynamic_nll(model, segments(settings.max_time_steps), adaptation, temperature))
+        results.append(TuningTrial(settings, nats, count))
+    return results
