@@ -15,13 +15,23 @@ recurrent state carries from one window to the next::
 
 The last window is shorter when ``bptt`` does not divide the column length (kept, not dropped). Columns shorter than
 the longest are padded with target ``-100``. All ranks get the same number of windows (DDP steps stay in lockstep).
+
+Resuming (the protocol every training stream follows, so that ``lm-zoo fit --ckpt_path last`` continues mid-epoch):
+``state_dict()`` returns ``{"epoch": e, "windows": n}``, the epoch being read (or the next one, before it starts) and
+how many of its windows were yielded; after ``load_state_dict({"epoch": e, "windows": n})`` iterations read epoch
+``e`` from its window ``n`` on, computing where that is (never by generating the skipped windows), until the
+trainer's epoch is past ``e``; ``n`` at or past the end of epoch ``e`` means epoch ``e + 1`` from its start. Otherwise
+the epoch comes from the trainer (the ``epoch`` argument): when Lightning restores a run it may start an iterator
+before restoring its counters, or start one, fetch a window and drop it, so counting iterations would drift. The data
+module saves the position the trainer has *trained* (:func:`training_position`), not ``state_dict()``'s count of
+windows *yielded*: Lightning fetches one window ahead when a loader has no length.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -65,6 +75,21 @@ def sample_window_length(bptt: int, rng: np.random.Generator, max_delta: int = 2
     return int(min(bptt + max_delta, max(5, round(rng.normal(base, 5)))))
 
 
+def training_position(trainer: Any) -> dict[str, int]:
+    """Where the training stream of a checkpoint saved now must resume: ``{"epoch": e, "windows": n}``.
+
+    ``n`` counts the windows of epoch ``e`` whose training step has run, from Lightning's own progress counters (what
+    it restores to resume), so it is exact whatever the loader fetched ahead. Between epochs it is ``(next epoch, 0)``.
+
+    Args:
+        trainer: the ``lightning.Trainer`` that is fitting.
+    """
+    epochs = trainer.fit_loop.epoch_progress.current
+    if epochs.completed == epochs.ready:  # no epoch under way (before the first, or after the last one ended)
+        return {"epoch": epochs.completed, "windows": 0}
+    return {"epoch": epochs.completed, "windows": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+
+
 class StreamWindows(IterableDataset):
     """Yields the :class:`LMBatch` windows of one split, in order, for one rank.
 
@@ -77,6 +102,8 @@ class StreamWindows(IterableDataset):
         world_size: number of ranks; the columns are split between them.
         variable_bptt: draw each window's length with :func:`sample_window_length` (training only).
         seed: seed of the variable lengths; epoch ``e`` uses ``(seed, e)``, the same on every rank.
+        epoch: called when an iteration starts for the epoch it reads (the trainer's ``current_epoch``); ``None``:
+            count the iterations.
     """
 
     def __init__(
@@ -89,6 +116,7 @@ class StreamWindows(IterableDataset):
         world_size: int = 1,
         variable_bptt: bool = False,
         seed: int = 0,
+        epoch: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
@@ -106,7 +134,10 @@ class StreamWindows(IterableDataset):
         self.bptt = bptt
         self.variable_bptt = variable_bptt
         self.seed = seed
-        self.epoch = 0
+        self.epoch = 0  # the epoch the next __iter__ reads, without an epoch source
+        self._epoch_source = epoch
+        self._resume: tuple[int, int] | None = None  # (epoch, windows of it trained before the run was interrupted)
+        self._position = (0, 0)  # (epoch, windows yielded) of the epoch being read
 
     @property
     def batch_size(self) -> int:
@@ -136,15 +167,42 @@ class StreamWindows(IterableDataset):
             raise TypeError("the number of windows varies per epoch with variable_bptt")
         return len(self.window_lengths(0))
 
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": e, "windows": n}``: the epoch being read (before it starts: the next one) and the windows of it
+        yielded so far (the resuming protocol, module docstring)."""
+        epoch, windows = self._position
+        return {"epoch": epoch, "windows": windows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next iterations read epoch ``state["epoch"]`` after its first ``state["windows"]`` windows (if that
+        is the whole epoch: the next epoch from its start): until the epoch source is past it, or (without one) once."""
+        epoch, windows = int(state["epoch"]), int(state["windows"])
+        if windows >= len(self.window_lengths(epoch)):
+            epoch, windows = epoch + 1, 0
+        self.epoch, self._resume = epoch, (epoch, windows)
+        self._position = (epoch, windows)
+
     def __iter__(self) -> Iterator[LMBatch]:
-        epoch, self.epoch = self.epoch, self.epoch + 1
+        epoch = int(self._epoch_source()) if self._epoch_source is not None else self.epoch
+        skip = 0
+        if self._resume is not None:
+            if self._epoch_source is None or epoch <= self._resume[0]:
+                # Every iteration until the trainer is past the resumed epoch reads the resumed position: also one
+                # Lightning starts before restoring its epoch counter (trainer.estimated_stepping_batches in a hook),
+                # or one it starts, fetches a window from and drops.
+                epoch, skip = self._resume
+            if self._epoch_source is None or epoch > self._resume[0]:
+                self._resume = None
+        self.epoch = epoch + 1
         position = torch.arange(self.column_length).unsqueeze(0)  # (1, L)
         padding = position >= self.lengths.unsqueeze(1)  # (B, L): beyond this column's end
-        start = 0
-        for length in self.window_lengths(epoch):
+        lengths = self.window_lengths(epoch)
+        start = sum(lengths[:skip])  # a resumed epoch starts after the windows trained before the interruption
+        for index, length in enumerate(lengths[skip:], start=skip):
             inputs = self.tokens[:, start : start + length]
             targets = self.tokens[:, start + 1 : start + length + 1].masked_fill(
                 padding[:, start : start + length], IGNORE_INDEX
             )
+            self._position = (epoch, index + 1)
             yield LMBatch(inputs, targets, None)
             start += length

@@ -14,7 +14,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
-from datamodules.streams import StreamWindows
+from datamodules.streams import StreamWindows, training_position
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -93,6 +93,7 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
         self._ids: dict[str, np.ndarray] = {}
         self._units: dict[str, TextUnits] = {}
+        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
 
     # ----------------------------------------------------------------------------------------------- corpus, vocab
     @property
@@ -138,14 +139,19 @@ class TextDataModule(L.LightningDataModule):
         return tokenizer
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary."""
-        return {"tokenizer": self.tokenizer.state_dict()}
+        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary, and during
+        ``fit`` the training stream's position, so a resumed run continues mid-epoch where it stopped."""
+        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
+        if self.trainer is not None:
+            state["train_position"] = training_position(self.trainer)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's tokenizer; splits are re-encoded with it."""
+        """Use the checkpoint's tokenizer (splits are re-encoded with it) and, when resuming, its stream position."""
         self._tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
         self._ids.clear()
         self._units.clear()
+        self._train_position = state_dict.get("train_position")
 
     # ------------------------------------------------------------------------------------------------- the splits
     def encoded(self, split: str) -> np.ndarray:
@@ -205,6 +211,8 @@ class TextDataModule(L.LightningDataModule):
             world_size=world,
             variable_bptt=self.variable_bptt and training,
             seed=self.seed,
+            # The trainer's epoch, so a resumed run reads the epochs (and their variable lengths) it would have read.
+            epoch=(lambda: self.trainer.current_epoch) if training and self.trainer is not None else None,
         )
 
     def _loader(self, split: str) -> DataLoader:
@@ -212,7 +220,11 @@ class TextDataModule(L.LightningDataModule):
         return DataLoader(self.stream(split), batch_size=None, num_workers=0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
+        loader = self._loader("train")
+        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
+            loader.dataset.load_state_dict(self._train_position)
+            self._train_position = None
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")
