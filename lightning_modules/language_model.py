@@ -30,6 +30,7 @@ from torchmetrics.aggregation import MeanMetric
 
 import zoo
 from datamodules.streams import IGNORE_INDEX, LMBatch
+from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
 from zoo.base import State, detach_state, sequence_dropout_mask
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
 from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
@@ -231,6 +232,7 @@ class LanguageModel(L.LightningModule):
         if tie_weights:
             output_layer.weight = self.embedding.weight
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
+        self._resume: dict[str, Any] | None = None  # what a checkpoint kept for resuming fit, used by on_train_start
         self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
 
     # --------------------------------------------------------------------------------------------------- forward
@@ -441,12 +443,63 @@ class LanguageModel(L.LightningModule):
         return datamodule.units(split)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint whose vocabulary does not match this model's, with a line that says so."""
+        """Refuse a checkpoint whose vocabulary does not match this model's, with a line that says so; keep what it
+        holds for resuming ``fit`` until training starts (evaluation never uses it, older checkpoints lack it)."""
         weights = checkpoint.get("state_dict", {}).get("embedding.weight")
         if weights is not None and weights.size(0) != self.vocab_size:
             raise CheckpointError(
                 f"the checkpoint's model has a vocabulary of {weights.size(0)} tokens but this data has "
                 f"{self.vocab_size}: use the corpus and tokenizer it was trained with"
+            )
+        self._resume = checkpoint.get(RESUME_KEY)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Never write non-finite weights (the previous checkpoint stays the last good one); add what an exact resume
+        needs: the carried training state, the epoch's training-loss accumulator and the random number generators."""
+        weights = {**checkpoint.get("state_dict", {}), **checkpoint.get("current_model_state", {})}  # averaged, live
+        bad = non_finite(weights)
+        if bad:
+            raise TrainingDivergedError(
+                f"the weights became NaN or infinite by step {self.global_step} (epoch {self.current_epoch}; "
+                f"{', '.join(bad[:3])}), so no checkpoint was written: lower the learning rate or set "
+                "--trainer.gradient_clip_val, then resume from the last checkpoint"
+            )
+        train_nll = self.metrics["train_nll"]
+        checkpoint[RESUME_KEY] = {
+            "train_state": self._state["train"],
+            "train_nll": {"mean_value": train_nll.mean_value.detach(), "weight": train_nll.weight.detach()},
+            "rng": rng_states(),
+        }
+
+    def on_train_start(self) -> None:
+        """Resuming: put back the carried state, the loss accumulator and the generators saved with the checkpoint.
+
+        Here, after Lightning's restore and the loader's first fetch, so the next dropout mask is the one the
+        interrupted run would have drawn. (A checkpoint taken between epochs resets the state at the epoch start.)
+        """
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return
+        state = resume.get("train_state")
+        self._state["train"] = None if state is None else tuple(s.to(self.device) for s in state)
+        train_nll = self.metrics["train_nll"]
+        for name, value in resume.get("train_nll", {}).items():
+            setattr(train_nll, name, value.to(self.device))
+        set_rng_states(resume["rng"])
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Stop at a NaN or infinite gradient before the optimizer writes it into the weights (a finite loss can
+        still give one, e.g. through an overflowing cell). Skipped under a gradient scaler (16-bit mixed precision),
+        which itself skips the steps whose scaled gradients overflowed."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return
+        # A sum is NaN or infinite iff some element is (short of ~1e38 gradients), with no per-element temporary.
+        sums = [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
+        if sums and not bool(torch.isfinite(torch.stack(sums).sum())):
+            raise TrainingDivergedError(
+                f"a gradient became NaN or infinite at step {self.global_step} (epoch {self.current_epoch}) with a "
+                "finite loss; lower the learning rate or set --trainer.gradient_clip_val, then resume from the last "
+                "checkpoint"
             )
 
     # ------------------------------------------------------------------------------------------------ sampling
