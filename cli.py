@@ -13,9 +13,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -52,7 +55,9 @@ def _usage() -> str:
 
 
 class LMZooCLI(LightningCLI):
-    """LightningCLI with the vocabulary linked from the data and a default best/last checkpoint callback."""
+    """LightningCLI with the vocabulary linked from the data, ``best.ckpt`` (``checkpoint.*``) and ``last.ckpt``
+    (``last_checkpoint.*``) callbacks, atomic checkpoint writes, and a ``--ckpt_path last`` that finds the last
+    checkpoint of the config's previous runs."""
 
     @staticmethod
     def configure_optimizers(
@@ -75,10 +80,47 @@ class LMZooCLI(LightningCLI):
                 "checkpoint.monitor": "val_loss",
                 "checkpoint.mode": "min",
                 "checkpoint.filename": "best",
-                "checkpoint.save_last": True,
+                "checkpoint.save_last": False,  # last.ckpt is last_checkpoint's, kept fresher than this one would
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+        from checkpoints.writing import LastCheckpoint
+
+        # last.ckpt, for `--ckpt_path last`: every 30 minutes (or every_n_train_steps / train_time_interval), after
+        # every validation and at the end, in the best checkpoint's directory.
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own."""
+        from checkpoints.writing import AtomicCheckpointIO
+
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            plugins.append(AtomicCheckpointIO())
+        return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+
+    def before_fit(self) -> None:
+        """``--ckpt_path last`` without a ``checkpoint.dirpath``: Lightning would look only in this run's new
+        ``version_N/checkpoints`` directory and start afresh; take the newest ``last*.ckpt`` of the earlier versions."""
+        config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") != "last" or any(c.dirpath for c in self.trainer.checkpoint_callbacks):
+            return
+        found = latest_last_checkpoint(self.trainer)
+        if found is not None:
+            config["ckpt_path"] = str(found)
+
+
+def latest_last_checkpoint(trainer: Trainer) -> Path | None:
+    """The newest ``last*.ckpt`` under the first logger's version directories (``<save_dir>/<name>/*/checkpoints``),
+    where checkpoints go when ``checkpoint.dirpath`` is not set; ``None`` if there is none (or no logger)."""
+    if not trainer.loggers:
+        return None
+    logger = trainer.loggers[0]
+    root = Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
+    found = [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)
 
 
 def run_lightning(argv: Sequence[str] | None) -> None:

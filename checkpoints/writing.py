@@ -1,0 +1,162 @@
+"""How ``lm-zoo fit`` writes checkpoints so that a killed run can always continue: atomically, and often.
+
+- :class:`AtomicCheckpointIO` writes every checkpoint beside its destination, syncs it to disk and renames it into
+  place, so a kill (or a power loss) during a write leaves the previous checkpoint whole.
+- :class:`LastCheckpoint` refreshes ``last.ckpt`` during epochs (every N steps or every T of wall time, 30 minutes by
+  default) and after every validation, so ``lm-zoo fit --config X --ckpt_path last`` loses little work.
+
+The CLI installs both by default; in a config::
+
+    last_checkpoint:
+      every_n_train_steps: 1000        # or
+      train_time_interval: "1:00:00"   # h:m:s; neither set: every 30 minutes; every_n_train_steps: 0 turns it off
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import fsspec.utils
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from zoo.errors import ConfigError
+
+DEFAULT_INTERVAL = timedelta(minutes=30)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write a checkpoint to a temporary file in its destination's directory, fsync it, then ``os.replace`` it there.
+
+    Why not Lightning's own ``TorchCheckpointIO`` (2.6, ``lightning.fabric.utilities.cloud_io._atomic_save``): it
+    serialises the whole checkpoint into memory (twice: a ``BytesIO`` and its ``getvalue()``), then writes it inside an
+    fsspec transaction whose local temporary file comes from ``tempfile.mkstemp()``, i.e. the system temporary
+    directory, and is moved into place with ``shutil.move``. When that directory is on another filesystem than the
+    checkpoints (a tmpfs ``/tmp``, a container's overlay, a cluster's scratch disk), the move is a *copy into the
+    destination*, which a kill cuts short: a truncated ``last.ckpt`` where a good one was. A kill also leaves the
+    temporary file behind in ``/tmp``, and nothing is fsynced, so after a power loss the renamed file can be empty.
+
+    Here the temporary file is ``.<name>.<host>.<pid>.tmp`` beside the destination (same filesystem, so the rename is
+    atomic; hidden, and not ``*.ckpt``, so ``--ckpt_path last`` never picks it). Leftovers of killed writers on this
+    host are removed by the next save to the same path. Remote paths (``s3://``...) go to Lightning's implementation.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path``; the file at ``path`` is, at every moment, the old one or the new one."""
+        if storage_options is not None or fsspec.utils.get_protocol(str(path)) != "file":
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
+        temporary = temporary_path(path)
+        try:
+            with open(temporary, "wb") as file:  # the usual permissions (umask), unlike mkstemp's 0600
+                self.write_to(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_directory(path.parent)  # the rename itself reaches the disk
+
+    def write_to(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
+        """Serialise ``checkpoint`` into the open temporary file (streamed: no in-memory copy of the whole file)."""
+        torch.save(checkpoint, file)
+
+
+def temporary_path(path: Path) -> Path:
+    """The temporary file :class:`AtomicCheckpointIO` writes before renaming it to ``path``."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete temporary files of ``path`` left by writers on this host that were killed mid-write."""
+    host = socket.gethostname()
+    for leftover in path.parent.glob(f".{path.name}.{host}.*.tmp"):
+        pid = leftover.name[len(f".{path.name}.{host}.") : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _fsync_directory(directory: Path) -> None:
+    if os.name != "posix":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Keep ``last.ckpt`` fresh for resuming: during epochs, after every validation, and when training ends.
+
+    A ``ModelCheckpoint`` that keeps no best-k checkpoints, only ``last.ckpt``, overwritten in place, in the same
+    directory as the best checkpoint (the CLI links the two ``dirpath``). Lightning's ``ModelCheckpoint`` refreshes
+    ``last.ckpt`` after a validation or at the end only when it also saves a top-k checkpoint there, and takes a step
+    or a time trigger but not both with epochs; this subclass adds those two saves, so ``last.ckpt`` is never older
+    than the latest validation, the last periodic save, or the end of the run.
+
+    Args:
+        dirpath: where ``last.ckpt`` goes (default: the logger's ``version_N/checkpoints``).
+        every_n_train_steps: save every this many optimizer steps; ``0`` turns periodic saves off.
+        train_time_interval: save when this much wall time has passed since the last save (``"h:m:s"`` in YAML);
+            when neither this nor ``every_n_train_steps`` is set, every 30 minutes. Set one of the two, not both.
+        verbose: log every save.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if every_n_train_steps is not None and train_time_interval is not None:
+            raise ConfigError(
+                f"last_checkpoint: set every_n_train_steps ({every_n_train_steps}) or train_time_interval "
+                f"({train_time_interval}), not both"
+            )
+        if every_n_train_steps is not None and every_n_train_steps < 0:
+            raise ConfigError(f"last_checkpoint.every_n_train_steps must be >= 0, got {every_n_train_steps}")
+        if every_n_train_steps is None and train_time_interval is None:
+            train_time_interval = DEFAULT_INTERVAL
+        super().__init__(
+            dirpath=dirpath,
+            monitor=None,
+            save_top_k=0,
+            save_last=True,
+            every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval,
+            enable_version_counter=False,  # one last.ckpt, replaced, never last-v1.ckpt beside it
+            verbose=verbose,
+        )
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save after every validation (also right after a periodic save at the same step: that one predates the
+        validation, and a resume from it would have to run the validation again)."""
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.fast_dev_run:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save the final state, unless the last save was at this step already."""
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
