@@ -485,6 +485,9 @@ class LanguageModel(L.LightningModule):
         train_nll = self.metrics["train_nll"]
         for name, value in resume.get("train_nll", {}).items():
             setattr(train_nll, name, value.to(self.device))
+        # An update that adds nothing: torchmetrics counts updates and warns when an epoch that resumes at its very
+        # end (no window left) computes a restored accumulator without one.
+        train_nll.update(torch.zeros((), device=self.device), weight=torch.zeros((), device=self.device))
         set_rng_states(resume["rng"])
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -1,0 +1,217 @@
+"""Checkpoints that survive faults: a write killed half-way leaves the previous checkpoint usable, a diverging run
+stops naming the step and leaves only finite checkpoints, and the ``last_checkpoint`` options."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import lightning as L
+import pytest
+import torch
+
+import checkpoints
+import cli
+from checkpoints.writing import AtomicCheckpointIO, temporary_path
+from tests.conftest import one_line_error, write_word_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RECIPE = """
+seed_everything: 1
+trainer:
+  max_epochs: 1
+  limit_train_batches: 8
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: false
+  default_root_dir: {root}
+  callbacks: {callbacks}
+model:
+  class_path: lightning_modules.LanguageModel
+  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, dropout: 0.1}}
+data:
+  class_path: datamodules.TextDataModule
+  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
+checkpoint:
+  dirpath: {root}/checkpoints
+last_checkpoint:
+  every_n_train_steps: 2
+optimizer:
+  class_path: torch.optim.SGD
+  init_args: {{lr: 1.0}}
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    write_word_corpus(tmp_path / "corpus", "faults")
+    return tmp_path
+
+
+def _recipe(workdir: Path, callbacks: str = "[]") -> Path:
+    path = workdir / "recipe.yaml"
+    path.write_text(RECIPE.format(root=workdir / "run", corpus=workdir / "corpus", callbacks=callbacks))
+    return path
+
+
+def _finite(ckpt: dict[str, Any]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ckpt["state_dict"].values() if t.is_floating_point())
+
+
+# ----------------------------------------------------------------------------------------------- atomic writes
+# Run in a child process: the first half of a larger checkpoint's bytes go to disk, then it waits to be killed, so
+# the kill lands in the middle of a write whatever the machine's speed.
+OVERWRITE = """
+import io, os, sys, time
+from pathlib import Path
+import torch
+from checkpoints.writing import AtomicCheckpointIO
+
+class HalfThenWait(AtomicCheckpointIO):
+    def write_to(self, checkpoint, file):
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        data = buffer.getvalue()
+        file.write(data[: len(data) // 2])
+        file.flush()
+        os.fsync(file.fileno())
+        Path(sys.argv[2]).write_text(str(len(data)))
+        for _ in range(6000):  # until SIGKILL; gives up after ~10 minutes so a broken test leaves no orphan
+            time.sleep(0.1)
+        os._exit(3)
+
+checkpoint = torch.load(sys.argv[1], weights_only=True)
+checkpoint["padding"] = torch.ones(2_000_000)  # 8 MB more: the new file is far larger than the old one
+HalfThenWait().save_checkpoint(checkpoint, sys.argv[1])
+"""
+
+
+class RecordCheckpointIO(L.Callback):
+    """Test helper: remembers the trainer's checkpoint writer."""
+
+    seen: object = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        RecordCheckpointIO.seen = trainer.strategy.checkpoint_io
+
+
+def test_a_write_killed_half_way_leaves_the_previous_checkpoint_usable(workdir: Path) -> None:
+    recipe = _recipe(workdir, "[{class_path: tests.test_faults.RecordCheckpointIO}]")
+    assert cli.main(["fit", "--config", str(recipe)]) == 0
+    assert type(RecordCheckpointIO.seen) is AtomicCheckpointIO  # the CLI's default writer
+    last = workdir / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+
+    marker = workdir / "half-written"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", OVERWRITE, str(last), str(marker)], env=env)
+    try:
+        while not marker.exists():
+            assert process.poll() is None
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait() == -signal.SIGKILL
+    finally:
+        process.kill()
+    # Killed mid-write: half of the new file sits in the temporary file, the destination is untouched.
+    [leftover] = last.parent.glob(".last.ckpt.*.tmp")
+    assert leftover.name == temporary_path(last).name.replace(f".{os.getpid()}.", f".{process.pid}.")
+    assert leftover.stat().st_size == int(marker.read_text()) // 2 > len(before)
+    assert last.read_bytes() == before
+    loaded = checkpoints.load(last)  # evaluation loads it...
+    assert loaded.training["global_step"] == 8
+    # ...and a resumed fit continues from it (Lightning's --ckpt_path last finds it in checkpoint.dirpath); its own
+    # first save removes the dead writer's leftover.
+    assert cli.main(["fit", "--config", str(recipe), "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert torch.load(last, weights_only=True)["global_step"] == 16
+    assert not leftover.exists()
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+class FailHalfWay(AtomicCheckpointIO):
+    def write_to(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
+        file.write(b"\0" * 1000)
+        raise OSError(28, "No space left on device")
+
+
+def test_a_write_that_fails_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    with pytest.raises(OSError, match="No space"):
+        FailHalfWay().save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert list(tmp_path.iterdir()) == [path]
+
+
+# ------------------------------------------------------------------------------------------------- divergence
+class Poison(L.Callback):
+    """Test helper: put a NaN into the weights or the gradients at optimizer step ``step``.
+
+    ``where``: ``weights`` before the step's forward pass (the loss becomes NaN), ``gradients`` after its backward
+    pass (the loss was finite), ``updated`` after its optimizer step, before that step's checkpoint is written.
+    """
+
+    def __init__(self, step: int, where: str) -> None:
+        self.step, self.where = step, where
+
+    def _poison(self, tensor: torch.Tensor) -> None:
+        with torch.no_grad():
+            tensor.view(-1)[0] = float("nan")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        if self.where == "weights" and trainer.global_step == self.step:
+            self._poison(pl_module.decoder.output_layer.weight)
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.where == "gradients" and trainer.global_step == self.step:
+            self._poison(pl_module.decoder.output_layer.weight.grad)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.where == "updated" and trainer.global_step == self.step + 1:
+            self._poison(pl_module.decoder.output_layer.weight)
+
+
+@pytest.mark.parametrize(
+    ("where", "message", "saved_step"),
+    [
+        ("weights", "training loss became nan at step 5 (epoch 0)", 4),
+        ("gradients", "a gradient became NaN or infinite at step 5 (epoch 0)", 4),
+        # Poisoned after step 5's update: the step-6 checkpoint is refused, the step-4 one stays.
+        ("updated", "the weights became NaN or infinite by step 6 (epoch 0; decoder.weight)", 4),
+    ],
+)
+def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+    workdir: Path, capsys: pytest.CaptureFixture[str], where: str, message: str, saved_step: int
+) -> None:
+    recipe = _recipe(workdir, f"[{{class_path: tests.test_faults.Poison, init_args: {{step: 5, where: {where}}}}}]")
+    code = cli.main(["fit", "--config", str(recipe)])
+    # Exit status 1: a failed run, not bad input (TrainingDivergedError.exit_code).
+    one_line_error(capsys, code, message, "resume from the last checkpoint", expected_code=1)
+    checkpoint_dir = workdir / "run" / "checkpoints"
+    assert [p.name for p in checkpoint_dir.iterdir()] == ["last.ckpt"]  # no validation ran, so no best.ckpt
+    last = torch.load(checkpoint_dir / "last.ckpt", weights_only=True)
+    assert last["global_step"] == saved_step and _finite(last)
+    assert checkpoints.load(checkpoint_dir / "last.ckpt").training["global_step"] == saved_step
+
+
+# ----------------------------------------------------------------------------------------------- the options
+def test_last_checkpoint_takes_steps_or_time_not_both(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = _recipe(workdir)
+    code = cli.main(["fit", "--config", str(recipe), "--last_checkpoint.train_time_interval", "0:10:00"])
+    one_line_error(capsys, code, "last_checkpoint: set every_n_train_steps (2) or train_time_interval (0:10:00)")
+
+
+def test_last_checkpoint_defaults_to_every_30_minutes(workdir: Path) -> None:
+    from checkpoints.writing import LastCheckpoint
+
+    default = LastCheckpoint()
+    assert default._train_time_interval.total_seconds() == 1800 and default._every_n_train_steps == 0
+    assert LastCheckpoint(every_n_train_steps=0)._train_time_interval is None  # 0: no periodic saves
