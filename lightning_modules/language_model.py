@@ -456,8 +456,12 @@ class LanguageModel(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Never write non-finite weights (the previous checkpoint stays the last good one); add what an exact resume
         needs: the carried training state, the epoch's training-loss accumulator and the random number generators."""
-        weights = {**checkpoint.get("state_dict", {}), **checkpoint.get("current_model_state", {})}  # averaged, live
-        bad = non_finite(weights)
+        parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}  # not buffers
+        bad = [
+            name
+            for weights in (checkpoint.get("state_dict", {}), checkpoint.get("current_model_state", {}))  # avg, live
+            for name in non_finite({k: weights[k] for k in sorted(parameters & weights.keys())})
+        ]
         if bad:
             raise TrainingDivergedError(
                 f"the weights became NaN or infinite by step {self.global_step} (epoch {self.current_epoch}; "
