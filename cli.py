@@ -99,7 +99,7 @@ class LMZooCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             plugins.append(AtomicCheckpointIO())
-        if self._get(self.config_init, "ckpt_path"):
+        if self.subcommand == "fit" and self._get(self.config_init, "ckpt_path"):
             # A resumed run logs where it was interrupted when there are no version_N directories (logger: false, a
             # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
