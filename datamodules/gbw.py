@@ -37,10 +37,12 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
 from datamodules.multisequence import MultiSequenceWindows
+from datamodules.streams import training_position
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 
@@ -265,8 +267,6 @@ class GBWDataModule(L.LightningDataModule):
         bptt: training window length (the paper's ``seqlen``: 50).
         eval_batch_size: validation/test columns. With a reset at every sentence, perplexity does not depend on it.
         eval_bptt: validation/test window length; ``None`` uses ``bptt``.
-        windows_per_epoch: training windows per epoch, continuing across epochs through freshly shuffled passes (the
-            paper's epochs are ``--trainsize 400000`` steps = 8,000 windows of 50); ``None``: one pass per epoch.
         seed: seed of the per-epoch sentence order.
         data_root: where corpora live; ``None`` uses ``$LM_ZOO_DATA`` or ``~/.cache/lm-zoo/data``.
     """
@@ -282,7 +282,6 @@ class GBWDataModule(L.LightningDataModule):
         bptt: int = 50,
         eval_batch_size: int = 64,
         eval_bptt: int | None = None,
-        windows_per_epoch: int | None = None,
         seed: int = 0,
         data_root: str | None = None,
     ) -> None:
@@ -297,7 +296,6 @@ class GBWDataModule(L.LightningDataModule):
         self.bptt = bptt
         self.eval_batch_size = eval_batch_size
         self.eval_bptt = eval_bptt or bptt
-        self.windows_per_epoch = windows_per_epoch
         self.seed = seed
         self.data_root = data_root
         self.level = "word"
@@ -305,6 +303,7 @@ class GBWDataModule(L.LightningDataModule):
         self._tokenizer_key: str | None = None
         self._files: dict[str, list[Path]] = {}
         self._encoded: dict[str, EncodedSplit] = {}
+        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
 
     # ----------------------------------------------------------------------------------------- files, vocabulary
     @property
@@ -347,16 +346,21 @@ class GBWDataModule(L.LightningDataModule):
         return tokenizer
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored in every checkpoint: the vocabulary with its counts, so the model keeps its own."""
-        return {"tokenizer": self.tokenizer.state_dict()}
+        """Stored in every checkpoint: the vocabulary with its counts, so the model keeps its own, and during ``fit``
+        the training stream's position, so a resumed run continues mid-epoch (a pass over GBW is ~134k windows)."""
+        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
+        if self.trainer is not None:
+            state["train_position"] = training_position(self.trainer)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's vocabulary; the splits are encoded with it."""
+        """Use the checkpoint's vocabulary (the splits are encoded with it) and, when resuming, its stream position."""
         tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
         if not isinstance(tokenizer, SentenceTokenizer):
             raise DataError(f"a GBW model needs a sentence tokenizer, the checkpoint has a {tokenizer.kind!r} one")
         self._tokenizer, self._tokenizer_key = tokenizer, None
         self._encoded.clear()
+        self._train_position = state_dict.get("train_position")
 
     # ------------------------------------------------------------------------------------------------ the splits
     def encoded(self, split: str) -> EncodedSplit:
@@ -410,17 +414,21 @@ class GBWDataModule(L.LightningDataModule):
             seed=self.seed,
             rank=rank,
             world_size=world,
-            windows_per_epoch=self.windows_per_epoch if training else None,
             # The trainer's epoch, so a resumed run continues with the orders it would have seen.
             epoch=(lambda: trainer.current_epoch) if training and trainer is not None else None,
         )
 
     def _loader(self, split: str) -> DataLoader:
-        # batch_size=None: the dataset yields whole windows; one process keeps the columns in order.
-        return DataLoader(self.stream(split), batch_size=None, num_workers=0)
+        # batch_size=None: the dataset yields whole windows; one process keeps the columns in order. A generator of its
+        # own, or iterating the loader draws a seed from the global RNG (a resumed run would get other dropout masks).
+        return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
+        loader = self._loader("train")
+        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
+            loader.dataset.load_state_dict(self._train_position)
+            self._train_position = None
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")

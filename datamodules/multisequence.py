@@ -103,9 +103,6 @@ class MultiSequenceWindows(IterableDataset):
         seed: with the epoch, seeds the order; the same on every rank.
         rank: this process's rank.
         world_size: number of ranks.
-        windows_per_epoch: if set, an epoch is this many windows and the next epoch continues where it stopped,
-            moving on to a freshly shuffled pass when one is used up (the paper's ``--trainsize``: its "epochs" are
-            400,000 steps of 50, not passes over the corpus); ``None``: one pass per epoch.
         epoch: called at the start of every epoch for its number (e.g. the trainer's ``current_epoch``, so a resumed
             run continues the same sequence of orders); ``None``: count the epochs iterated.
     """
@@ -121,14 +118,11 @@ class MultiSequenceWindows(IterableDataset):
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        windows_per_epoch: int | None = None,
         epoch: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
             raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
-        if windows_per_epoch is not None and windows_per_epoch < 1:
-            raise ValueError(f"windows_per_epoch must be >= 1, got {windows_per_epoch}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.ids = ids
@@ -143,11 +137,11 @@ class MultiSequenceWindows(IterableDataset):
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.windows_per_epoch = windows_per_epoch
         self._epoch_source = epoch
-        self._epochs_iterated = 0
+        self._epochs_iterated = 0  # the epoch the next iteration reads, without an epoch source
         self._cached: tuple[int, EpochLayout] | None = None
-        self._pass_windows: dict[int, int] = {}
+        self._resume: tuple[int, int] | None = None  # (epoch, windows of it trained before the run was interrupted)
+        self._position = (0, 0)  # (epoch, windows yielded) of the epoch being read
 
     @property
     def batch_size(self) -> int:
@@ -160,58 +154,61 @@ class MultiSequenceWindows(IterableDataset):
 
     @property
     def num_predicted(self) -> int:
-        """Tokens predicted per pass over all ranks: every id but each sentence's ``<S>``."""
+        """Tokens predicted per epoch over all ranks: every id but each sentence's ``<S>``."""
         return int(self.offsets[-1] - self.offsets[0]) - self.num_sentences
 
     # ------------------------------------------------------------------------------------------------ layouts
-    def layout(self, pass_index: int) -> EpochLayout:
-        """The layout of one pass over the sentences (all ranks' columns)."""
-        key = pass_index if self.shuffle else 0  # evaluation reads every pass in the same order
+    def layout(self, epoch: int) -> EpochLayout:
+        """The layout of one epoch, a pass over the sentences (all ranks' columns)."""
+        key = epoch if self.shuffle else 0  # evaluation reads every epoch in the same order
         if self._cached is None or self._cached[0] != key:
             if self.shuffle:
-                order = np.random.default_rng([self.seed, pass_index]).permutation(self.num_sentences)
+                order = np.random.default_rng([self.seed, epoch]).permutation(self.num_sentences)
             else:
                 order = np.arange(self.num_sentences)
             self._cached = (key, epoch_layout(self.lengths, self._batch_size * self.world_size, order))
         return self._cached[1]
 
-    def windows_in_pass(self, pass_index: int) -> int:
-        if pass_index not in self._pass_windows:
-            self._pass_windows[pass_index] = self.layout(pass_index).num_windows(self.bptt)
-        return self._pass_windows[pass_index]
-
-    def _epoch_plan(self, epoch: int) -> list[tuple[int, int, int]]:
-        """``(pass, first window, end window)`` pieces that make up ``epoch``."""
-        if self.windows_per_epoch is None:
-            return [(epoch, 0, self.windows_in_pass(epoch))]
-        first, left = epoch * self.windows_per_epoch, self.windows_per_epoch
-        pass_index = 0
-        while first >= self.windows_in_pass(pass_index):  # a resumed run walks the earlier passes' sizes once
-            first -= self.windows_in_pass(pass_index)
-            pass_index += 1
-        plan = []
-        while left > 0:
-            end = min(self.windows_in_pass(pass_index), first + left)
-            plan.append((pass_index, first, end))
-            left -= end - first
-            pass_index, first = pass_index + 1, 0
-        return plan
-
-    def _next_epoch(self) -> int:
-        if self._epoch_source is not None:
-            return int(self._epoch_source())
-        epoch, self._epochs_iterated = self._epochs_iterated, self._epochs_iterated + 1
-        return epoch
-
     def __len__(self) -> int:
-        if self.windows_per_epoch is not None:
-            return self.windows_per_epoch
         epoch = self._epoch_source() if self._epoch_source is not None else self._epochs_iterated
-        return self.windows_in_pass(int(epoch))
+        return self.layout(int(epoch)).num_windows(self.bptt)
+
+    # ------------------------------------------------------------------------------------------------ resuming
+    # The protocol of every training stream (datamodules/streams.py): a checkpoint holds the trained position
+    # {"epoch": e, "windows": n}, and a resumed run reads epoch e from its window n on. Windows are addressed by
+    # index here, so skipping costs nothing.
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": e, "windows": n}``: the epoch being read (before it starts: the next one) and the windows of it
+        yielded so far."""
+        epoch, windows = self._position
+        return {"epoch": epoch, "windows": windows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next iterations read epoch ``state["epoch"]`` after its first ``state["windows"]`` windows (if that
+        is the whole epoch: the next epoch from its start): until the epoch source is past it, or (without one) once."""
+        epoch, windows = int(state["epoch"]), int(state["windows"])
+        if windows >= self.layout(epoch).num_windows(self.bptt):
+            epoch, windows = epoch + 1, 0
+        self._epochs_iterated, self._resume = epoch, (epoch, windows)
+        self._position = (epoch, windows)
+
+    def _next_epoch(self) -> tuple[int, int]:
+        """The epoch the next iteration reads and the windows of it to skip."""
+        epoch = int(self._epoch_source()) if self._epoch_source is not None else self._epochs_iterated
+        skip = 0
+        if self._resume is not None:
+            if self._epoch_source is None or epoch <= self._resume[0]:
+                # Lightning may start an iterator before it restores its epoch counter, or start one and drop it:
+                # every iteration until the trainer is past the resumed epoch reads the resumed position.
+                epoch, skip = self._resume
+            if self._epoch_source is None or epoch > self._resume[0]:
+                self._resume = None
+        self._epochs_iterated = epoch + 1
+        return epoch, skip
 
     # ------------------------------------------------------------------------------------------------ windows
     def window(self, layout: EpochLayout, index: int) -> LMBatch:
-        """Window ``index`` of a pass: ``(B, T)`` inputs, targets and resets for this rank's columns."""
+        """Window ``index`` of an epoch: ``(B, T)`` inputs, targets and resets for this rank's columns."""
         columns = slice(self.rank * self._batch_size, (self.rank + 1) * self._batch_size)
         start, length = layout.column_start[columns], layout.column_length[columns]  # (B,)
         t0 = index * self.bptt
@@ -233,7 +230,9 @@ class MultiSequenceWindows(IterableDataset):
         return LMBatch(inputs, targets, reset)
 
     def __iter__(self) -> Iterator[LMBatch]:
-        for pass_index, first, end in self._epoch_plan(self._next_epoch()):
-            layout = self.layout(pass_index)
-            for index in range(first, end):
-                yield self.window(layout, index)
+        epoch, skip = self._next_epoch()
+        layout = self.layout(epoch)
+        self._position = (epoch, skip)
+        for index in range(skip, layout.num_windows(self.bptt)):
+            self._position = (epoch, index + 1)
+            yield self.window(layout, index)

@@ -134,6 +134,10 @@ def test_the_order_is_shuffled_per_epoch_reproducibly_and_evaluation_keeps_the_f
     assert order(0) == order(0), "the same (seed, epoch), the same order"
     assert order(0) != order(1) and order(1) != order(2), "a new order every epoch"
     assert order(0, seed=2) != order(0)
+    counting = MultiSequenceWindows(ids, offsets, 3, 4, PAD, shuffle=True, seed=1)  # no trainer: counts its epochs
+    assert [read_columns(epoch_of(counting), ids, offsets) for _ in range(3)][2] == read_columns(
+        epoch_of(MultiSequenceWindows(ids, offsets, 3, 4, PAD, shuffle=True, seed=1, epoch=lambda: 2)), ids, offsets
+    ), "epoch 2 is the same whether counted or told by the trainer (a resumed run)"
     assert order(0, shuffle=False) == order(7, shuffle=False) == list(range(40)), "evaluation: the corpus order"
 
 
@@ -146,21 +150,35 @@ def test_columns_are_balanced_to_within_one_sentence() -> None:
     assert np.all(layout.column_length >= lengths.sum() / 64 - lengths.max())
 
 
-def test_windows_per_epoch_continue_through_fresh_passes() -> None:
-    ids, offsets = synthetic_sentences(count=15)
-    passes = MultiSequenceWindows(ids, offsets, 2, 3, PAD, shuffle=True, seed=3)
-    sizes = [len(epoch_of(passes)) for _ in range(3)]
-    passes = MultiSequenceWindows(ids, offsets, 2, 3, PAD, shuffle=True, seed=3)
-    reference = [w for _ in range(3) for w in epoch_of(passes)]  # passes 0, 1, 2 back to back
-    assert sizes[0] % 4 != 0 and len(reference) >= 24  # epochs of 4 windows straddle a pass's end
-    chunks = MultiSequenceWindows(ids, offsets, 2, 3, PAD, shuffle=True, seed=3, windows_per_epoch=4)
-    continued = [w for _ in range(len(reference) // 4) for w in epoch_of(chunks)]
-    assert len(chunks) == 4
-    for a, b in zip(continued, reference, strict=False):
-        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets) and torch.equal(a.reset, b.reset)
-    # A resumed run (the trainer says epoch 5) reads what epoch 5 of an uninterrupted run reads.
-    resumed = MultiSequenceWindows(ids, offsets, 2, 3, PAD, shuffle=True, seed=3, windows_per_epoch=4, epoch=lambda: 5)
-    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(epoch_of(resumed), reference[20:24], strict=True))
+def test_a_resumed_run_continues_the_epoch_where_training_stopped() -> None:
+    """The training streams' resuming protocol (datamodules/streams.py): {"epoch": e, "windows": n}."""
+    ids, offsets = synthetic_sentences(count=60)
+
+    def stream(epoch=None) -> MultiSequenceWindows:
+        return MultiSequenceWindows(ids, offsets, 2, 3, PAD, shuffle=True, seed=4, epoch=epoch)
+
+    uninterrupted = stream()
+    epochs = [epoch_of(uninterrupted) for _ in range(3)]
+    resumed = stream()
+    resumed.load_state_dict({"epoch": 1, "windows": 7})
+    rest = epoch_of(resumed)
+    assert len(rest) == len(epochs[1]) - 7
+    assert all(torch.equal(a.inputs, b.inputs) and torch.equal(a.reset, b.reset) for a, b in zip(rest, epochs[1][7:]))
+    assert resumed.state_dict() == {"epoch": 1, "windows": len(epochs[1])}
+    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(epoch_of(resumed), epochs[2], strict=True))
+    ended = stream()
+    ended.load_state_dict({"epoch": 0, "windows": len(epochs[0])})
+    assert ended.state_dict() == {"epoch": 1, "windows": 0}
+    # With the trainer's epoch: the resumed position holds until the trainer is past it (Lightning may start and drop
+    # an iterator before restoring its counters).
+    trainer_epoch = [0]
+    told = stream(lambda: trainer_epoch[0])
+    told.load_state_dict({"epoch": 1, "windows": 5})
+    assert torch.equal(next(iter(told)).inputs, epochs[1][5].inputs)
+    trainer_epoch[0] = 1
+    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(told, epochs[1][5:], strict=True))
+    trainer_epoch[0] = 2
+    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(told, epochs[2], strict=True))
 
 
 # ----------------------------------------------------------------------------------------------------- vocabulary
