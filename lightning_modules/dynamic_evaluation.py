@@ -180,18 +180,20 @@ class RMSAdaptation:
         self.decay = {
             n: (settings.decay_rate * r / mean_rms if mean_rms > 0 else r * 0).clamp(max=1.0) for n, r in rms.items()
         }
-        self.inverse_rms = {name: 1.0 / (r + settings.epsilon) for name, r in rms.items()}  # 1 / (r_g + ε)
+        # Two in-place passes over each weight per segment, no temporaries: θ.lerp_(θ0, d) is θ + d (θ0 − θ) (exactly
+        # θ0 when θ = θ0), then θ −= (η / (r + ε)) g. The update touches every weight, the embedding included, at every
+        # segment, so at batch size 1 its memory traffic is much of what a step costs.
+        self.step_size = {n: settings.learning_rate / (r + settings.epsilon) for n, r in rms.items()}  # η / (r + ε)
         self.steps = 0
 
     @torch.no_grad()
     def step(self, grads: dict[str, Tensor | None]) -> None:
         """``θ ← θ − η g / (r + ε) + d ⊙ (θ0 − θ)`` for every adapted weight (``None``: a zero gradient)."""
         for name, p in self.params.items():
-            delta = self.decay[name] * (self.initial[name] - p)
+            p.lerp_(self.initial[name], self.decay[name])
             grad = grads.get(name)
             if grad is not None:
-                delta -= self.learning_rate * grad * self.inverse_rms[name]
-            p += delta
+                p.addcmul_(grad, self.step_size[name], value=-1.0)
         self.steps += 1
 
     @torch.no_grad()

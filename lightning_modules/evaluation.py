@@ -149,8 +149,8 @@ def evaluate(
     """Score a split with the full softmax, by one of the paper's procedures.
 
     Args:
-        model: the language model (its vocabulary must be the data module's). It is left as it was: in eval mode,
-            with its trained weights and dropout rates.
+        model: the language model (its vocabulary must be the data module's). It ends in eval mode with its trained
+            weights and dropout rates, whatever the procedure did to them meanwhile.
         datamodule: provides the split's stream and its size in tokens/characters/words.
         split: ``train``, ``valid`` or ``test``.
         batch_size: parallel streams; ``None`` uses the data module's eval batch size.

@@ -123,7 +123,7 @@ def test_auto_temperature_recovers_a_known_optimum() -> None:
 
     def optimum(m: LanguageModel) -> float:
         cache = collect_features(m, windows)
-        return golden_section_search(lambda t: cache.loss(t)[0] / cache.loss(t)[1], 0.5, 3.0).temperature
+        return golden_section_search(lambda t: cache.loss(t)[0] / cache.loss(t)[1], 0.5, 3.0, 1e-3).temperature
 
     calibrated = optimum(model)
     doubled = copy.deepcopy(model)
@@ -149,6 +149,18 @@ def test_auto_temperature_is_searched_on_valid_and_applied_to_the_split(dm: Text
     rerun = evaluate(model, dm, "test", temperature="auto", cache_bytes=0)
     assert rerun["temperature_search"]["features_cached"] is False
     assert rerun["temperature"] == pytest.approx(result["temperature"], abs=1e-9)
+
+
+def test_mc_temperature_search_over_kept_features_equals_re_running_the_seeded_passes(dm: TextDataModule) -> None:
+    model = _model(dm.vocab_size, **DROPOUTS, embedding_dropout=0.1)
+    mc = MCDropout(samples=4)
+    cached = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7)
+    rerun = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7, cache_bytes=0)
+    assert cached["temperature_search"]["features_cached"] and not rerun["temperature_search"]["features_cached"]
+    assert cached["temperature"] == pytest.approx(rerun["temperature"], abs=1e-9)
+    assert cached["loss"] == pytest.approx(rerun["loss"], rel=1e-6)
+    fixed = evaluate(model, dm, "valid", temperature=cached["temperature"], mc=mc, seed=7)
+    assert cached["loss"] == pytest.approx(fixed["loss"], rel=1e-6)  # the same masks: common random numbers
 
 
 # -------------------------------------------------------------------------------------------------- MC dropout
