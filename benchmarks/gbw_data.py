@@ -4,8 +4,9 @@ Measures, on the real GBW sample (``$LM_ZOO_DATA/gbw-sample``, four held-out sha
 synthetic corpus it writes into a temp directory (``--synthetic-tokens 20000000``: Zipf-distributed words over a
 200k-word vocabulary, GBW-like sentence lengths), in tokens (words) per second:
 
-- counting + vocabulary: ``datamodules.gbw.count_words`` then ``SentenceTokenizer.from_counts`` (cutoff 3);
-- encoding: ``datamodules.gbw.encode_files`` writing the flat int32 ids and sentence offsets;
+- counting + vocabulary: ``datamodules.gbw.count_words`` then ``SentenceTokenizer.from_counts`` (cutoff 3), in one
+  process and with ``--workers`` forked processes (one file each at a time), with the ratio;
+- encoding: ``datamodules.gbw.encode_files`` writing the flat int32 ids and sentence offsets, the same two ways;
 - the batch iterator: one epoch of ``MultiSequenceWindows`` (shuffled, batch 128 x bptt 50 by default), tokens being
   the ``B x T`` slots of the windows, side by side with ``StreamWindows`` (the PTB-style contiguous stream, no resets)
   over the same ids, in alternating rounds, with the ratio.
@@ -69,27 +70,38 @@ def timed(fn, rounds: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def measure(name: str, files: list[Path], batch_size: int, bptt: int, rounds: int) -> None:
+def measure(name: str, files: list[Path], batch_size: int, bptt: int, rounds: int, workers: int) -> None:
     words = sum(len(p.read_bytes().split()) for p in files)
     print(f"\n{name}: {len(files)} file(s), {words:,} words, {sum(p.stat().st_size for p in files) / 1e6:.1f} MB")
 
-    def vocabulary() -> SentenceTokenizer:
-        counts, sentences = count_words(files)
+    def vocabulary(processes: int) -> SentenceTokenizer:
+        counts, sentences = count_words(files, workers=processes)
         return SentenceTokenizer.from_counts(counts, sentences, min_count=3)
 
-    seconds, tokenizer = timed(vocabulary, rounds)
-    print(
-        f"  vocabulary (count + cutoff 3): {words / seconds / 1e6:8.2f} M words/s  ({seconds:.2f} s; V = "
-        f"{tokenizer.vocab_size:,})"
-    )
+    def encode(processes: int) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            encode_files(files, tokenizer, Path(tmp), workers=processes)
+
+    for label, task in (("vocabulary (count + cutoff 3)", vocabulary), ("encoding to int32 + offsets", encode)):
+        rates: dict[int, list[float]] = {1: [], workers: []}
+        for _ in range(rounds):  # alternating, so both see the same machine load
+            for processes in rates:
+                start = time.perf_counter()
+                result = task(processes)
+                rates[processes].append(words / (time.perf_counter() - start))
+                if isinstance(result, SentenceTokenizer):
+                    tokenizer = result
+        one, many = (statistics.median(rates[k]) for k in (1, workers))
+        print(
+            f"  {label + ':':<30} {one / 1e6:8.2f} M words/s in 1 process, {many / 1e6:.2f} with {workers} "
+            f"(x{many / one:.2f})"
+        )
+    print(f"  vocabulary: {tokenizer.vocab_size:,} ids")
     with tempfile.TemporaryDirectory() as tmp:
-        seconds, _ = timed(lambda: encode_files(files, tokenizer, Path(tmp)), rounds)
+        encode_files(files, tokenizer, Path(tmp), workers=1)
         encoded = load_encoded(Path(tmp))
         assert encoded is not None
-        print(
-            f"  encoding to int32 + offsets:  {words / seconds / 1e6:8.2f} M words/s  ({seconds:.2f} s; "
-            f"{encoded.num_sentences:,} sentences, {len(encoded.ids):,} ids)"
-        )
+        print(f"  encoded: {encoded.num_sentences:,} sentences, {len(encoded.ids):,} ids")
         ids = np.asarray(encoded.ids)
         multi = MultiSequenceWindows(encoded.ids, encoded.offsets, batch_size, bptt, tokenizer.eos_id, shuffle=True)
         stream = StreamWindows(ids, batch_size, bptt, start_id=tokenizer.eos_id)
@@ -118,11 +130,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--bptt", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3, help="repetitions; the median is printed")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)")
     args = parser.parse_args()
     sample = Path(args.sample) if args.sample else data_root() / "gbw-sample"
     files = sorted(sample.glob("news.en*"))
     if files:
-        measure(f"GBW sample ({sample})", files, args.batch_size, args.bptt, args.rounds)
+        measure(f"GBW sample ({sample})", files, args.batch_size, args.bptt, args.rounds, args.workers)
     else:
         print(f"no GBW sample in {sample}: set LM_ZOO_DATA or --sample", file=sys.stderr)
     if args.synthetic_tokens > 0:
@@ -130,7 +143,7 @@ def main() -> None:
             start = time.perf_counter()
             synthetic = write_synthetic(Path(tmp), args.synthetic_tokens)
             print(f"\n(wrote {args.synthetic_tokens:,} synthetic tokens in {time.perf_counter() - start:.1f} s)")
-            measure("synthetic", synthetic, args.batch_size, args.bptt, args.rounds)
+            measure("synthetic", synthetic, args.batch_size, args.bptt, args.rounds, args.workers)
 
 
 if __name__ == "__main__":

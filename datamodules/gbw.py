@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -33,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import lightning as L
 import numpy as np
@@ -56,6 +57,7 @@ DEFAULT_FILES = {
     "test": f"{HELDOUT_DIR}/news.en.heldout-00000-of-00050",
 }
 BLOCK_BYTES = 1 << 22  # lines are read and encoded 4 MiB at a time
+PARALLEL_BYTES = 64 << 20  # from this size on, files are counted and encoded by one process per core
 CACHE_FORMAT = 1  # part of every cache key: a changed encoding never reuses old files
 
 
@@ -152,21 +154,51 @@ def _block_sentences(block: bytes) -> int:
     return sum(map(bool, map(bytes.strip, block.split(b"\n"))))
 
 
-def count_words(paths: list[Path]) -> tuple[Counter[str], int]:
-    """Word counts and the number of sentences (non-blank lines) of ``paths``, streaming.
+def _no_sentence(path: Path) -> DataError:
+    return DataError(f"{path} holds no sentence (only blank lines): use the original shard")
 
-    Words are counted as bytes at C speed (``Counter.update`` of ``bytes.split``) and decoded once at the end.
-    """
+
+def _count_file(path: Path) -> tuple[Counter[bytes], int]:
     counter: Counter[bytes] = Counter()
     sentences = 0
-    for path in paths:
-        before = sentences
-        for block, _ in read_blocks(path):
-            counter.update(block.split())
-            sentences += _block_sentences(block)
-        if sentences == before:
-            raise DataError(f"{path} holds no sentence (only blank lines): use the original shard")
-    return Counter({word.decode("utf-8"): n for word, n in counter.items()}), sentences
+    for block, _ in read_blocks(path):
+        counter.update(block.split())  # C speed: bytes.split and Counter's own counting loop
+        sentences += _block_sentences(block)
+    if sentences == 0:
+        raise _no_sentence(path)
+    return counter, sentences
+
+
+def _pool_size(paths: list[Path], workers: int | None) -> int:
+    """Processes for per-file work: ``workers``, or (``None``) one per core for corpora of 64 MB and more."""
+    if workers is None:
+        big = sum(p.stat().st_size for p in paths) >= PARALLEL_BYTES
+        workers = (os.cpu_count() or 1) if big else 1
+    if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        return 1  # spawned workers would re-import torch and Lightning each: not worth it
+    return max(1, min(workers, len(paths)))
+
+
+def count_words(paths: list[Path], workers: int | None = None) -> tuple[Counter[str], int]:
+    """Word counts and the number of sentences (non-blank lines) of ``paths``, streaming.
+
+    Words are counted as bytes at C speed and decoded once at the end. With several workers, each counts whole files
+    in a forked process (pure Python and bytes: nothing of torch runs there) and the parent adds the counts up.
+    """
+    total: Counter[bytes] = Counter()
+    sentences = 0
+    processes = _pool_size(paths, workers)
+    if processes == 1:
+        results = map(_count_file, paths)
+        for counter, n in results:
+            total.update(counter)
+            sentences += n
+    else:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            for counter, n in pool.imap(_count_file, paths):
+                total.update(counter)
+                sentences += n
+    return Counter({word.decode("utf-8"): n for word, n in total.items()}), sentences
 
 
 @dataclass(frozen=True)
@@ -188,27 +220,59 @@ class EncodedSplit:
         return len(self.offsets) - 1
 
 
-def encode_files(paths: list[Path], tokenizer: SentenceTokenizer, directory: Path) -> None:
-    """Write ``ids.bin``, ``offsets.bin`` and ``meta.json`` of ``paths`` into ``directory`` (streaming)."""
-    sentences, tokens, characters = 0, 0, 0
+_ENCODER: SentenceTokenizer | None = None  # the tokenizer forked encoding workers inherit (never pickled)
+
+
+def _encode_file(path: Path, out: BinaryIO, tokenizer: SentenceTokenizer) -> tuple[np.ndarray, int]:
+    """Append the ids of ``path`` to ``out``; return its sentence lengths and characters."""
     lengths: list[np.ndarray] = []
+    characters = 0
+    for block, block_chars in read_blocks(path):
+        ids, block_lengths = tokenizer.encode_block(block)
+        ids.tofile(out)
+        lengths.append(block_lengths)
+        characters += block_chars
+    if not lengths or sum(map(len, lengths)) == 0:
+        raise _no_sentence(path)
+    return np.concatenate(lengths), characters
+
+
+def _encode_part(job: tuple[Path, Path]) -> tuple[np.ndarray, int]:
+    path, part = job
+    assert _ENCODER is not None
+    with open(part, "wb") as out:
+        return _encode_file(path, out, _ENCODER)
+
+
+def encode_files(paths: list[Path], tokenizer: SentenceTokenizer, directory: Path, workers: int | None = None) -> None:
+    """Write ``ids.bin`` (int32), ``offsets.bin`` (int64) and ``meta.json`` of ``paths`` into ``directory``, streaming.
+
+    With several workers, forked processes encode whole files into parts that are then joined in file order.
+    """
+    global _ENCODER
+    processes = _pool_size(paths, workers)
     with open(directory / "ids.bin", "wb") as out:
-        for path in paths:
-            before = sentences
-            for block, block_chars in read_blocks(path):
-                ids, block_lengths = tokenizer.encode_block(block)
-                ids.tofile(out)
-                lengths.append(block_lengths)
-                sentences += len(block_lengths)
-                tokens += len(ids)
-                characters += block_chars
-            if sentences == before:
-                raise DataError(f"{path} holds no sentence (only blank lines): use the original shard")
-    offsets = np.zeros(sentences + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        if processes == 1:
+            results = [_encode_file(path, out, tokenizer) for path in paths]
+        else:
+            parts = [directory / f"part-{i:05d}.bin" for i in range(len(paths))]
+            _ENCODER = tokenizer
+            try:
+                with multiprocessing.get_context("fork").Pool(processes) as pool:
+                    results = pool.map(_encode_part, list(zip(paths, parts)))
+            finally:
+                _ENCODER = None
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 24)
+                part.unlink()
+    lengths = np.concatenate([lengths for lengths, _ in results])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     offsets.tofile(directory / "offsets.bin")
+    tokens, sentences = int(offsets[-1]), len(lengths)
     predicted = tokens - sentences  # every id but the <S> of each sentence
-    meta = {"tokens": tokens, "sentences": sentences, "chars": characters, "predicted": predicted}
+    meta = {"tokens": tokens, "sentences": sentences, "chars": sum(c for _, c in results), "predicted": predicted}
     (directory / "meta.json").write_text(json.dumps(meta))
 
 
@@ -269,6 +333,8 @@ class GBWDataModule(L.LightningDataModule):
         eval_bptt: validation/test window length; ``None`` uses ``bptt``.
         seed: seed of the per-epoch sentence order.
         data_root: where corpora live; ``None`` uses ``$LM_ZOO_DATA`` or ``~/.cache/lm-zoo/data``.
+        workers: processes that count and encode the files, one file each at a time (``None``: one per core once the
+            files reach 64 MB; the result is the same).
     """
 
     def __init__(
@@ -284,6 +350,7 @@ class GBWDataModule(L.LightningDataModule):
         eval_bptt: int | None = None,
         seed: int = 0,
         data_root: str | None = None,
+        workers: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -298,6 +365,7 @@ class GBWDataModule(L.LightningDataModule):
         self.eval_bptt = eval_bptt or bptt
         self.seed = seed
         self.data_root = data_root
+        self.workers = workers
         self.level = "word"
         self._tokenizer: SentenceTokenizer | None = None
         self._tokenizer_key: str | None = None
@@ -340,7 +408,7 @@ class GBWDataModule(L.LightningDataModule):
             return SentenceTokenizer.from_state_dict(json.loads(path.read_text(encoding="utf-8")))  # type: ignore
         files = self.files("train")
         print(f"lm-zoo: counting the words of {len(files)} GBW training file(s) in {self.directory}", file=sys.stderr)
-        counts, sentences = count_words(files)
+        counts, sentences = count_words(files, self.workers)
         tokenizer = SentenceTokenizer.from_counts(counts, sentences, self.min_count)
         _write_json_atomic(path, tokenizer.state_dict())
         return tokenizer
@@ -373,7 +441,7 @@ class GBWDataModule(L.LightningDataModule):
             encoded = load_encoded(directory)
             if encoded is None:
                 files, tokenizer = self.files(split), self.tokenizer
-                _install_directory(lambda tmp: encode_files(files, tokenizer, tmp), directory)
+                _install_directory(lambda tmp: encode_files(files, tokenizer, tmp, self.workers), directory)
                 encoded = load_encoded(directory)
                 if encoded is None:
                     raise DataError(f"the encoded {split} split in {directory} cannot be read back; delete it")

@@ -16,7 +16,15 @@ import torch
 import cli
 import zoo
 from datamodules import GBWDataModule, MultiSequenceWindows
-from datamodules.gbw import HELDOUT_DIR, TRAIN_DIR
+from datamodules.gbw import (
+    DEFAULT_FILES,
+    HELDOUT_DIR,
+    TRAIN_DIR,
+    count_words,
+    encode_files,
+    load_encoded,
+    match_files,
+)
 from datamodules.multisequence import epoch_layout
 from datamodules.streams import IGNORE_INDEX
 from datamodules.tokenizers import SentenceTokenizer, build_tokenizer
@@ -207,6 +215,19 @@ def test_vocabulary_cutoff_counts_and_encoding(tmp_path: Path) -> None:
     again = GBWDataModule(str(root), min_count=2)
     assert again.tokenizer.state_dict() == tok.state_dict()  # from the cache
     assert again.encoded("train").ids.tolist() == train.ids.tolist()
+
+
+def test_worker_processes_count_and_encode_the_same(tmp_path: Path) -> None:
+    files = match_files(write_gbw_corpus(tmp_path / "gbw", sentences=300), DEFAULT_FILES["train"], "train")
+    assert count_words(files, workers=2) == count_words(files, workers=1)
+    tokenizer = SentenceTokenizer.from_counts(*count_words(files, workers=1), min_count=2)
+    for workers in (1, 2):
+        (tmp_path / str(workers)).mkdir()
+        encode_files(files, tokenizer, tmp_path / str(workers), workers=workers)
+    one, two = load_encoded(tmp_path / "1"), load_encoded(tmp_path / "2")
+    assert one is not None and two is not None and one.units == two.units
+    assert np.array_equal(one.ids, two.ids) and np.array_equal(one.offsets, two.offsets)
+    assert sorted(p.name for p in (tmp_path / "2").iterdir()) == ["ids.bin", "meta.json", "offsets.bin"]
 
 
 def test_the_sentence_tokenizer_wraps_and_unwraps_sentences() -> None:
