@@ -143,11 +143,25 @@ def sampler_benchmark(args: argparse.Namespace) -> None:
         noise[sampler].set_counts(counts)
         sync(device)
         print(f"  set-up {sampler:<11} {time.perf_counter() - start:8.3f} s  (table built on the CPU, once)")
-    seconds = {}
-    for sampler in ("alias", "multinomial"):
-        seconds[sampler] = timed(lambda s=sampler: noise[s].sample((args.bptt_sampler, args.k)), device, args.repeats)
-        print(f"  draw   {sampler:<11} {seconds[sampler] * 1e3:8.3f} ms per window")
-    print(f"  multinomial / alias: {seconds['multinomial'] / seconds['alias']:.1f}x")
+    # Interleaved, so that both see the same load; the minimum is the cost without preemption on a shared machine.
+    times: dict[str, list[float]] = {"alias": [], "multinomial": []}
+    for sampler in times:
+        noise[sampler].sample((args.bptt_sampler, args.k))  # warm-up
+    for _ in range(args.repeats):
+        for sampler, seconds in times.items():
+            sync(device)
+            start = time.perf_counter()
+            noise[sampler].sample((args.bptt_sampler, args.k))
+            sync(device)
+            seconds.append(time.perf_counter() - start)
+    for sampler, seconds in times.items():
+        print(
+            f"  draw   {sampler:<11} {statistics.median(seconds) * 1e3:8.3f} ms per window (median), "
+            f"{min(seconds) * 1e3:.3f} ms (min)"
+        )
+    ratio_median = statistics.median(times["multinomial"]) / statistics.median(times["alias"])
+    ratio_min = min(times["multinomial"]) / min(times["alias"])
+    print(f"  multinomial / alias: {ratio_median:.1f}x (medians), {ratio_min:.1f}x (minima)")
 
 
 # ---------------------------------------------------------------------------------------------- 2. training step
@@ -195,13 +209,20 @@ def step_worker(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_worker(kind: str, config: dict[str, Any]) -> dict[str, Any] | str:
+def run_worker(kind: str, config: dict[str, Any], threads: int | None) -> dict[str, Any] | str:
     """Run a worker in a fresh process (its own memory high-water mark); a string says why it did not finish."""
     # glibc keeps freed blocks under its (adaptive, up to 32 MiB) mmap threshold for reuse, so they would not show in
     # the high-water mark of the measured step; a fixed 1 MiB threshold returns every sizeable block to the kernel.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     done = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, json.dumps(config)],
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            kind,
+            json.dumps(config),
+            *(["--threads", str(threads)] if threads else []),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -244,7 +265,7 @@ def step_benchmark(args: argparse.Namespace) -> None:
                 key: config[key]
                 for key in ("device", "vocab", "hidden", "batch", "bptt", "layers", "k", "sampler", "head", "steps")
             }
-            result = run_worker("step", config)
+            result = run_worker("step", config, args.threads)
             if isinstance(result, str):
                 print(f"   {hidden:>5} {head:<16} {result}")
                 continue
@@ -338,7 +359,7 @@ def eval_benchmark(args: argparse.Namespace) -> None:
             "bptt": args.eval_bptt,
             "chunk_logits": args.chunk_logits,
         }
-        result = run_worker("eval", config)
+        result = run_worker("eval", config, args.threads)
         if isinstance(result, str):
             print(f"   batch {batch:>4}: {result}")
             continue
@@ -387,9 +408,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--eval-tokens", type=int, default=None, help="score only this many tokens of the shard")
     parser.add_argument("--chunk-logits", type=int, default=2**24, help="the chunked softmax's budget, in logits")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's); 1 on a loaded machine, where multi-threaded ops wait "
+        "on each other's preempted threads",
+    )
     parser.add_argument("--only", choices=["sampler", "step", "eval"], help="run one part")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.worker:
         kind, config = args.worker
         result = (step_worker if kind == "step" else eval_worker)(json.loads(config))

@@ -2,10 +2,14 @@
 
 The head contract: ``head(h: (B, T, H)) -> (B, T, V)`` scores whose ``log_softmax`` over V is the model's
 log-probabilities. The LanguageModel's loss (``cross_entropy``), its perplexity and ``generate`` only ever apply a
-(log-)softmax to these scores, so every head is scored and sampled by the same code.
+(log-)softmax to these scores, so every head is scored and sampled by the same code. Evaluation scores through
+``head.token_nll(h, targets, temperature)``: the full softmax's per-target NLL, which :class:`SoftmaxHead` computes in
+slices of the vocabulary (:func:`chunked_nll`) so that a 793k-word vocabulary never needs ``(B, T, V)`` logits.
 
 * :class:`SoftmaxHead` -- the full softmax: logits ``W h + b``, ``W`` optionally tied to the input embedding
   (Press & Wolf 2017; Inan et al. 2017).
+* ``zoo.nce.NCEHead`` -- the same layer trained by NCE or sampled softmax (its ``training_loss``), for large
+  vocabularies; scored and sampled as the full softmax.
 * :class:`MixtureOfSoftmaxes` -- Yang et al. 2017, "Breaking the softmax bottleneck: a high-rank RNN language model"
   (arXiv:1711.03953). A single softmax over ``W h`` gives a log-probability matrix (contexts x words) of rank at most
   d + 1; a mixture of K softmaxes is not bounded that way::
