@@ -14,9 +14,10 @@ Three measurements, each printed with its ratio:
    (head, H) runs in its own process: on CPU the peak is the resident-set high-water mark (reset through
    ``/proc/self/clear_refs`` just before the step), on CUDA ``torch.cuda.max_memory_allocated``.
 3. **Evaluation.** The chunked full softmax (``SoftmaxHead.token_nll``) of an untrained 2 x H LSTM over the GBW
-   sample's test shard (``news.en.heldout-00013``, sentences as ``<S> ... </S>``, vocabulary from shards 10-11 padded
-   with never-seen ids up to ``--eval-vocab`` words), at a useful batch size and at batch 1 as in the blog's 3-hour
-   test pass. Same tokens, same windows length, each batch size in its own process.
+   sample's test shard (``news.en.heldout-00013``) through ``GBWDataModule``'s multi-sequence windows (state reset at
+   every sentence), vocabulary from shards 10-11 (count >= 3) padded with never-seen ids up to ``--eval-vocab``
+   words, at a useful batch size and at batch 1 as in the blog's 3-hour test pass. Same tokens and window length,
+   each batch size in its own process.
 
 The paper-size step is batch 128 x bptt 50. On a CPU the full softmax at H = 2048 cannot hold that
 (6400 x 793k logits are 20 GB, twice over with their gradient, next to 13 GB of output weights and gradients), so use
@@ -37,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import zoo  # noqa: E402
-from datamodules.streams import StreamWindows  # noqa: E402
+from datamodules.gbw import GBWDataModule  # noqa: E402
+from datamodules.streams import IGNORE_INDEX  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 from zoo.heads import SoftmaxHead  # noqa: E402
 from zoo.nce import NCEHead, UnigramNoise  # noqa: E402
@@ -287,71 +288,68 @@ def step_benchmark(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- 3. evaluation
-def sentences(path: Path) -> list[list[str]]:
-    return [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def eval_worker(config: dict[str, Any]) -> dict[str, Any]:
-    """Score the first ``eval_tokens`` tokens of the test shard at one batch size with the chunked full softmax."""
+    """Score the test shard (or its first ``eval_tokens`` predicted tokens) at one batch size, as ``evaluate`` does:
+    ``LanguageModel.token_nll`` over the GBW data module's multi-sequence windows, state carried, reset per sentence."""
     device = torch.device(config["device"])
-    train = [s for shard in config["vocab_shards"] for s in sentences(Path(shard))]
-    counter = Counter(word for sentence in train for word in sentence)
-    symbols = ["<S>", "</S>", "<UNK>"] + [w for w, _ in counter.most_common()]
-    index = {w: i for i, w in enumerate(symbols)}
-    ids = []
-    for sentence in sentences(Path(config["test_shard"])):
-        ids += [1] + [index.get(w, 2) for w in sentence] + [1]  # </S> ends one sentence, <S> would open the next
-        if len(ids) >= config["eval_tokens"]:
-            break
-    ids = torch.tensor(ids[: config["eval_tokens"]])
-    vocab = max(len(symbols), config["eval_vocab"])
+    data = GBWDataModule(
+        config["data"],
+        train_files=config["vocab_files"],
+        valid_files=config["test_file"],
+        test_files=config["test_file"],
+        min_count=config["min_count"],
+    )
+    vocab = max(data.vocab_size, config["eval_vocab"])  # ids past the sample's vocabulary never occur
     torch.manual_seed(0)
     hidden = config["hidden"]
     model = LanguageModel(vocab, "lstm", hidden, hidden, 2, init_range=0.1).to(device).eval()
     model.decoder.chunk_logits = config["chunk_logits"]
-    stream = StreamWindows(ids, config["batch"], config["bptt"], start_id=0)
-    total = torch.zeros((), dtype=torch.float64, device=device)
-
-    def run() -> None:
-        state = None
-        for batch in stream:
-            nll, state = model.token_nll(batch.inputs.to(device), batch.targets.to(device), state)
-            total.add_(nll.double().sum())
-
+    stream = data.stream("test", config["batch"], config["bptt"])
+    total, tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     with torch.no_grad(), PeakMemory(device) as memory:
         sync(device)
         start = time.perf_counter()
-        run()
+        state = None
+        for batch in stream:
+            targets = batch.targets.to(device)
+            reset = None if batch.reset is None else batch.reset.to(device)
+            nll, state = model.token_nll(batch.inputs.to(device), targets, state, reset)
+            total += nll.double().sum()
+            tokens += int((targets != IGNORE_INDEX).sum())
+            if tokens >= config["eval_tokens"]:
+                break
         sync(device)
         seconds = time.perf_counter() - start
     return {
-        "seconds": seconds,  # the warm-up and measured steps above are not timed
-        "tokens": stream.num_predicted,
+        "seconds": seconds,
+        "tokens": tokens,
         "peak": memory.peak,
         "vocab": vocab,
-        "sample_vocab": len(symbols),
-        "loss": float(total) / stream.num_predicted,
+        "sample_vocab": data.vocab_size,
+        "loss": float(total) / tokens,
     }
 
 
 def eval_benchmark(args: argparse.Namespace) -> None:
-    test_shard = args.data / "news.en.heldout-00013-of-00050"
-    vocab_shards = [args.data / f"news.en.heldout-000{n}-of-00050" for n in (10, 11)]
-    missing = [str(p) for p in [test_shard, *vocab_shards] if not p.exists()]
-    if missing:
-        print(f"\n== evaluation: skipped, missing {', '.join(missing)} (set LM_ZOO_DATA or --data)")
+    test_file = "news.en.heldout-00013-of-00050"
+    vocab_files = "news.en.heldout-0001[0-1]-of-00050"
+    if not (args.data / test_file).exists():
+        print(f"\n== evaluation: skipped, no {args.data / test_file} (set LM_ZOO_DATA or --data)")
         return
-    limit = "the whole shard" if args.eval_tokens is None else f"its first {args.eval_tokens:,} tokens"
+    limit = "the whole shard" if args.eval_tokens is None else f"its first {args.eval_tokens:,} predicted tokens"
     print(
-        f"\n== evaluation: chunked full softmax (<= {args.chunk_logits:,} logits at once), 2 x {args.eval_hidden} "
-        f"LSTM, {test_shard.name}, {limit}, bptt {args.eval_bptt}, {args.device}"
+        f"\n== evaluation: chunked full softmax (<= {args.chunk_logits:,} logits at once), untrained 2 x "
+        f"{args.eval_hidden} LSTM, {test_file}, {limit}, bptt {args.eval_bptt}, vocabulary of shards 10-11 with "
+        f"count >= {args.min_count}, {args.device}"
     )
     results = {}
     for batch in (args.eval_batch, 1):
         config = {
             "device": args.device,
-            "test_shard": str(test_shard),
-            "vocab_shards": [str(p) for p in vocab_shards],
+            "data": str(args.data),
+            "test_file": test_file,
+            "vocab_files": vocab_files,
+            "min_count": args.min_count,
             "eval_tokens": args.eval_tokens or 10**12,
             "eval_vocab": args.eval_vocab,
             "hidden": args.eval_hidden,
@@ -373,7 +371,8 @@ def eval_benchmark(args: argparse.Namespace) -> None:
         )
     if len(results) == 2:
         fast, slow = results[args.eval_batch], results[1]
-        print(f"   batch 1 / batch {args.eval_batch} time: {slow['seconds'] / fast['seconds']:.1f}x")
+        per_token = (slow["seconds"] / slow["tokens"]) / (fast["seconds"] / fast["tokens"])
+        print(f"   batch 1 / batch {args.eval_batch} time per token: {per_token:.1f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -407,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         help="output layer size: the sample's vocabulary padded with unseen ids (0: unpadded)",
     )
     parser.add_argument("--eval-tokens", type=int, default=None, help="score only this many tokens of the shard")
+    parser.add_argument("--min-count", type=int, default=3, help="vocabulary cutoff on shards 10-11 (GBW's: 3)")
     parser.add_argument("--chunk-logits", type=int, default=2**24, help="the chunked softmax's budget, in logits")
     parser.add_argument(
         "--threads",
