@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.heads import CHUNK_LOGITS, SoftmaxHead
+from zoo.heads import CHUNK_LOGITS, SoftmaxHead, _at_least_float32
 
 OBJECTIVES = ("nce", "sampled_softmax")
 SAMPLERS = ("alias", "multinomial")
@@ -141,12 +141,13 @@ class UnigramNoise(nn.Module):
         weights = counts.pow(self.power) if self.power != 1.0 else counts
         weights = torch.where(counts > 0, weights, torch.zeros_like(weights))  # 0 ** 0 is 1: keep unseen words out
         probs = weights / weights.sum()
-        device = self.probs.device
-        self.probs = probs.float().to(device)
-        self.log_probs = probs.log().clamp(min=MIN_LOG_NOISE).float().to(device)
+        # The module's device and floating dtype (float32 unless the model was made double).
+        device, dtype = self.probs.device, self.probs.dtype
+        self.probs = probs.to(device, dtype)
+        self.log_probs = probs.log().clamp(min=MIN_LOG_NOISE).to(device, dtype)
         if self.sampler == "alias":
             accept, alias = alias_table(probs)
-            self.accept = accept.float().to(device)
+            self.accept = accept.to(device, dtype)
             self.alias = alias.to(device)
 
     def sample(self, shape: Sequence[int], generator: torch.Generator | None = None) -> Tensor:
@@ -245,11 +246,11 @@ class NCEHead(SoftmaxHead):
         Returns:
             ``(summed loss, number of predicted positions)``.
         """
+        if not self.noise.ready:
+            raise RuntimeError("the noise distribution is not set: call set_noise_distribution(counts) first")
         B, T, _ = h.shape
         if noise is None:
             noise = self.sample_noise(B, T)
-        if not self.noise.ready:
-            raise RuntimeError("the noise distribution is not set: call set_noise_distribution(counts) first")
         predicted = targets != -100  # (B, T)
         safe_targets = targets.clamp(min=0)
         log_kq = self.noise.log_probs + math.log(noise.size(-1))  # (V,)  log(k q(w))
@@ -266,9 +267,9 @@ class NCEHead(SoftmaxHead):
             noise_scores = torch.einsum("btd,tkd->btk", h, noise_vectors) + noise_biases  # (B, T, k)
         else:
             noise_scores = torch.einsum("btd,btkd->btk", h, noise_vectors) + noise_biases  # (B, T, k)
-        logits = torch.cat(
-            [(target_scores - log_kq[safe_targets]).unsqueeze(-1), noise_scores - log_kq[noise]], dim=-1
-        ).float()  # (B, T, 1 + k): Δ = s − log(k q)
+        logits = _at_least_float32(
+            torch.cat([(target_scores - log_kq[safe_targets]).unsqueeze(-1), noise_scores - log_kq[noise]], dim=-1)
+        )  # (B, T, 1 + k): Δ = s − log(k q), in float32 or wider
         if self.objective == "nce":
             labels = torch.zeros_like(logits)
             labels[..., 0] = 1.0  # the data word; the k noise words are label 0
