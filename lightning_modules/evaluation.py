@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from datamodules.streams import LMBatch
+from datamodules.streams import IGNORE_INDEX, LMBatch
 from datamodules.text import TextDataModule
 from lightning_modules.dynamic_evaluation import (
     DynamicEvaluation,
@@ -74,6 +74,16 @@ def deterministic_nll(
         yield nll, targets
 
 
+def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:
+    """The windows of a one-stream split up to the one holding its ``tokens``-th predicted token (all if ``None``)."""
+    seen = 0
+    for batch in windows:
+        if tokens is not None and seen >= tokens:
+            return
+        seen += int((batch.targets != IGNORE_INDEX).sum())
+        yield batch
+
+
 def parse_temperature(text: str | float) -> float | str:
     """A softmax temperature: a number > 0, or ``auto``.
 
@@ -99,6 +109,7 @@ def check_settings(
     mc: MCDropout | None = None,
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
+    tune_tokens: int | None = None,
 ) -> None:
     """Refuse settings that cannot work together, with one line that says what to do.
 
@@ -115,6 +126,10 @@ def check_settings(
         )
     if tune_trials < 0:
         raise ConfigError(f"--tune-trials must be at least 1, got {tune_trials}")
+    if tune_tokens is not None and tune_tokens < 1:
+        raise ConfigError(f"--tune-tokens must be at least 1, got {tune_tokens}")
+    if tune_tokens is not None and not tune_trials:
+        raise ConfigError("--tune-tokens applies only with --tune: add it or drop the flag")
     if tune_trials and dynamic is None:
         raise ConfigError("--tune searches dynamic evaluation's hyperparameters: add --dynamic")
     if dynamic is not None:
@@ -142,6 +157,7 @@ def evaluate(
     mc: MCDropout | None = None,
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
+    tune_tokens: int | None = None,
     seed: int = 0,
     temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
     cache_bytes: int = CACHE_BYTES,
@@ -162,6 +178,8 @@ def evaluate(
         mc: MC-dropout settings, or ``None`` for deterministic evaluation.
         dynamic: dynamic-evaluation settings (batch size 1, segments of ``max_time_steps``), or ``None``.
         tune_trials: with ``dynamic``: random-search this many settings over Table 6 on validation, keep the best.
+        tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
+            uses 30,000); ``None``: the whole split.
         seed: seeds the MC masks and the tuning draws.
         temperature_range: the bracket of the temperature search.
         cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
@@ -176,7 +194,7 @@ def evaluate(
     Raises:
         ConfigError: settings that cannot work together (:func:`check_settings`).
     """
-    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials)
+    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens)
     temperature = parse_temperature(temperature)
     model.eval().to(device)
     level = datamodule.level
@@ -203,7 +221,7 @@ def evaluate(
             trials = tune(
                 model,
                 statistics,
-                lambda steps: datamodule.stream("valid", batch_size=1, bptt=steps),
+                lambda steps: first_tokens(datamodule.stream("valid", batch_size=1, bptt=steps), tune_tokens),
                 dynamic,
                 tune_trials,
                 level,
@@ -216,6 +234,7 @@ def evaluate(
                 "split": "valid",
                 "trials": [trial.record() for trial in trials],
                 "best_valid_loss": best_trial.loss,
+                "valid_tokens": best_trial.tokens,
                 "temperature": fixed_temperature,
                 "seed": seed,
                 "search": "random over Table 6 (trial 0: the given settings)",
@@ -274,7 +293,7 @@ def evaluate(
         }
         if split == "valid":
             scored = seen[found.temperature]
-    elif dynamic is not None and best_trial is not None and split == "valid":
+    elif best_trial is not None and tune_tokens is None and split == "valid":
         scored = best_trial.nats, best_trial.tokens  # the winning trial was this very evaluation
 
     stream = windows_for(split)
@@ -431,22 +450,29 @@ def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
     )
+    group.add_argument(
+        "--tune-tokens",
+        type=option("--tune-tokens", int, 1),
+        metavar="N",
+        help="score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
+    )
 
 
 def procedure_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The flags of :func:`add_procedure_arguments` as :func:`evaluate` arguments (``mc``, ``dynamic``,
-    ``tune_trials``).
+    ``tune_trials``, ``tune_tokens``).
 
     Raises:
         ConfigError: a flag given without the procedure it belongs to.
     """
-    flags = ("mc_samples", "dropout_scale", "mc_batch", "dynamic", "tune", "tune_trials", *DYNAMIC_FLAGS)
+    flags = ("mc_samples", "dropout_scale", "mc_batch", "dynamic", "tune", "tune_trials", "tune_tokens", *DYNAMIC_FLAGS)
     values = {name: getattr(args, name, None) for name in flags}
     given = {name: v for name, v in values.items() if v is not None and v is not False}  # 0 is a given value
     for flag, needs, mode in (
         ("dropout_scale", "mc_samples", "--mc-samples N"),
         ("mc_batch", "mc_samples", "--mc-samples N"),
         ("tune_trials", "tune", "--tune"),
+        ("tune_tokens", "tune", "--tune"),
         *((name, "dynamic", "--dynamic") for name in DYNAMIC_FLAGS),
         ("tune", "dynamic", "--dynamic"),
     ):
@@ -459,7 +485,7 @@ def procedure_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if "dynamic" in given:
         dynamic = DynamicEvaluation(**{field: given[flag] for flag, field in DYNAMIC_FLAGS.items() if flag in given})
     trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
-    return {"mc": mc, "dynamic": dynamic, "tune_trials": trials}
+    return {"mc": mc, "dynamic": dynamic, "tune_trials": trials, "tune_tokens": given.get("tune_tokens")}
 
 
 #: ``lm-zoo evaluate`` flag (argparse dest) -> :class:`DynamicEvaluation` field.

@@ -426,6 +426,10 @@ def test_dynamic_tuning_reports_its_trials_and_keeps_the_best(dm: TextDataModule
         assert 1e-8 <= trial["epsilon"] <= 1e-2 and 1 <= trial["max_time_steps"] <= 20
     again = evaluate(model, dm, "valid", dynamic=given, tune_trials=3, seed=5)
     assert again["dynamic"]["tuning"]["trials"] == trials  # seeded
+    # Trials on a prefix of validation (Krause's --gridfast); the result then scores the whole split.
+    prefix = evaluate(model, dm, "valid", dynamic=given, tune_trials=2, tune_tokens=100)
+    assert 100 <= prefix["dynamic"]["tuning"]["valid_tokens"] < 100 + 20
+    assert prefix["tokens"] == result["tokens"] == dm.units("valid").tokens
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
     assert adapted_parameters(model).keys() == dict(model.named_parameters()).keys()
 
@@ -490,8 +494,9 @@ def test_cli_runs_every_procedure(checkpoint: Path, capsys: pytest.CaptureFixtur
         dynamic = _run(capsys, checkpoint, *flags, "--dyn-stat-batch-size", "4", "--split", "valid")
         assert dynamic["dynamic"]["learning_rate"] == 1e-4 and dynamic["dynamic"]["stat_tokens"] == 2 * 4 * 5
         assert (dynamic["bptt"], dynamic["eval_batch_size"], dynamic["dynamic"]["tuning"]) == (5, 1, None)
-        tuned = _run(capsys, checkpoint, *flags, "--dyn-stat-batch-size", "4", "--tune", "--tune-trials", "2")
-        assert len(tuned["dynamic"]["tuning"]["trials"]) == 2
+        tune = ("--tune", "--tune-trials", "2", "--tune-tokens", "150")
+        tuned = _run(capsys, checkpoint, *flags, "--dyn-stat-batch-size", "4", *tune)
+        assert len(tuned["dynamic"]["tuning"]["trials"]) == 2 and tuned["dynamic"]["tuning"]["valid_tokens"] >= 150
         # The human-readable line names the settings.
         assert cli.main(["evaluate", str(checkpoint), "--mc-samples", "2", "--temperature", "0.9"]) == 0
         line = capsys.readouterr().out
@@ -510,6 +515,7 @@ def test_cli_runs_every_procedure(checkpoint: Path, capsys: pytest.CaptureFixtur
         (["--dyn-lr", "1e-3"], "--dyn-lr applies only with --dynamic"),
         (["--tune"], "--tune applies only with --dynamic"),
         (["--dynamic", "--tune-trials", "3"], "--tune-trials applies only with --tune"),
+        (["--dynamic", "--tune-tokens", "300"], "--tune-tokens applies only with --tune"),
         (["--dynamic", "--batch-size", "4"], "batch size 1"),
         (["--dynamic", "--bptt", "4"], "--dyn-max-time-steps"),
         (["--dynamic", "--mc-samples", "2"], "--dynamic with --mc-samples is not supported"),
