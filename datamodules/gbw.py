@@ -9,7 +9,7 @@ Each split is a list of glob patterns relative to the corpus directory, so any s
 directory such as ``gbw-sample``) works. The default test set is held-out shard 0, the benchmark's test set; the
 default validation set is held-out shard 1.
 
-Vocabulary (Chelba et al. 2013 §2, the preprocessing Léonard's ``dl.loadGBW`` uses): the words seen at least
+Vocabulary (Chelba et al. 2013, the preprocessing Léonard's ``dl.loadGBW`` uses): the words seen at least
 ``min_count = 3`` times in the training files, plus ``<S>``, ``</S>`` and ``<UNK>``; on the full training set that is
 the paper's 793,471 ids. (The paper's ``--cutoff 10`` is its gradient-norm clip, not a vocabulary cutoff.) The
 unigram counts stay with the vocabulary (``tokenizer.counts``), for NCE's noise distribution.
