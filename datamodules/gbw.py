@@ -36,18 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import lightning as L
 import numpy as np
-import torch
-from torch.utils.data import DataLoader
 
+from datamodules.base import SPLITS, StreamDataModule
 from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
 from datamodules.multisequence import MultiSequenceWindows
-from datamodules.streams import training_position
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 
-SPLITS = ("train", "valid", "test")
 GBW_URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 TRAIN_DIR = "training-monolingual.tokenized.shuffled"
 HELDOUT_DIR = "heldout-monolingual.tokenized.shuffled"
@@ -318,7 +314,7 @@ def _write_json_atomic(path: Path, value: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- the module
-class GBWDataModule(L.LightningDataModule):
+class GBWDataModule(StreamDataModule):
     """Google's One Billion Word benchmark: independent sentences in multi-sequence batches with state resets.
 
     Args:
@@ -371,7 +367,6 @@ class GBWDataModule(L.LightningDataModule):
         self._tokenizer_key: str | None = None
         self._files: dict[str, list[Path]] = {}
         self._encoded: dict[str, EncodedSplit] = {}
-        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
 
     # ----------------------------------------------------------------------------------------- files, vocabulary
     @property
@@ -413,14 +408,6 @@ class GBWDataModule(L.LightningDataModule):
         _write_json_atomic(path, tokenizer.state_dict())
         return tokenizer
 
-    def state_dict(self) -> dict[str, Any]:
-        """Stored in every checkpoint: the vocabulary with its counts, so the model keeps its own, and during ``fit``
-        the training stream's position, so a resumed run continues mid-epoch (a pass over GBW is ~134k windows)."""
-        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
-        if self.trainer is not None:
-            state["train_position"] = training_position(self.trainer)
-        return state
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Use the checkpoint's vocabulary (the splits are encoded with it) and, when resuming, its stream position."""
         tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
@@ -428,7 +415,7 @@ class GBWDataModule(L.LightningDataModule):
             raise DataError(f"a GBW model needs a sentence tokenizer, the checkpoint has a {tokenizer.kind!r} one")
         self._tokenizer, self._tokenizer_key = tokenizer, None
         self._encoded.clear()
-        self._train_position = state_dict.get("train_position")
+        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------------------------------ the splits
     def encoded(self, split: str) -> EncodedSplit:
@@ -452,26 +439,11 @@ class GBWDataModule(L.LightningDataModule):
         """Predicted tokens (words + ``</S>``), characters and words of ``split``."""
         return self.encoded(split).units
 
-    def prepare_data(self) -> None:
-        """Build the vocabulary and encode every split into the cache (once per node, before ``setup``)."""
-        for split in SPLITS:
-            self.encoded(split)
-
-    def setup(self, stage: str | None = None) -> None:
-        needed = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
-        for split in needed:
-            self.encoded(split)
-
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> MultiSequenceWindows:
         """The windows of ``split`` for this rank: shuffled sentences for training, the file order otherwise."""
         rank, world = self._rank_world()
         training = split == "train"
         encoded = self.encoded(split)
-        trainer = self.trainer
         return MultiSequenceWindows(
             encoded.ids,
             encoded.offsets,
@@ -482,24 +454,5 @@ class GBWDataModule(L.LightningDataModule):
             seed=self.seed,
             rank=rank,
             world_size=world,
-            # The trainer's epoch, so a resumed run continues with the orders it would have seen.
-            epoch=(lambda: trainer.current_epoch) if training and trainer is not None else None,
+            epoch=self._training_epoch(split),
         )
-
-    def _loader(self, split: str) -> DataLoader:
-        # batch_size=None: the dataset yields whole windows; one process keeps the columns in order. A generator of its
-        # own, or iterating the loader draws a seed from the global RNG (a resumed run would get other dropout masks).
-        return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
-
-    def train_dataloader(self) -> DataLoader:
-        loader = self._loader("train")
-        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
-            loader.dataset.load_state_dict(self._train_position)
-            self._train_position = None
-        return loader
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

@@ -9,15 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader
 
+from datamodules.base import StreamDataModule
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
-from datamodules.streams import StreamWindows, training_position
+from datamodules.streams import StreamWindows
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
-
-SPLITS = ("train", "valid", "test")
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -37,7 +34,7 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(StreamDataModule):
     """A corpus cut into contiguous streams for truncated BPTT.
 
     The vocabulary is built from the training split when the module is created (LightningCLI links ``vocab_size`` to
@@ -93,7 +90,6 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
         self._ids: dict[str, np.ndarray] = {}
         self._units: dict[str, TextUnits] = {}
-        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
 
     # ----------------------------------------------------------------------------------------------- corpus, vocab
     @property
@@ -138,20 +134,12 @@ class TextDataModule(L.LightningDataModule):
         _atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
         return tokenizer
 
-    def state_dict(self) -> dict[str, Any]:
-        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary, and during
-        ``fit`` the training stream's position, so a resumed run continues mid-epoch where it stopped."""
-        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
-        if self.trainer is not None:
-            state["train_position"] = training_position(self.trainer)
-        return state
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Use the checkpoint's tokenizer (splits are re-encoded with it) and, when resuming, its stream position."""
         self._tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
         self._ids.clear()
         self._units.clear()
-        self._train_position = state_dict.get("train_position")
+        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------------------------------- the splits
     def encoded(self, split: str) -> np.ndarray:
@@ -184,20 +172,6 @@ class TextDataModule(L.LightningDataModule):
         _atomic_write(units_path, lambda f: f.write(json.dumps(units.__dict__).encode()))
         return ids, units
 
-    def prepare_data(self) -> None:
-        """Download the corpus if needed and fill the caches (runs once per node before ``setup``)."""
-        for split in SPLITS:
-            self.encoded(split)
-
-    def setup(self, stage: str | None = None) -> None:
-        needed = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}.get(stage or "", SPLITS)
-        for split in needed:
-            self.encoded(split)
-
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> StreamWindows:
         """The windows of ``split`` for this rank (evaluation sizes unless it is the training split)."""
         rank, world = self._rank_world()
@@ -211,23 +185,5 @@ class TextDataModule(L.LightningDataModule):
             world_size=world,
             variable_bptt=self.variable_bptt and training,
             seed=self.seed,
-            # The trainer's epoch, so a resumed run reads the epochs (and their variable lengths) it would have read.
-            epoch=(lambda: self.trainer.current_epoch) if training and self.trainer is not None else None,
+            epoch=self._training_epoch(split),
         )
-
-    def _loader(self, split: str) -> DataLoader:
-        # batch_size=None: the dataset yields whole windows; one process keeps the columns contiguous and in order.
-        return DataLoader(self.stream(split), batch_size=None, num_workers=0)
-
-    def train_dataloader(self) -> DataLoader:
-        loader = self._loader("train")
-        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
-            loader.dataset.load_state_dict(self._train_position)
-            self._train_position = None
-        return loader
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

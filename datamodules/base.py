@@ -1,0 +1,86 @@
+"""What every lm-zoo data module shares: ordered window streams for stateful truncated BPTT, one per rank, whose
+training position survives a checkpoint.
+
+A subclass provides ``tokenizer``, ``encoded(split)`` (prepares a split, cached on disk) and ``stream(split,
+batch_size, bptt)`` (the split's windows for this rank); this base turns them into Lightning's hooks and loaders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from datamodules.streams import training_position
+
+SPLITS = ("train", "valid", "test")
+STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+
+
+class StreamDataModule(L.LightningDataModule):
+    """The Lightning side of a corpus read as ordered streams (see :mod:`datamodules.streams`)."""
+
+    tokenizer: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
+
+    def encoded(self, split: str) -> Any:
+        """Prepare ``split`` (tokenise into the cache, or map it back from there)."""
+        raise NotImplementedError
+
+    def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> IterableDataset:
+        """The windows of ``split`` for this rank (evaluation sizes unless it is the training split)."""
+        raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        """Fill the caches (runs once per node before ``setup``)."""
+        for split in SPLITS:
+            self.encoded(split)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in STAGE_SPLITS.get(stage or "", SPLITS):
+            self.encoded(split)
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _training_epoch(self, split: str) -> Any:
+        """The trainer's epoch as the training stream's epoch source, so a resumed run reads the epochs (orders,
+        variable lengths) it would have read; ``None`` for evaluation streams and outside a trainer."""
+        trainer = self.trainer
+        return (lambda: trainer.current_epoch) if split == "train" and trainer is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary, and during
+        ``fit`` the training stream's position, so a resumed run continues mid-epoch where it stopped."""
+        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
+        if self.trainer is not None:
+            state["train_position"] = training_position(self.trainer)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's stream position for the next training loader (subclasses restore the tokenizer)."""
+        self._train_position = state_dict.get("train_position")
+
+    def _loader(self, split: str) -> DataLoader:
+        # batch_size=None: the dataset yields whole windows; one process keeps the columns in order. A generator of its
+        # own, or iterating the loader draws a seed from the global RNG (a resumed run would get other dropout masks).
+        return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
+
+    def train_dataloader(self) -> DataLoader:
+        loader = self._loader("train")
+        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
+            loader.dataset.load_state_dict(self._train_position)
+            self._train_position = None
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
