@@ -40,9 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
 
-from datamodules.streams import IGNORE_INDEX, LMBatch
+from datamodules.streams import IGNORE_INDEX, LMBatch, ResumableStream
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def epoch_layout(lengths: np.ndarray, num_columns: int, order: np.ndarray) -> Ep
     return EpochLayout(order, ends, column_start, ends[cuts[1:]] - column_start, cuts)
 
 
-class MultiSequenceWindows(IterableDataset):
+class MultiSequenceWindows(ResumableStream):
     """The :class:`LMBatch` windows of one split for one rank, as laid out above.
 
     Args:
@@ -137,11 +136,8 @@ class MultiSequenceWindows(IterableDataset):
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self._epoch_source = epoch
-        self._epochs_iterated = 0  # the epoch the next iteration reads, without an epoch source
         self._cached: tuple[int, EpochLayout] | None = None
-        self._resume: tuple[int, int] | None = None  # (epoch, windows of it trained before the run was interrupted)
-        self._position = (0, 0)  # (epoch, windows yielded) of the epoch being read
+        self._init_epochs(epoch)
 
     @property
     def batch_size(self) -> int:
@@ -170,41 +166,10 @@ class MultiSequenceWindows(IterableDataset):
         return self._cached[1]
 
     def __len__(self) -> int:
-        epoch = self._epoch_source() if self._epoch_source is not None else self._epochs_iterated
-        return self.layout(int(epoch)).num_windows(self.bptt)
+        return self.num_windows(self._current_epoch())
 
-    # ------------------------------------------------------------------------------------------------ resuming
-    # The protocol of every training stream (datamodules/streams.py): a checkpoint holds the trained position
-    # {"epoch": e, "windows": n}, and a resumed run reads epoch e from its window n on. Windows are addressed by
-    # index here, so skipping costs nothing.
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch": e, "windows": n}``: the epoch being read (before it starts: the next one) and the windows of it
-        yielded so far."""
-        epoch, windows = self._position
-        return {"epoch": epoch, "windows": windows}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Make the next iterations read epoch ``state["epoch"]`` after its first ``state["windows"]`` windows (if that
-        is the whole epoch: the next epoch from its start): until the epoch source is past it, or (without one) once."""
-        epoch, windows = int(state["epoch"]), int(state["windows"])
-        if windows >= self.layout(epoch).num_windows(self.bptt):
-            epoch, windows = epoch + 1, 0
-        self._epochs_iterated, self._resume = epoch, (epoch, windows)
-        self._position = (epoch, windows)
-
-    def _next_epoch(self) -> tuple[int, int]:
-        """The epoch the next iteration reads and the windows of it to skip."""
-        epoch = int(self._epoch_source()) if self._epoch_source is not None else self._epochs_iterated
-        skip = 0
-        if self._resume is not None:
-            if self._epoch_source is None or epoch <= self._resume[0]:
-                # Lightning may start an iterator before it restores its epoch counter, or start one and drop it:
-                # every iteration until the trainer is past the resumed epoch reads the resumed position.
-                epoch, skip = self._resume
-            if self._epoch_source is None or epoch > self._resume[0]:
-                self._resume = None
-        self._epochs_iterated = epoch + 1
-        return epoch, skip
+    def num_windows(self, epoch: int) -> int:
+        return self.layout(epoch).num_windows(self.bptt)
 
     # ------------------------------------------------------------------------------------------------ windows
     def window(self, layout: EpochLayout, index: int) -> LMBatch:
@@ -230,9 +195,8 @@ class MultiSequenceWindows(IterableDataset):
         return LMBatch(inputs, targets, reset)
 
     def __iter__(self) -> Iterator[LMBatch]:
-        epoch, skip = self._next_epoch()
+        epoch, skip = self._next_epoch()  # windows are addressed by index, so a resumed epoch skips for free
         layout = self.layout(epoch)
-        self._position = (epoch, skip)
         for index in range(skip, layout.num_windows(self.bptt)):
-            self._position = (epoch, index + 1)
+            self._yielded(epoch, index + 1)
             yield self.window(layout, index)

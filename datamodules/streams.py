@@ -90,7 +90,64 @@ def training_position(trainer: Any) -> dict[str, int]:
     return {"epoch": epochs.completed, "windows": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
 
 
-class StreamWindows(IterableDataset):
+class ResumableStream(IterableDataset):
+    """The resuming protocol of every training stream (module docstring): a checkpoint holds the trained position
+    ``{"epoch": e, "windows": n}`` and a resumed run reads epoch e from its window n on.
+
+    A subclass calls :meth:`_init_epochs` in its constructor, implements :meth:`num_windows`, starts each iteration
+    with ``epoch, skip = self._next_epoch()`` and calls ``self._yielded(epoch, index + 1)`` before yielding window
+    ``index``.
+    """
+
+    def _init_epochs(self, epoch_source: Callable[[], int] | None) -> None:
+        self.epoch = 0  # the epoch the next __iter__ reads, without an epoch source
+        self._epoch_source = epoch_source
+        self._resume: tuple[int, int] | None = None  # (epoch, windows of it trained before the run was interrupted)
+        self._position = (0, 0)  # (epoch, windows yielded) of the epoch being read
+
+    def num_windows(self, epoch: int) -> int:
+        """Windows of ``epoch`` (deterministic, identical across ranks)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": e, "windows": n}``: the epoch being read (before it starts: the next one) and the windows of it
+        yielded so far."""
+        epoch, windows = self._position
+        return {"epoch": epoch, "windows": windows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next iterations read epoch ``state["epoch"]`` after its first ``state["windows"]`` windows (if that
+        is the whole epoch: the next epoch from its start): until the epoch source is past it, or (without one) once."""
+        epoch, windows = int(state["epoch"]), int(state["windows"])
+        if windows >= self.num_windows(epoch):
+            epoch, windows = epoch + 1, 0
+        self.epoch, self._resume = epoch, (epoch, windows)
+        self._position = (epoch, windows)
+
+    def _current_epoch(self) -> int:
+        return int(self._epoch_source()) if self._epoch_source is not None else self.epoch
+
+    def _next_epoch(self) -> tuple[int, int]:
+        """The epoch the next iteration reads and the windows of it to skip."""
+        epoch = self._current_epoch()
+        skip = 0
+        if self._resume is not None:
+            if self._epoch_source is None or epoch <= self._resume[0]:
+                # Every iteration until the trainer is past the resumed epoch reads the resumed position: also one
+                # Lightning starts before restoring its epoch counter (trainer.estimated_stepping_batches in a hook),
+                # or one it starts, fetches a window from and drops.
+                epoch, skip = self._resume
+            if self._epoch_source is None or epoch > self._resume[0]:
+                self._resume = None
+        self.epoch = epoch + 1
+        self._position = (epoch, skip)
+        return epoch, skip
+
+    def _yielded(self, epoch: int, windows: int) -> None:
+        self._position = (epoch, windows)
+
+
+class StreamWindows(ResumableStream):
     """Yields the :class:`LMBatch` windows of one split, in order, for one rank.
 
     Args:
@@ -134,10 +191,7 @@ class StreamWindows(IterableDataset):
         self.bptt = bptt
         self.variable_bptt = variable_bptt
         self.seed = seed
-        self.epoch = 0  # the epoch the next __iter__ reads, without an epoch source
-        self._epoch_source = epoch
-        self._resume: tuple[int, int] | None = None  # (epoch, windows of it trained before the run was interrupted)
-        self._position = (0, 0)  # (epoch, windows yielded) of the epoch being read
+        self._init_epochs(epoch)
 
     @property
     def batch_size(self) -> int:
@@ -167,33 +221,11 @@ class StreamWindows(IterableDataset):
             raise TypeError("the number of windows varies per epoch with variable_bptt")
         return len(self.window_lengths(0))
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch": e, "windows": n}``: the epoch being read (before it starts: the next one) and the windows of it
-        yielded so far (the resuming protocol, module docstring)."""
-        epoch, windows = self._position
-        return {"epoch": epoch, "windows": windows}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Make the next iterations read epoch ``state["epoch"]`` after its first ``state["windows"]`` windows (if that
-        is the whole epoch: the next epoch from its start): until the epoch source is past it, or (without one) once."""
-        epoch, windows = int(state["epoch"]), int(state["windows"])
-        if windows >= len(self.window_lengths(epoch)):
-            epoch, windows = epoch + 1, 0
-        self.epoch, self._resume = epoch, (epoch, windows)
-        self._position = (epoch, windows)
+    def num_windows(self, epoch: int) -> int:
+        return len(self.window_lengths(epoch))
 
     def __iter__(self) -> Iterator[LMBatch]:
-        epoch = int(self._epoch_source()) if self._epoch_source is not None else self.epoch
-        skip = 0
-        if self._resume is not None:
-            if self._epoch_source is None or epoch <= self._resume[0]:
-                # Every iteration until the trainer is past the resumed epoch reads the resumed position: also one
-                # Lightning starts before restoring its epoch counter (trainer.estimated_stepping_batches in a hook),
-                # or one it starts, fetches a window from and drops.
-                epoch, skip = self._resume
-            if self._epoch_source is None or epoch > self._resume[0]:
-                self._resume = None
-        self.epoch = epoch + 1
+        epoch, skip = self._next_epoch()
         position = torch.arange(self.column_length).unsqueeze(0)  # (1, L)
         padding = position >= self.lengths.unsqueeze(1)  # (B, L): beyond this column's end
         lengths = self.window_lengths(epoch)
@@ -203,6 +235,6 @@ class StreamWindows(IterableDataset):
             targets = self.tokens[:, start + 1 : start + length + 1].masked_fill(
                 padding[:, start : start + length], IGNORE_INDEX
             )
-            self._position = (epoch, index + 1)
+            self._yielded(epoch, index + 1)
             yield LMBatch(inputs, targets, None)
             start += length

@@ -121,7 +121,7 @@ def test_every_sentence_once_per_epoch_whole_and_reset(batch_size: int, world_si
             stream = MultiSequenceWindows(
                 ids, offsets, batch_size, bptt, PAD, shuffle=True, seed=5, rank=rank, world_size=world_size
             )
-            stream._epochs_iterated = epoch
+            stream.epoch = epoch
             windows = epoch_of(stream)
             columns = read_columns(windows, ids, offsets)
             seen += [s for column in columns for s in column]
