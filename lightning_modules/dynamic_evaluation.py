@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -267,23 +266,6 @@ class TuningTrial:
         }
 
 
-def sample_settings(base: DynamicEvaluation, level: str, rng: np.random.Generator) -> DynamicEvaluation:
-    """Settings drawn from Table 6: log-uniform η, λ, ε; ``max_time_steps`` uniform over the level's range."""
-
-    def log_uniform(name: str) -> float:
-        low, high = TABLE6_RANGES[name]
-        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}")
-
-    low, high = MAX_TIME_STEPS_RANGE.get(level, MAX_TIME_STEPS_RANGE["word"])
-    return replace(
-        base,
-        learning_rate=log_uniform("learning_rate"),
-        decay_rate=log_uniform("decay_rate"),
-        epsilon=log_uniform("epsilon"),
-        max_time_steps=int(rng.integers(low, high + 1)),
-    )
-
-
 def tune(
     model: LanguageModel,
     statistics: GradientStatistics,
@@ -294,28 +276,62 @@ def tune(
     seed: int = 0,
     temperature: float = 1.0,
 ) -> list[TuningTrial]:
-    """Random search over Table 6 on validation: trial 0 is ``base``, the others are drawn by :func:`sample_settings`.
+    """Search Table 6 on validation with Optuna's TPE sampler: trial 0 is ``base``, the others are suggested from
+    log-uniform η, λ, ε and a uniform ``max_time_steps`` over the level's range.
 
-    The paper tuned with Vizier (a Gaussian-process bandit); a seeded random search over the same ranges is the
-    simple open stand-in. All trials share one set of gradient statistics (computed with ``base.max_time_steps``
-    steps per training batch): MS is the per-weight scale of a training batch's mean gradient, and recomputing it
-    per segment length would multiply the cost of a trial.
+    The paper tuned with Vizier (a Gaussian-process bandit); TPE is the open stand-in the project's ``lm-zoo tune``
+    uses too. All trials share one set of gradient statistics (computed with ``base.max_time_steps`` steps per
+    training batch): MS is the per-weight scale of a training batch's mean gradient, and recomputing it per segment
+    length would multiply the cost of a trial.
 
     Args:
         segments: ``max_time_steps -> the validation stream`` (batch size 1).
         base: the first trial, and the source of the statistics settings.
         trials: how many settings to try (>= 1).
+        seed: seeds the sampler (the same seed suggests the same settings).
 
     Returns:
         Every trial, in the order run.
     """
+    import optuna
+
     if trials < 1:
         raise ConfigError(f"tuning needs at least 1 trial, got {trials}")
-    rng = np.random.default_rng(seed)
-    candidates = [base.for_level(level)] + [sample_settings(base, level, rng) for _ in range(trials - 1)]
-    results = []
-    for settings in candidates:
+    low, high = MAX_TIME_STEPS_RANGE.get(level, MAX_TIME_STEPS_RANGE["word"])
+    ranges = {**TABLE6_RANGES, "max_time_steps": (low, high)}
+    results: list[TuningTrial] = []
+
+    def run(settings: DynamicEvaluation) -> float:
         with adapting(model, statistics, settings) as adaptation:
             nats, count = total_nll(dynamic_nll(model, segments(settings.max_time_steps), adaptation, temperature))
         results.append(TuningTrial(settings, nats, count))
+        return results[-1].loss
+
+    def objective(trial: optuna.Trial) -> float:
+        values: dict[str, float | int] = {
+            name: trial.suggest_float(name, *TABLE6_RANGES[name], log=True) for name in TABLE6_RANGES
+        }
+        values["max_time_steps"] = trial.suggest_int("max_time_steps", low, high)
+        return run(replace(base, **values))
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial on stderr otherwise
+    try:
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+        first = base.for_level(level)
+        loss = run(first)
+        given = {name: getattr(first, name) for name in ranges}
+        if all(lo <= given[name] <= hi for name, (lo, hi) in ranges.items()):
+            # The given settings inform the sampler too, when they lie inside Table 6's ranges.
+            space = {
+                **{
+                    name: optuna.distributions.FloatDistribution(*TABLE6_RANGES[name], log=True)
+                    for name in TABLE6_RANGES
+                },
+                "max_time_steps": optuna.distributions.IntDistribution(low, high),
+            }
+            study.add_trial(optuna.trial.create_trial(params=given, distributions=space, value=loss))
+        study.optimize(objective, n_trials=trials - 1)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     return results

@@ -177,7 +177,7 @@ def evaluate(
             ``temperature_range``, then applied to ``split``.
         mc: MC-dropout settings, or ``None`` for deterministic evaluation.
         dynamic: dynamic-evaluation settings (batch size 1, segments of ``max_time_steps``), or ``None``.
-        tune_trials: with ``dynamic``: random-search this many settings over Table 6 on validation, keep the best.
+        tune_trials: with ``dynamic``: try this many settings over Table 6 on validation (Optuna TPE), keep the best.
         tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
             uses 30,000); ``None``: the whole split.
         seed: seeds the MC masks and the tuning draws.
@@ -237,7 +237,7 @@ def evaluate(
                 "valid_tokens": best_trial.tokens,
                 "temperature": fixed_temperature,
                 "seed": seed,
-                "search": "random over Table 6 (trial 0: the given settings)",
+                "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
             }
         settings = dynamic
 
@@ -442,7 +442,7 @@ def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tune",
         action="store_true",
-        help="with --dynamic: random search over Table 6's ranges on the valid split; the best settings score --split",
+        help="with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score --split",
     )
     group.add_argument(
         "--tune-trials",
