@@ -49,6 +49,17 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _LOCAL_DATA_SETTINGS = ("data_root",)
 # What an evaluation result keeps in config.json and the card ("source" is a local path).
 RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
+# How a result was obtained (lm-zoo evaluate's procedures): kept, so a tempered, MC-dropout or dynamic-evaluation
+# number is never shown as a plain deterministic one.
+PROCEDURE_KEYS = (
+    "method",
+    "long_context",
+    "temperature",
+    "temperature_search",
+    "mc_samples",
+    "dropout_scale",
+    "dynamic",
+)
 
 
 def lm_zoo_version() -> str:
@@ -96,7 +107,7 @@ def result_record(result: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(
             f"an evaluation result lacks {', '.join(missing)}: pass the output of `lm-zoo evaluate --json`"
         )
-    return {k: result[k] for k in RESULT_KEYS if k in result}
+    return {k: result[k] for k in RESULT_KEYS + PROCEDURE_KEYS if k in result}
 
 
 def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any]) -> dict:

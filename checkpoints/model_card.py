@@ -33,6 +33,24 @@ def _metrics(result: dict[str, Any]) -> list[tuple[str, str, float]]:
     return metrics
 
 
+def procedure(result: dict[str, Any]) -> str:
+    """How ``result`` was measured, in words: ``deterministic``, or the evaluation procedure and its settings."""
+    parts = [str(result.get("method", "deterministic"))]
+    if result.get("mc_samples"):
+        parts.append(f"{result['mc_samples']} samples, dropout scale {result.get('dropout_scale', 1.0)}")
+    temperature = result.get("temperature", 1.0)
+    if temperature != 1.0:
+        found = " (searched on valid)" if result.get("temperature_search") else ""
+        parts.append(f"temperature {temperature:.4g}{found}")
+    dynamic = result.get("dynamic")
+    if dynamic:
+        parts.append(
+            f"lr {dynamic['learning_rate']:.3g}, decay {dynamic['decay_rate']:.3g}, "
+            f"{dynamic['max_time_steps']} steps per segment"
+        )
+    return ", ".join(parts)
+
+
 def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
     """The card's ``model-index`` entries for the results in ``config``."""
     entries = []
@@ -49,8 +67,8 @@ def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
                     dataset_split=split,
                     metric_type=metric,
                     metric_value=round(value, 4),
-                    metric_name=f"{split} {label} (eval batch size {batch}, BPTT {bptt})",
-                    metric_config=f"eval_batch_size={batch},bptt={bptt}",
+                    metric_name=f"{split} {label} ({procedure(result)}; eval batch size {batch}, BPTT {bptt})",
+                    metric_config=f"eval_batch_size={batch},bptt={bptt},procedure={procedure(result)}",
                     metric_args={"eval_batch_size": batch, "bptt": bptt, "tokens": result.get("tokens")},
                 )
             )
@@ -106,17 +124,20 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
     ]
     results = config.get("results", [])
     if results:
-        lines += ["| split | metric | value | tokens | eval batch size | BPTT |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| split | metric | value | procedure | tokens | eval batch size | BPTT |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for result in results:
             for _, label, value in _metrics(result):
                 lines.append(
-                    f"| {result['split']} | {label} | {value:.4f} | {result.get('tokens', 0):,} | "
-                    f"{result['eval_batch_size']} | {result['bptt']} |"
+                    f"| {result['split']} | {label} | {value:.4f} | {procedure(result)} | "
+                    f"{result.get('tokens', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
                 )
         lines += [
             "",
-            "Measured with `lm-zoo evaluate` (full softmax, dropout off). Perplexity depends on the eval "
-            "batch size (each stream starts without context) and the BPTT length, so both are given.",
+            "Measured with `lm-zoo evaluate` (full softmax; deterministic: dropout off). Perplexity depends on the "
+            "eval batch size (each stream starts without context) and the BPTT length, so both are given.",
         ]
     else:
         lines.append("No results were measured for this export.")

@@ -159,6 +159,13 @@ def test_cli_export_then_evaluate_ckpt_and_directory_alike(
     assert cli.main(["export", ckpt, "--out", str(tmp_path / "out"), "--results", str(tmp_path / "valid.json")]) == 0
     assert [r["split"] for r in load_export(tmp_path / "out").results] == ["valid"]
     assert cli.main(["generate", str(tmp_path / "out"), "--num-samples", "2", "--seed", "1"]) == 0
+    # a tempered result keeps its procedure: the card never shows it as a deterministic number
+    (tmp_path / "tempered.json").write_text(json.dumps(_evaluate(capsys, ckpt, "--temperature", "0.8")))
+    assert cli.main(["export", ckpt, "--out", str(tmp_path / "t"), "--results", str(tmp_path / "tempered.json")]) == 0
+    (kept,) = load_export(tmp_path / "t").results
+    assert kept["temperature"] == 0.8 and kept["method"] == "deterministic"
+    (entry,) = ModelCard.load(tmp_path / "t" / "README.md").data.eval_results
+    assert "temperature 0.8" in entry.metric_name and "temperature 0.8" in entry.metric_config
 
 
 def test_model_card_holds_the_measured_results(run: Path) -> None:
