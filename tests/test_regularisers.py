@@ -137,7 +137,7 @@ def test_dropout_keeps_zarembas_meaning_and_the_specific_rates_override_it() -> 
     with pytest.raises(ConfigError, match="inter-layer dropout once"):
         _model(inter_layer_dropout=0.1, cell_options={"dropout": 0.2})
     with pytest.raises(ConfigError, match="unknown head"):
-        _model(head="nce")
+        _model(head="hierarchical")
     with pytest.raises(ConfigError, match="output_dropout"):
         _model(output_dropout=1.0)
 

@@ -102,13 +102,15 @@ def test_halve_on_plateau_follows_section_3_6(tmp_path: Path) -> None:
     assert trainer.current_epoch == 10  # stopped after 10 epochs, not max_epochs
 
 
-def test_halve_on_plateau_with_another_scheduler_is_refused() -> None:
+def test_halve_on_plateau_with_another_scheduler_is_refused(tmp_path: Path) -> None:
     class WithScheduler(Scripted):
         def configure_optimizers(self) -> Any:
             optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
             return [optimizer], [LinearLR(optimizer)]
 
-    trainer = L.Trainer(max_epochs=1, callbacks=[HalveOnPlateau()], logger=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        max_epochs=1, callbacks=[HalveOnPlateau()], logger=False, enable_progress_bar=False, default_root_dir=tmp_path
+    )
     data = DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=1)
     with pytest.raises(Exception, match="remove the config's lr_scheduler"):
         trainer.fit(WithScheduler([1.0], lr=0.1), data)
