@@ -7,7 +7,13 @@ batch_size, bptt)`` (the split's windows for this rank); this base turns them in
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
 
 import lightning as L
 import torch
@@ -17,6 +23,24 @@ from datamodules.streams import training_position
 
 SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write through a temp file beside ``path`` and rename, so a killed run never leaves a half-written cache entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cache_key(*parts: Any) -> str:
+    """A short, stable name for a cache entry derived from JSON-serialisable ``parts``."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 class StreamDataModule(L.LightningDataModule):

@@ -23,7 +23,6 @@ Python loop per token, and write flat int32 ids plus int64 sentence offsets to d
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import multiprocessing
 import os
@@ -38,7 +37,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from datamodules.base import SPLITS, StreamDataModule
+from datamodules.base import SPLITS, StreamDataModule, atomic_write, cache_key
 from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
@@ -101,10 +100,6 @@ def file_fingerprint(path: Path) -> str:
         digest = _sha256_file(path)
         _remember_sha256(path, digest)
     return digest
-
-
-def _digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def read_blocks(path: Path) -> Iterator[tuple[bytes, int]]:
@@ -301,18 +296,6 @@ def _install_directory(fill: Callable[[Path], None], target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_json_atomic(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ---------------------------------------------------------------------------------------------------- the module
 class GBWDataModule(StreamDataModule):
     """Google's One Billion Word benchmark: independent sentences in multi-sequence batches with state resets.
@@ -397,7 +380,7 @@ class GBWDataModule(StreamDataModule):
         return self.tokenizer.vocab_size
 
     def _build_or_load_vocabulary(self) -> SentenceTokenizer:
-        key = _digest("gbw-vocabulary", CACHE_FORMAT, self.min_count, self._fingerprints("train"))
+        key = cache_key("gbw-vocabulary", CACHE_FORMAT, self.min_count, self._fingerprints("train"))
         path = cache_root() / "gbw" / f"vocabulary-{key}.json"
         if path.exists():
             return SentenceTokenizer.from_state_dict(json.loads(path.read_text(encoding="utf-8")))  # type: ignore
@@ -405,7 +388,7 @@ class GBWDataModule(StreamDataModule):
         print(f"lm-zoo: counting the words of {len(files)} GBW training file(s) in {self.directory}", file=sys.stderr)
         counts, sentences = count_words(files, self.workers)
         tokenizer = SentenceTokenizer.from_counts(counts, sentences, self.min_count)
-        _write_json_atomic(path, tokenizer.state_dict())
+        atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
         return tokenizer
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -422,8 +405,8 @@ class GBWDataModule(StreamDataModule):
         """``split`` as flat id and offset arrays (encoded once, then memory-mapped from the cache)."""
         if split not in self._encoded:
             if self._tokenizer_key is None:
-                self._tokenizer_key = _digest(self.tokenizer.state_dict())
-            key = _digest("gbw-encoded", CACHE_FORMAT, self._fingerprints(split), self._tokenizer_key)
+                self._tokenizer_key = cache_key(self.tokenizer.state_dict())
+            key = cache_key("gbw-encoded", CACHE_FORMAT, self._fingerprints(split), self._tokenizer_key)
             directory = cache_root() / "gbw" / f"encoded-{key}"
             encoded = load_encoded(directory)
             if encoded is None:

@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from datamodules.base import StreamDataModule
+from datamodules.base import StreamDataModule, atomic_write, cache_key
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
 from datamodules.streams import StreamWindows
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through a temp file and rename, so a killed run never leaves a half-written cache entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 class TextDataModule(StreamDataModule):
@@ -125,13 +104,13 @@ class TextDataModule(StreamDataModule):
 
     def _build_or_load_tokenizer(self) -> Tokenizer:
         corpus, kind = self.corpus, self._kind()
-        key = _digest("tokenizer", kind, self.tokenizer_options, corpus.spaced_symbols, corpus.fingerprint("train"))
+        key = cache_key("tokenizer", kind, self.tokenizer_options, corpus.spaced_symbols, corpus.fingerprint("train"))
         path = cache_root() / "tokenizers" / f"{key}.json"
         if path.exists():
             return Tokenizer.from_state_dict(json.loads(path.read_text()))
         train_text = "" if kind == "byte" else corpus.read_text("train")
         tokenizer = build_tokenizer(kind, train_text, corpus.spaced_symbols, self.tokenizer_options)
-        _atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
+        atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
         return tokenizer
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -155,7 +134,7 @@ class TextDataModule(StreamDataModule):
 
     def _encode(self, split: str) -> tuple[np.ndarray, TextUnits]:
         tokenizer, corpus = self.tokenizer, self.corpus
-        key = _digest("encoded", tokenizer.state_dict(), corpus.fingerprint(split))
+        key = cache_key("encoded", tokenizer.state_dict(), corpus.fingerprint(split))
         directory = cache_root() / "encoded"
         ids_path, units_path = directory / f"{key}.npy", directory / f"{key}.json"
         if ids_path.exists() and units_path.exists():
@@ -168,8 +147,8 @@ class TextDataModule(StreamDataModule):
             text = corpus.read_text(split)
             ids = tokenizer.encode_text(text)
             units = tokenizer.count_units(text, len(ids))
-        _atomic_write(ids_path, lambda f: np.save(f, ids))
-        _atomic_write(units_path, lambda f: f.write(json.dumps(units.__dict__).encode()))
+        atomic_write(ids_path, lambda f: np.save(f, ids))
+        atomic_write(units_path, lambda f: f.write(json.dumps(units.__dict__).encode()))
         return ids, units
 
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> StreamWindows:
