@@ -26,7 +26,7 @@ weights before stream 1's next segment (earlier text) is scored.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
@@ -42,6 +42,12 @@ from zoo.errors import ConfigError
 #: Table 6 of the Mogrifier paper: log-spaced tuning ranges, and the highest ``max_time_steps`` (word / character).
 TABLE6_RANGES = {"learning_rate": (1e-6, 1e-3), "decay_rate": (1e-6, 1e-2), "epsilon": (1e-8, 1e-2)}
 MAX_TIME_STEPS_RANGE = {"word": (1, 20), "char": (1, 50)}
+
+
+def dense_gradients(grads: Sequence[Tensor | None]) -> list[Tensor | None]:
+    """The gradients with sparse ones (the embedding of a model with ``sparse_gradients``) made dense: the update
+    below is elementwise over whole weights (it decays every row towards θ0), and ``addcmul_`` has no sparse kernel."""
+    return [g.to_dense() if g is not None and g.is_sparse else g for g in grads]
 
 
 def _log_middle(name: str) -> float:
@@ -144,7 +150,7 @@ def mean_squared_gradients(model: LanguageModel, windows: Iterable[LMBatch], max
             state = detach_state(state)
             if count == 0:
                 continue
-            grads = torch.autograd.grad(nll.sum() / count, list(params.values()), allow_unused=True)
+            grads = dense_gradients(torch.autograd.grad(nll.sum() / count, list(params.values()), allow_unused=True))
         for name, grad in zip(params, grads):
             if grad is not None:
                 sums[name] += grad.detach() ** 2
@@ -237,7 +243,9 @@ def dynamic_nll(
             scored = nll.detach().double()  # the score, computed before any step on this segment
             count = int((targets != IGNORE_INDEX).sum())
             if count > 0:
-                grads = torch.autograd.grad(nll.sum() / count, list(adaptation.params.values()), allow_unused=True)
+                grads = dense_gradients(
+                    torch.autograd.grad(nll.sum() / count, list(adaptation.params.values()), allow_unused=True)
+                )
                 adaptation.step(dict(zip(names, grads)))
         state = detach_state(state)
         yield scored, targets

@@ -31,6 +31,7 @@ from torchmetrics.aggregation import MeanMetric
 import zoo
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
+from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from zoo.base import State, detach_state, sequence_dropout_mask
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
 from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
@@ -127,6 +128,11 @@ class LanguageModel(L.LightningModule):
             (dpnn's ``rownoise``; the shared default is its ``batchnoise``).
         noise_sampler: ``"alias"`` (Walker's alias table) or ``"multinomial"`` (``torch.multinomial``);
             ``benchmarks/nce.py`` compares them.
+        sparse_gradients: row-sparse gradients for the vocabulary-sized matrices: the input embedding, and the output
+            layer of the ``nce`` / ``sampled_softmax`` heads, get only the rows a step touches instead of a dense
+            ``(V, D)`` gradient (dpnn's ``LookupTable`` / ``NCEModule`` updates). Needs SGD without momentum or
+            weight decay, or Adagrad, and a single process; gradient-norm clipping still works
+            (:mod:`lightning_modules.sparse_gradients`).
     """
 
     def __init__(
@@ -156,6 +162,7 @@ class LanguageModel(L.LightningModule):
         noise_power: float = 1.0,
         noise_per_row: bool = False,
         noise_sampler: str = "alias",
+        sparse_gradients: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -198,7 +205,7 @@ class LanguageModel(L.LightningModule):
         if locked_dropout:
             stack_options["locked_dropout"] = True
         stack_options.update(cell_options)  # the cell's own setting wins
-        self.embedding = nn.Embedding(vocab_size, embedding_size)
+        self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
         self.rnn = zoo.build(
             architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options
         )
@@ -219,7 +226,14 @@ class LanguageModel(L.LightningModule):
                 self.decoder = SoftmaxHead(context_size, vocab_size)
             else:
                 self.decoder = NCEHead(
-                    context_size, vocab_size, noise_samples, head, noise_power, noise_per_row, noise_sampler
+                    context_size,
+                    vocab_size,
+                    noise_samples,
+                    head,
+                    noise_power,
+                    noise_per_row,
+                    noise_sampler,
+                    sparse_gradient=sparse_gradients,
                 )
         output_layer = self.decoder.output_layer
         word_init_range = init_range if embedding_init_range is None else embedding_init_range
@@ -493,6 +507,37 @@ class LanguageModel(L.LightningModule):
         # end (no window left) computes a restored accumulator without one.
         train_nll.update(torch.zeros((), device=self.device), weight=torch.zeros((), device=self.device))
         set_rng_states(resume["rng"])
+
+    def on_fit_start(self) -> None:
+        """Refuse, before the first step, a run that cannot apply sparse gradients (``sparse_gradients``)."""
+        if not self.hparams.get("sparse_gradients", False):
+            return
+        if self.trainer.world_size > 1:
+            raise ConfigError(
+                "sparse_gradients in a distributed run: DDP's gradient reducer fails on the output layer's sparse "
+                "gradient; set model.init_args.sparse_gradients false or train on one device"
+            )
+        for optimizer in self.trainer.optimizers:
+            check_optimizer(optimizer)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, except for sparse gradients, whose norm torch's ``clip_grad_norm_`` cannot compute:
+        those are clipped by :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule)."""
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if not gradient_clip_val or not has_sparse_gradients(parameters):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if gradient_clip_algorithm not in (None, "norm"):
+            raise ConfigError(
+                f"gradient_clip_algorithm {gradient_clip_algorithm!r} with sparse_gradients: only norm clipping is "
+                "implemented for sparse gradients; use --trainer.gradient_clip_algorithm norm"
+            )
+        clip_grad_norm(parameters, gradient_clip_val)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Stop at a NaN or infinite gradient before the optimizer writes it into the weights (a finite loss can

@@ -192,6 +192,9 @@ class NCEHead(SoftmaxHead):
         per_row: draw ``k`` noise words for every row and step instead of sharing them across the batch.
         sampler: ``"alias"`` or ``"multinomial"``.
         chunk_logits: memory budget of the full-softmax :meth:`token_nll`.
+        sparse_gradient: give ``weight`` a row-sparse gradient (a sparse COO tensor holding only the rows of the
+            targets and noise words) instead of a dense ``(V, D)`` one, as dpnn's ``NCEModule`` updates only those
+            rows. The optimizer must take sparse gradients (:mod:`lightning_modules.sparse_gradients`).
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class NCEHead(SoftmaxHead):
         per_row: bool = False,
         sampler: str = "alias",
         chunk_logits: int = CHUNK_LOGITS,
+        sparse_gradient: bool = False,
     ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
@@ -213,6 +217,7 @@ class NCEHead(SoftmaxHead):
         self.noise_samples = noise_samples
         self.objective = objective
         self.per_row = per_row
+        self.sparse_gradient = sparse_gradient
         self.noise = UnigramNoise(vocab_size, noise_power, sampler)
 
     def reset_parameters(self) -> None:
@@ -254,10 +259,12 @@ class NCEHead(SoftmaxHead):
         predicted = targets != -100  # (B, T)
         safe_targets = targets.clamp(min=0)
         log_kq = self.noise.log_probs + math.log(noise.size(-1))  # (V,)  log(k q(w))
-        # The only rows of W the step touches, gathered in one indexing: its backward builds the dense (V, D)
-        # gradient once (zeros + scatter), where two gathers would build and add two of them.
+        # The only rows of W the step touches, gathered in one lookup: its backward builds one (V, D) gradient, where
+        # two gathers would build and add two. Dense, that gradient is zeros + scatter over all V rows (6.5 GB at
+        # V = 793k, D = 2048); sparse, it is the (B*T + n, D) rows alone. The bias's dense (V,) gradient is cheap.
         ids = torch.cat([safe_targets.flatten(), noise.flatten()])
-        vectors, biases = self.weight[ids], self.bias[ids]  # (B*T + n, D), (B*T + n,)
+        vectors = F.embedding(ids, self.weight, sparse=self.sparse_gradient)  # (B*T + n, D)
+        biases = self.bias[ids]  # (B*T + n,)
         target_vectors, noise_vectors = vectors.split([B * T, noise.numel()])
         target_biases, noise_biases = biases.split([B * T, noise.numel()])
         target_scores = (h * target_vectors.view(B, T, -1)).sum(-1) + target_biases.view(B, T)  # (B, T)
@@ -284,5 +291,5 @@ class NCEHead(SoftmaxHead):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, objective={self.objective!r}, noise_samples={self.noise_samples}, "
-            f"per_row={self.per_row}"
+            f"per_row={self.per_row}, sparse_gradient={self.sparse_gradient}"
         )

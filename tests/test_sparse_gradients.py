@@ -1,0 +1,169 @@
+"""Row-sparse gradients for the vocabulary-sized matrices (``sparse_gradients``): the same numbers as the dense path
+with no ``(V, D)`` tensor in the step, clipping by the coalesced norm, and one-line refusals of what cannot apply them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cli
+from datamodules import TextDataModule
+from lightning_modules import LanguageModel
+from lightning_modules.dynamic_evaluation import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
+from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
+from tests.conftest import one_line_error, write_word_corpus
+from tests.test_cli import TINY_CONFIG
+from zoo.errors import ConfigError
+from zoo.nce import NCEHead
+
+B, T, D, V, K = 3, 4, 5, 200, 6
+
+
+class _LargestStorage(TorchDispatchMode):
+    """Records the most elements any operation's result holds (a sparse tensor holds its values, not its shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for value in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(value, torch.Tensor):
+                self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
+        return out
+
+
+def _nce_head(sparse: bool) -> NCEHead:
+    torch.manual_seed(0)
+    head = NCEHead(D, V, K, sparse_gradient=sparse).double()
+    head.set_noise_distribution(torch.arange(1, V + 1).double().reciprocal())
+    return head
+
+
+@pytest.mark.parametrize("objective", ["nce", "sampled_softmax"])
+def test_sparse_head_gradient_equals_the_dense_one_and_no_vocabulary_sized_tensor_is_made(objective: str) -> None:
+    dense, sparse = _nce_head(False), _nce_head(True)
+    dense.objective = sparse.objective = objective
+    h = torch.randn(B, T, D, dtype=torch.float64)
+    targets = torch.randint(0, 20, (B, T))  # a small range, so that words repeat within the step
+    targets[0, 0] = -100
+    noise = dense.sample_noise(B, T)  # (T, K)
+    dense.training_loss(h, targets, noise)[0].backward()
+    with _LargestStorage() as watch:
+        sparse.training_loss(h, targets, noise)[0].backward()
+    assert sparse.weight.grad.is_sparse
+    assert sparse.weight.grad._nnz() == B * T + T * K  # one row per lookup, nothing else
+    assert watch.largest < V * D / 4  # the largest tensor of the whole step: nothing (V, D) was built
+    torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad, atol=1e-12, rtol=0)
+    torch.testing.assert_close(sparse.bias.grad, dense.bias.grad, atol=1e-12, rtol=0)
+
+
+def test_clipping_uses_the_norm_of_the_summed_rows() -> None:
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(10, 3))
+    other = torch.nn.Parameter(torch.randn(4))
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in (weight, other)]
+    ids = torch.tensor([1, 1, 1, 4, 7])  # word 1 three times: its rows must be summed before squaring
+    (F.embedding(ids, weight, sparse=True).sum(1) * torch.arange(5.0)).sum().add((other**2).sum()).backward()
+    (F.embedding(ids, twins[0]).sum(1) * torch.arange(5.0)).sum().add((twins[1] ** 2).sum()).backward()
+    uncoalesced = weight.grad._values().square().sum().add(other.grad.square().sum()).sqrt()
+    norm = clip_grad_norm([weight, other], 1.0)
+    expected = torch.nn.utils.clip_grad_norm_(twins, 1.0)
+    torch.testing.assert_close(norm, expected)
+    assert not torch.isclose(uncoalesced, expected)  # the trap the coalescing avoids
+    torch.testing.assert_close(weight.grad.to_dense(), twins[0].grad)
+    torch.testing.assert_close(other.grad, twins[1].grad)
+    assert torch.linalg.vector_norm(torch.cat([weight.grad.to_dense().flatten(), other.grad])) < 1.0 + 1e-5
+
+
+def _fit(tmp_path: Path, sparse: bool, tie: bool) -> tuple[LanguageModel, TextDataModule]:
+    """Eight SGD steps of a tiny NCE model with clipping that binds; the same seed, data and noise for both paths."""
+    dm = TextDataModule(str(write_word_corpus(tmp_path, "s", words=60)), batch_size=4, bptt=6, eval_batch_size=2)
+    L.seed_everything(0, verbose=False)
+    model = LanguageModel(
+        dm.vocab_size, embedding_size=8, hidden_size=8, num_layers=1, head="nce", noise_samples=7,
+        tie_weights=tie, sparse_gradients=sparse,
+    )  # fmt: skip
+    model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.5)  # LightningCLI's job in lm-zoo
+    trainer = L.Trainer(
+        max_steps=8,
+        limit_val_batches=0,
+        gradient_clip_val=0.05,  # far below the gradient norms of this model: every step is clipped
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about data loader workers
+        trainer.fit(model, dm)
+    return model, dm
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_training_with_sparse_gradients_equals_dense_training(tmp_path: Path, tie: bool) -> None:
+    dense, _ = _fit(tmp_path / "dense", sparse=False, tie=tie)
+    sparse, dm = _fit(tmp_path / "sparse", sparse=True, tie=tie)
+    batch = next(iter(dm.train_dataloader()))
+    sparse.decoder.training_loss(sparse.features(batch.inputs)[0], batch.targets)[0].backward()
+    assert sparse.embedding.weight.grad.is_sparse and sparse.decoder.weight.grad.is_sparse  # the path under test
+    weights = dict(sparse.named_parameters())
+    for name, expected in dense.named_parameters():
+        torch.testing.assert_close(weights[name], expected, atol=1e-6, rtol=0, msg=name)
+    L.seed_everything(0, verbose=False)
+    initial = LanguageModel(**dense.hparams)  # the weights both runs started from
+    assert (dense.decoder.weight - initial.decoder.weight).abs().max() > 1e-3  # it trained: not two untouched models
+
+
+def test_dynamic_evaluation_of_a_sparse_model_equals_the_dense_one(tmp_path: Path) -> None:
+    """Dynamic evaluation differentiates the embedding, which is sparse here; its statistics and update are dense."""
+    dense, dm = _fit(tmp_path / "dense", sparse=False, tie=False)
+    sparse = LanguageModel(**{**dense.hparams, "sparse_gradients": True})
+    sparse.load_state_dict(dense.state_dict())
+    training, segments = list(dm.stream("train", 4, 6)), list(dm.stream("valid", 1, 3))
+    scores = []
+    for model, learning_rate in ((dense, 1e-2), (sparse, 1e-2), (dense, 0.0)):
+        settings = DynamicEvaluation(learning_rate=learning_rate, max_time_steps=3)
+        with adapting(model, mean_squared_gradients(model, training, 3), settings) as adaptation:
+            scores.append(torch.cat([nll.flatten() for nll, _ in dynamic_nll(model, segments, adaptation)]))
+    torch.testing.assert_close(scores[1], scores[0])
+    assert (scores[0] - scores[2]).abs().max() > 1e-4  # the steps changed the scores: the weights did adapt
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "fragment"),
+    [
+        (lambda p: torch.optim.Adam(p), "with Adam"),
+        (lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9), "momentum"),
+        (lambda p: torch.optim.SGD(p, lr=1.0, weight_decay=1e-4), "weight decay"),
+        (lambda p: torch.optim.Adagrad(p, weight_decay=1e-4), "Adagrad weight decay"),
+    ],
+)
+def test_optimizers_that_cannot_apply_sparse_gradients_are_refused(optimizer, fragment: str) -> None:  # noqa: ANN001
+    parameters = [torch.nn.Parameter(torch.zeros(2))]
+    with pytest.raises(ConfigError, match=fragment) as refused:
+        check_optimizer(optimizer(parameters))
+    assert "\n" not in str(refused.value) and "sparse_gradients false" in str(refused.value)
+    check_optimizer(torch.optim.SGD(parameters, lr=1.0))
+    check_optimizer(torch.optim.Adagrad(parameters))
+
+
+def test_fit_with_sparse_gradients_and_adam_is_one_line_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = write_word_corpus(tmp_path / "corpus", "a")
+    config = tmp_path / "run.yaml"
+    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))
+    args = ["--model.init_args.head", "nce", "--model.init_args.sparse_gradients", "true", "--trainer.logger", "false"]
+    code = cli.main(["fit", "--config", str(config), *args, "--optimizer", "torch.optim.Adam"])
+    one_line_error(capsys, code, "sparse_gradients with Adam", "SGD without momentum")
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first step
