@@ -5,15 +5,16 @@ Three measurements, each printed with its ratio:
 1. **Noise sampler.** Draws of ``bptt x k`` noise words (one training window's worth, shared by the batch) from a
    Zipf(1) unigram distribution over V words: Walker's alias table (``zoo.nce.alias_table``) against
    ``torch.multinomial``, and the one-off cost of building the table.
-2. **Training step.** Forward + backward of a 2-layer LSTM stack of width H and the output layer over V words, on
-   ``(batch, bptt, H)`` random input vectors (what the embedding would give; the ``(V, H)`` embedding table itself is
-   left out: it costs both heads the same and would double the parameter memory): the full softmax's
-   cross-entropy against NCE's loss with k noise words per step. Peak memory is what the step allocates above the
-   parameters, printed twice: for the step as trained (with the output layer's dense ``(V, H)`` gradient, which both
-   heads produce) and for the same step with the output layer frozen, i.e. the activations and temporaries: the
-   accounting of the Torch blog's memory figure ("not counting parameters and their gradients"). Each (head, H) runs
-   in its own process: on CPU the peak is the resident-set high-water mark (reset through ``/proc/self/clear_refs``
-   just before the step), on CUDA ``torch.cuda.max_memory_allocated``.
+2. **Training step.** Forward, backward, gradient-norm clipping and the SGD update (no momentum: the 4 x 2048 recipe)
+   of a 2-layer LSTM stack of width H and the output layer over V words, on ``(batch, bptt, H)`` random input vectors
+   (what the embedding would give; the ``(V, H)`` embedding table itself is left out: it costs every head the same
+   and would double the parameter memory): the full softmax's cross-entropy against NCE's loss with k noise words
+   per step, with the output layer's gradient dense ``(V, H)`` (``nce``) and row-sparse (``nce/sparse``: the model's
+   ``sparse_gradients``, only the target and noise rows). Peak memory is what the step allocates above the
+   parameters, printed twice: for the step as trained, and for the same step with the output layer frozen, i.e. the
+   activations and temporaries: the accounting of the Torch blog's memory figure ("not counting parameters and their
+   gradients"). Each (head, H) runs in its own process: on CPU the peak is the resident-set high-water mark (reset
+   through ``/proc/self/clear_refs`` just before the step), on CUDA ``torch.cuda.max_memory_allocated``.
 3. **Evaluation.** The chunked full softmax (``SoftmaxHead.token_nll``) of an untrained 2 x H LSTM over the GBW
    sample's test shard (``news.en.heldout-00013``) through ``GBWDataModule``'s multi-sequence windows (state reset at
    every sentence), vocabulary from shards 10-11 (count >= 3) padded with never-seen ids up to ``--eval-vocab``
@@ -50,6 +51,7 @@ import zoo  # noqa: E402
 from datamodules.gbw import GBWDataModule  # noqa: E402
 from datamodules.streams import IGNORE_INDEX  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
+from lightning_modules.sparse_gradients import clip_grad_norm  # noqa: E402
 from zoo.heads import SoftmaxHead  # noqa: E402
 from zoo.nce import NCEHead, UnigramNoise  # noqa: E402
 
@@ -169,21 +171,26 @@ def sampler_benchmark(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------- 2. training step
 def step_worker(config: dict[str, Any]) -> dict[str, Any]:
     """One (head, hidden) configuration: peak memory of a step, of a step without the output layer's gradient, then
-    the median time of full steps."""
+    the median time of full steps. ``head`` is ``softmax``, ``nce`` or ``sampled_softmax``, ``/sparse`` appended for
+    the row-sparse output gradient."""
     device = torch.device(config["device"])
     vocab, hidden, batch, bptt = config["vocab"], config["hidden"], config["batch"], config["bptt"]
     torch.manual_seed(0)
     rnn = zoo.build("lstm", hidden, hidden, config["layers"]).to(device)
-    if config["head"] == "softmax":
+    objective, _, sparse = config["head"].partition("/")
+    if objective == "softmax":
         head: SoftmaxHead = SoftmaxHead(hidden, vocab).to(device)
     else:
-        head = NCEHead(hidden, vocab, config["k"], objective=config["head"], sampler=config["sampler"]).to(device)
+        head = NCEHead(
+            hidden, vocab, config["k"], objective, sampler=config["sampler"], sparse_gradient=sparse == "sparse"
+        ).to(device)
         head.set_noise_distribution(zipf_counts(vocab))
     words = UnigramNoise(vocab).to(device)
     words.set_counts(zipf_counts(vocab))
     inputs = 0.1 * torch.randn(batch, bptt, hidden, device=device)  # (B, T, H) what the embedding would give
     targets = words.sample((batch, bptt))  # (B, T) Zipf-distributed, like text
     parameters = list(rnn.parameters()) + list(head.parameters())
+    optimizer = torch.optim.SGD(parameters, lr=1e-3)  # the update's cost, not its size, is what is measured
 
     def clear_gradients() -> None:
         for p in parameters:
@@ -197,6 +204,8 @@ def step_worker(config: dict[str, Any]) -> dict[str, Any]:
         else:
             total, count = LanguageModel.nll(head(features), targets)  # the LanguageModel's softmax loss
         (total / count).backward()
+        clip_grad_norm(parameters, config["clip"])  # the model's clipping, which sparse gradients need
+        optimizer.step()
 
     step()  # warm-up: lazily loaded kernels and thread pools stay resident and are no part of the step's cost
     clear_gradients()
@@ -274,7 +283,19 @@ def step_benchmark(args: argparse.Namespace) -> None:
             config = dict(vars(args), hidden=hidden, head=head)
             config = {
                 key: config[key]
-                for key in ("device", "vocab", "hidden", "batch", "bptt", "layers", "k", "sampler", "head", "steps")
+                for key in (
+                    "device",
+                    "vocab",
+                    "hidden",
+                    "batch",
+                    "bptt",
+                    "layers",
+                    "k",
+                    "sampler",
+                    "head",
+                    "steps",
+                    "clip",
+                )
             }
             result = run_worker("step", config, args.threads)
             if isinstance(result, str):
@@ -398,10 +419,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--heads",
         nargs="+",
-        default=["softmax", "nce"],
-        choices=["softmax", "nce", "sampled_softmax"],
-        help="objectives to time (softmax first)",
+        default=["softmax", "nce", "nce/sparse"],
+        choices=["softmax", "nce", "nce/sparse", "sampled_softmax", "sampled_softmax/sparse"],
+        help="objectives to time (softmax first); /sparse: row-sparse output-layer gradient",
     )
+    parser.add_argument("--clip", type=float, default=0.2, help="gradient-norm clip of the step (recipe: 10 / 50)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median)")
     parser.add_argument("--repeats", type=int, default=50, help="timed sampler draws (median)")
     parser.add_argument("--bptt-sampler", type=int, default=50, help="steps per window of the sampler timing")

@@ -156,14 +156,18 @@ def test_optimizers_that_cannot_apply_sparse_gradients_are_refused(optimizer, fr
     check_optimizer(torch.optim.Adagrad(parameters))
 
 
-def test_fit_with_sparse_gradients_and_adam_is_one_line_before_training(
+def test_fit_with_sparse_gradients_trains_with_sgd_and_refuses_adam_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = write_word_corpus(tmp_path / "corpus", "a")
     config = tmp_path / "run.yaml"
-    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))
+    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))  # SGD, lr 1, no momentum
     args = ["--model.init_args.head", "nce", "--model.init_args.sparse_gradients", "true", "--trainer.logger", "false"]
-    code = cli.main(["fit", "--config", str(config), *args, "--optimizer", "torch.optim.Adam"])
+    assert cli.main(["fit", "--config", str(config), *args, "--trainer.gradient_clip_val", "0.5"]) == 0
+    assert list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    root = tmp_path / "adam"
+    args += ["--optimizer", "torch.optim.Adam", "--trainer.default_root_dir", str(root)]
+    code = cli.main(["fit", "--config", str(config), *args, "--checkpoint.dirpath", str(root / "checkpoints")])
     one_line_error(capsys, code, "sparse_gradients with Adam", "SGD without momentum")
-    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first step
+    assert not (root / "checkpoints").exists()  # refused before the first step
