@@ -10,28 +10,29 @@ from zoo import kernels
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
-@pytest.mark.parametrize("threads", [1, 2])  # one thread takes the plain F.linear route
-def test_window_linear_equals_linear_with_gradients(threads: int) -> None:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _check_window_linear()
-    finally:
-        torch.set_num_threads(previous)
+@pytest.mark.parametrize("onednn", [False, True])
+def test_window_linear_equals_linear_with_gradients(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if onednn and not kernels._use_onednn(torch.ones(1)):
+        pytest.skip("this PyTorch build has no working oneDNN packed linear")
+    if not onednn:  # the plain route (GPU, float64, builds without oneDNN)
+        monkeypatch.setattr(kernels, "_use_onednn", lambda x: False)
+    _check_window_linear(with_bias=True)
+    _check_window_linear(with_bias=False)
 
 
-def _check_window_linear() -> None:
+def _check_window_linear(with_bias: bool) -> None:
     torch.manual_seed(0)
     x = torch.randn(3, 5, 7, requires_grad=True)
     w = torch.randn(11, 7, requires_grad=True)
-    b = torch.randn(11, requires_grad=True)
+    b = torch.randn(11, requires_grad=True) if with_bias else None
+    leaves = (x, w, b) if with_bias else (x, w)
     grad = torch.randn(3, 5, 11)
     expected = F.linear(x, w, b)
-    expected_grads = torch.autograd.grad(expected, (x, w, b), grad)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
     got = window_linear(x, w, b)
     torch.testing.assert_close(got, expected)
     assert all(step.is_contiguous() for step in got.unbind(1))  # what the per-step loop reads
-    for g, e in zip(torch.autograd.grad(got, (x, w, b), grad), expected_grads):
+    for g, e in zip(torch.autograd.grad(got, leaves, grad), expected_grads):
         torch.testing.assert_close(g, e)
 
 

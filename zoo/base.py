@@ -151,9 +151,12 @@ class CellLayer(RecurrentLayer):
     ) -> tuple[Tensor, State]:
         try:
             hoisted = self.hoist(x)
-            # unbind once (not x[:, t] per step): its backward stacks the step gradients in one copy instead of T.
+            # unbind once (not x[:, t] per step): its backward stacks the step gradients in one copy instead of T,
+            # time-major, the layout of zoo.kernels.window_linear's output (its backward then reads them as they are).
             steps: Iterator[Any] = (
-                iter(hoisted.unbind(1)) if isinstance(hoisted, Tensor) else zip(*(h.unbind(1) for h in hoisted))
+                iter(hoisted.transpose(0, 1).unbind(0))
+                if isinstance(hoisted, Tensor)
+                else zip(*(h.transpose(0, 1).unbind(0) for h in hoisted))
             )
             outputs = []
             for t, x_t in enumerate(steps):

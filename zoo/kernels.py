@@ -1,13 +1,14 @@
 """Fast paths for the matmuls of the per-step loops, measured in ``benchmarks/cells.py``.
 
-A custom cell spends its time in two kinds of matmul: the input projection, one GEMM over every step of the window
-(``hoist``), and the recurrent matmuls, one small GEMM per step. On CPU, PyTorch sends fp32 ``F.linear`` to MKL, while
-the fused ``nn.LSTM`` and convolutions go through oneDNN. On the AMD EPYC machines this project is developed and tested
-on, MKL runs its AVX2 code path and oneDNN its AVX-512 one, and MKL repacks the weight at every call. Measured there
-(2 threads): the window GEMM (700 x 650 by 650 x 2600) takes 13 ms as ``linear`` and 6.5 ms as a 1-wide
-convolution; the step product (20 x 650 by 650 x 2600) 0.60 ms with ``addmm`` and 0.20 ms with oneDNN's linear on a
-weight reordered into its blocked layout once per window. The numbers are fp32 either way (equal to rounding); only
-the kernel differs.
+A custom cell spends its time in two kinds of matmul: the window GEMMs (the input projection over every step of the
+window, ``hoist``, its input gradient and the weight gradients) and the recurrent matmuls, one small GEMM per step. On
+CPU, PyTorch sends fp32 ``F.linear``/``mm`` to MKL, while the fused ``nn.LSTM`` goes through oneDNN. On the AMD EPYC
+machines this project is developed and tested on, MKL runs its AVX2 code path and oneDNN its AVX-512 one, and MKL
+repacks the weight at every call. So every large product here goes through oneDNN's linear on a weight reordered into
+its blocked layout (the ops ``torch.compile`` emits for a CPU linear). Measured there (2 threads): the window GEMM
+(700 x 650 by 650 x 2600) 23 ms as ``F.linear``, 21 ms as a 1-wide convolution (this module's earlier route), 13 ms
+packed, reorder included; the step product (20 x 650 by 650 x 2600) 0.62 ms with ``addmm``, 0.34 ms with oneDNN on a
+plain-layout weight, 0.20 ms packed. The numbers are fp32 either way (equal to rounding); only the kernel differs.
 """
 
 from __future__ import annotations
@@ -21,13 +22,44 @@ from torch import Tensor
 
 
 def _use_onednn(x: Tensor) -> bool:
-    # With one thread PyTorch sends a batch-1 convolution to its slow reference kernel instead of oneDNN.
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
-        and torch.get_num_threads() > 1
+        and _packed_linear_works()
     )
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` for ``x: (N, I)``, ``weight: (O, I)`` (any strides), through oneDNN on CPU.
+
+    The weight is reordered into oneDNN's blocked layout at every call; for the window GEMMs (``N`` = every position
+    of a window) that costs a few percent of the product.
+    """
+    if not _use_onednn(x):
+        return F.linear(x, weight, bias)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, x.size(0))
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+class _WindowLinear(torch.autograd.Function):
+    """``rows @ weight.T + bias`` over a window's rows ``(T*B, I)``, each GEMM of it (forward, both gradients) in
+    oneDNN. As autograd ops, the input's and the weight's gradients would go to MKL (``mm``)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(rows, weight)
+        ctx.has_bias = bias is not None
+        return _linear(rows, weight, bias)  # (T*B, O)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        rows, weight = ctx.saved_tensors
+        need_rows, need_weight, need_bias = ctx.needs_input_grad
+        grad_rows = _linear(grad, weight.t()) if need_rows else None  # (T*B, I)
+        grad_weight = _gemm_tn(grad, rows) if need_weight else None  # (O, I)
+        grad_bias = grad.sum(0) if ctx.has_bias and need_bias else None
+        return grad_rows, grad_weight, grad_bias
 
 
 def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -46,18 +78,16 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     if not _use_onednn(x):
         return F.linear(time_major, weight, bias).transpose(0, 1)  # (B, T, O) view of (T, B, O)
     steps, batch, _ = time_major.shape
-    # A kernel-1 convolution over a single "sequence" whose length is every (t, b) position is exactly one GEMM.
-    rows = time_major.reshape(steps * batch, -1).t().unsqueeze(0)  # (1, I, T*B)
-    y = F.conv1d(rows, weight.unsqueeze(2), bias)  # (1, O, T*B)
-    return y.squeeze(0).t().contiguous().view(steps, batch, -1).transpose(0, 1)  # (B, T, O) view of (T, B, O)
+    y = _WindowLinear.apply(time_major.reshape(steps * batch, -1), weight, bias)  # (T*B, O)
+    return y.view(steps, batch, -1).transpose(0, 1)  # (B, T, O) view of (T, B, O)
 
 
 def _gemm_tn(a: Tensor, b: Tensor) -> Tensor:
     """``a.T @ b`` for ``a: (N, O)``, ``b: (N, I)``, through oneDNN on CPU (see the module doc)."""
     if not _use_onednn(a):
         return a.t() @ b
-    # conv1d over a "sequence" of length I with N input channels: out[o, i] = sum_n a[n, o] * b[n, i].
-    return F.conv1d(b.unsqueeze(0), a.t().unsqueeze(2)).squeeze(0)  # (O, I)
+    # Of the layouts oneDNN can take, transposing a and packing b.T measured fastest (700 x 2600 by 700 x 650).
+    return _linear(a.t().contiguous(), b.t())  # (O, I)
 
 
 #: Weights at least this large take the oneDNN per-step product (below it MKL's packing overhead is negligible).
@@ -112,7 +142,8 @@ class _WindowWeightGrad(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, weight: Tensor, matmul: RecurrentMatmul, shape: tuple
     ) -> Tensor:
         ctx.matmul = matmul
-        return weight.new_zeros(shape)
+        # Its values are never read (the step products only take its gradient): one broadcast zero, not B*T*O.
+        return weight.new_zeros(()).expand(shape)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
@@ -144,13 +175,14 @@ class RecurrentMatmul:
         detached = weight.detach()
         self.weight = detached  # (O, I)
         self.inputs: list[Tensor] = []
-        self._packed: tuple[Tensor, Tensor] | None = None
-        if _use_onednn(weight) and weight.numel() >= ONEDNN_STEP_MIN_WEIGHT and _packed_linear_works():
-            # oneDNN's blocked layout for this batch size, once per window, in both directions (W for the product,
-            # W.T for the input's gradient). Measured (2 threads, 20 x 650 by 650 x 2600): 0.20 ms per product,
-            # against 0.34 ms with the plain layout of to_mkldnn() and its input/output conversions, 0.62 ms addmm.
-            reorder = torch.ops.mkldnn._reorder_linear_weight
-            self._packed = (reorder(detached, batch), reorder(detached.t().contiguous(), batch))
+        self.batch = batch
+        self._packed: Tensor | None = None
+        self._packed_t: Tensor | None = None  # W.T packed, for the backward; made at its first step
+        if _use_onednn(weight) and weight.numel() >= ONEDNN_STEP_MIN_WEIGHT:
+            # oneDNN's blocked layout for this batch size, once per window. Measured (2 threads, 20 x 650 by
+            # 650 x 2600): 0.20 ms per product, against 0.34 ms with the plain layout of to_mkldnn() and its
+            # input/output conversions, 0.62 ms addmm.
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(detached, batch)
         self._offsets: tuple[Tensor, ...] | None = None
         if torch.is_grad_enabled() and weight.requires_grad:
             zero = _WindowWeightGrad.apply(weight, self, (batch, steps, weight.size(0)))  # (B, T, O)
@@ -161,14 +193,16 @@ class RecurrentMatmul:
         if self._packed is not None:
             linear = torch.ops.mkldnn._linear_pointwise
             if add is None or add.dim() == 1:  # a bias goes into the GEMM
-                return linear(inp, self._packed[0], add, "none", [], "")
-            return linear.binary(inp, add, self._packed[0], None, "add")
+                return linear(inp, self._packed, add, "none", [], "")
+            return linear.binary(inp, add, self._packed, None, "add")
         return inp @ self.weight.t() if add is None else torch.addmm(add, inp, self.weight.t())
 
     def input_grad(self, grad: Tensor) -> Tensor:
         """``grad @ weight``: the gradient of ``inp`` for a step's output gradient ``grad`` ``(B, O)``."""
         if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(grad, self._packed[1], None, "none", [], "")
+            if self._packed_t is None:
+                self._packed_t = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), self.batch)
+            return torch.ops.mkldnn._linear_pointwise(grad, self._packed_t, None, "none", [], "")
         return grad @ self.weight
 
     def __call__(self, inp: Tensor, add: Tensor | None = None) -> Tensor:
