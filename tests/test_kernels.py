@@ -92,3 +92,74 @@ def test_recurrent_matmul_must_be_called_once_per_step() -> None:
     y = matmul(torch.randn(2, 4)) + matmul(torch.randn(2, 4))  # two of three steps
     with pytest.raises(RuntimeError, match="called 2 times in a window of 3 steps"):
         y.sum().backward()
+
+
+def _gated_window(inp: torch.Tensor, x: torch.Tensor, bias, w_first, w_left, fused: bool) -> torch.Tensor:
+    """y_t = 2 sigm(L (F inp_t) + b) * x_t over a window, by gated_product or by plain autograd ops.
+
+    ``w_first``/``w_left`` may be ``None`` (that product left out); the gated vector is chained (x_{t+1} = y_t), as a
+    Mogrifier round's output feeds the next round.
+    """
+    batch, steps = inp.shape[:2]
+    first = RecurrentMatmul(w_first, batch, steps) if fused and w_first is not None else None
+    left = RecurrentMatmul(w_left, batch, steps) if fused and w_left is not None else None
+    outputs = []
+    for inp_t in inp.unbind(1):
+        if fused:
+            x = kernels.gated_product(inp_t, x, first, left, bias)
+        else:
+            pre = inp_t if w_first is None else inp_t @ w_first.t()
+            pre = pre if w_left is None else pre @ w_left.t()
+            x = 2 * torch.sigmoid(pre if bias is None else pre + bias) * x
+        outputs.append(x)
+    return torch.stack(outputs, 1)
+
+
+def test_gated_product_gradcheck_without_products() -> None:
+    """The hand-written backward of the gate itself (no products: ``inp`` is the pre-activation), in float64."""
+    torch.manual_seed(2)
+    opts = {"dtype": torch.float64, "requires_grad": True}
+    pre, x, b = torch.randn(3, 6, **opts), torch.randn(3, 6, **opts), torch.randn(6, **opts)
+    assert torch.autograd.gradcheck(lambda p, v, c: kernels.gated_product(p, v, bias=c), (pre, x, b))
+    assert torch.autograd.gradcheck(lambda p, v: kernels.gated_product(p, v), (pre, x))
+
+
+@pytest.mark.parametrize(("first", "left", "bias"), [(True, True, False), (True, False, True), (False, True, True)])
+def test_gated_product_matches_autograd_of_the_plain_formula(first: bool, left: bool, bias: bool) -> None:
+    """With the products (whose weight gradients come once per window, so a graph runs backward once: no gradcheck),
+    values and every gradient in float64 equal autograd's through 2 sigm(L F inp + b) * x, for several directions."""
+    torch.manual_seed(2)
+    opts = {"dtype": torch.float64, "requires_grad": True}
+    inp = torch.randn(2, 4, 5 if first else 3, **opts)
+    x = torch.randn(2, 6, **opts)
+    b = torch.randn(6, **opts) if bias else None
+    w_first = torch.randn(3 if left else 6, 5, **opts) if first else None
+    w_left = torch.randn(6, 3, **opts) if left else None
+    args = [a for a in (inp, x, b, w_first, w_left) if a is not None]
+    expected = _gated_window(inp, x, b, w_first, w_left, fused=False)
+    torch.testing.assert_close(_gated_window(inp, x, b, w_first, w_left, fused=True), expected)
+    for _ in range(3):
+        grad = torch.randn_like(expected)
+        got = torch.autograd.grad(_gated_window(inp, x, b, w_first, w_left, fused=True), args, grad)
+        for g, e in zip(got, torch.autograd.grad(expected, args, grad, retain_graph=True)):
+            torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_gated_product_through_onednn_matches_the_plain_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not kernels._use_onednn(torch.ones(1)):
+        pytest.skip("this PyTorch build has no working oneDNN packed linear")
+    monkeypatch.setattr(kernels, "ONEDNN_STEP_MIN_WEIGHT", 0)  # the packed per-step products at a tiny size
+    torch.manual_seed(3)
+    inp = torch.randn(2, 4, 5, requires_grad=True)
+    x = torch.randn(2, 6, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    w_first = torch.randn(3, 5, requires_grad=True)
+    w_left = torch.randn(6, 3, requires_grad=True)
+    args = (inp, x, b, w_first, w_left)
+    got = _gated_window(*args, fused=True)
+    expected = _gated_window(*args, fused=False)
+    assert RecurrentMatmul(w_first, 2, 4)._packed is not None
+    torch.testing.assert_close(got, expected)
+    grad = torch.randn_like(expected)
+    for g, e in zip(torch.autograd.grad(got, args, grad), torch.autograd.grad(expected, args, grad)):
+        torch.testing.assert_close(g, e)

@@ -213,10 +213,98 @@ class RecurrentMatmul:
             add: ``(B, O)`` added to the product (e.g. the step's hoisted input projection), ``(O,)`` (a bias), or
                 ``None``.
         """
-        offset = None
-        if self._offsets is not None:
-            offset = self._offsets[len(self.inputs)]
-            self.inputs.append(inp.detach())  # the values, for the window GEMM; autograd saves nothing for W here
+        offset = self.step_offset()
+        if offset is not None:
+            self.record(inp)
         elif not torch.is_grad_enabled():
             return self.product(inp, add)
         return _StepProduct.apply(inp, add, offset, self)
+
+    def step_offset(self) -> Tensor | None:
+        """The next step's slice of the weight-gradient tensor (``None`` when no weight gradient is wanted): an
+        autograd input of the step's product, whose gradient must be the product's output gradient ``(B, O)``."""
+        return self._offsets[len(self.inputs)] if self._offsets is not None else None
+
+    def record(self, inp: Tensor) -> None:
+        """Keep the next step's input for the window's weight-gradient GEMM (after :meth:`step_offset`)."""
+        if self._offsets is not None:
+            self.inputs.append(inp.detach())  # the values only: autograd saves nothing for W per step
+
+
+class _GatedProduct(torch.autograd.Function):
+    """``2 sigm(left(first(inp)) + bias) * x`` for one step, as one autograd node (see :func:`gated_product`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        inp: Tensor,
+        x: Tensor,
+        bias: Tensor | None,
+        first_offset: Tensor | None,
+        left_offset: Tensor | None,
+        first: RecurrentMatmul | None,
+        left: RecurrentMatmul | None,
+    ) -> Tensor:
+        pre = inp
+        if first is not None:
+            first.record(pre)
+            pre = first.product(pre)
+        if left is not None:
+            left.record(pre)
+            pre = left.product(pre, bias)
+        elif bias is not None:
+            pre = pre + bias
+        gate = torch.sigmoid(pre)
+        ctx.save_for_backward(x, gate)
+        ctx.first, ctx.left = first, left
+        return torch.mul(gate, x).mul_(2)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, gate = ctx.saved_tensors
+        need_inp, need_x, need_bias, need_first, need_left, _, _ = ctx.needs_input_grad
+        grad_x = torch.mul(grad, gate).mul_(2)  # (B, n)
+        grad_pre = (1 - gate).mul_(grad_x).mul_(x)  # d/dpre of 2 sigm(pre) x: 2 sigm(pre) (1 - sigm(pre)) x
+        grad_mid = grad_inp = None
+        if need_inp or need_first:
+            grad_mid = ctx.left.input_grad(grad_pre) if ctx.left is not None else grad_pre
+            if need_inp:
+                grad_inp = ctx.first.input_grad(grad_mid) if ctx.first is not None else grad_mid
+        return (
+            grad_inp,
+            grad_x if need_x else None,
+            grad_pre.sum(0) if need_bias else None,
+            grad_mid if need_first else None,
+            grad_pre if need_left else None,
+            None,
+            None,
+        )
+
+
+def gated_product(
+    inp: Tensor,
+    x: Tensor,
+    first: RecurrentMatmul | None = None,
+    left: RecurrentMatmul | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """``2 sigm(L (F inp) + bias) * x`` for one step of a window, as one autograd node (a Mogrifier round, Melis et
+    al. 2020 eqs. 1-2, with ``F`` = ``first``'s weight and ``L`` = ``left``'s; either may be left out).
+
+    Written as autograd ops, a round is five nodes per step (two products, the sigmoid, the factor 2, the gate); each
+    costs its Python and autograd overhead, which at a Mogrifier's small sizes (rank 40) is most of the round's time.
+    The weights' gradients still come out as one GEMM per window (:class:`RecurrentMatmul`).
+
+    Args:
+        inp: ``(B, I)`` the vector the gate reads.
+        x: ``(B, n)`` the vector it gates.
+        first: the first product, or ``None`` when ``inp`` already went through it.
+        left: the second product (the left factor of a low-rank matrix), or ``None``.
+        bias: ``(n,)`` added inside the sigmoid, or ``None``.
+
+    Returns:
+        ``(B, n)``.
+    """
+    first_offset = first.step_offset() if first is not None else None
+    left_offset = left.step_offset() if left is not None else None
+    return _GatedProduct.apply(inp, x, bias, first_offset, left_offset, first, left)

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.base import RecurrentStack, State
-from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.kernels import RecurrentMatmul, gated_product, window_linear
 from zoo.lstm import LSTMLayer
 
 
@@ -129,14 +129,14 @@ class MogrifierLayer(LSTMLayer):
     def _bias(self, i: int) -> Tensor | None:
         return self.mog[f"{self.round_name(i)}_bias"] if self.round_bias else None
 
-    def _gate(self, i: int, pre: Tensor) -> Tensor:
-        """``2 sigm(Q^i v)`` from ``pre`` = (first matrix) v, at one step: the left factor and the bias still to do."""
-        bias = self._bias(i)
-        if self.rank > 0:
-            pre = self.window.left[i](pre, add=bias)
-        elif bias is not None:
-            pre = pre + bias
-        return 2 * torch.sigmoid(pre)
+    def _round(self, i: int, v: Tensor, gated: Tensor, first: RecurrentMatmul | None = None) -> Tensor:
+        """Round i at one step, ``2 sigm(Q^i v) * gated`` (eqs. 1-2), as one autograd node.
+
+        ``first`` applies the first matrix (the full one, or the right factor) to ``v``; without it, ``v`` is that
+        product already. The left factor and the bias follow inside.
+        """
+        left = self.window.left[i] if self.rank > 0 else None
+        return gated_product(v, gated, first, left, self._bias(i))
 
     def _window_gate(self, i: int, v: Tensor) -> Tensor:
         """``2 sigm(Q^i v)`` (or ``R^i``) for a whole window ``v: (B, T, in)`` at once."""
@@ -179,6 +179,7 @@ class MogrifierLayer(LSTMLayer):
         last = self._first(r)
         w.shared = RecurrentMatmul(torch.cat([shared, last]), batch, steps)  # (4n + width, in)
         w.shared_bias = torch.cat([bias, bias.new_zeros(last.size(0))])
+        w.shared_width = last.size(0)
         w.other = RecurrentMatmul(other, batch, steps)
         return x  # every round depends on h: nothing else to precompute
 
@@ -190,23 +191,23 @@ class MogrifierLayer(LSTMLayer):
         if not self.zigzag:
             x, state_gate = x_t  # (B, m), (B, n)
             for i, pre in zip(range(1, r + 1, 2), w.odd(h).split(w.odd_widths, dim=1)):
-                x = self._gate(i, pre) * x  # x^i = 2 sigm(Q^i h_prev) * x^{i-2}
+                x = self._round(i, pre, x)  # x^i = 2 sigm(Q^i h_prev) * x^{i-2}
             return lstm_update(w.lstm(torch.cat([x, h * state_gate], 1), add=w.bias), c)  # gates (B, 4n)
         x = x_t
         for i in range(1, r):  # every round but the last: x^i reads h^{i-1}, h^i reads x^{i-1}
             if i % 2:
-                x = self._gate(i, w.first[i](h)) * x  # (B, m)
+                x = self._round(i, h, x, w.first[i])  # (B, m)
             else:
-                h = self._gate(i, w.first[i](x)) * h  # (B, n)
+                h = self._round(i, x, h, w.first[i])  # (B, n)
         # Round r shares its input with one half of the LSTM matmul.
         if r % 2:  # round r gates x from h^{r-1} = h^↑, which W_h also reads
-            z = w.shared(h, add=w.shared_bias)  # (B, 4n + width)
-            x = self._gate(r, z[:, n4:]) * x  # x^↑ (B, m)
-            gates = w.other(x, add=z[:, :n4])
+            gates, pre = w.shared(h, add=w.shared_bias).split([n4, w.shared_width], dim=1)  # (B, 4n), (B, width)
+            x = self._round(r, pre, x)  # x^↑ (B, m)
+            gates = w.other(x, add=gates)
         else:  # round r gates h from x^{r-1} = x^↑, which W_x also reads
-            z = w.shared(x, add=w.shared_bias)
-            h = self._gate(r, z[:, n4:]) * h  # h^↑ (B, n)
-            gates = w.other(h, add=z[:, :n4])
+            gates, pre = w.shared(x, add=w.shared_bias).split([n4, w.shared_width], dim=1)
+            h = self._round(r, pre, h)  # h^↑ (B, n)
+            gates = w.other(h, add=gates)
         return lstm_update(gates, c)
 
 
