@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -132,11 +133,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--loop", action="store_true", help="also time the per-step path of architectures that have a fused kernel"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: PyTorch's). On a shared machine a multi-threaded op waits for its preempted "
+        "threads, so when another job runs, 1-thread ratios are the reliable ones",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     hidden, layers = args.hidden, args.layers
     builders: dict[str, Callable[[], nn.Module]] = {"nn.LSTM": lambda: TorchLSTM(hidden, hidden, layers)}
     if not args.no_naive:
@@ -148,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
 
     threads = torch.get_num_threads()
     print(f"# {device} ({threads} threads), torch {torch.__version__}, hidden {hidden} x {layers} layers")
+    if hasattr(os, "getloadavg"):  # ratios are comparable only when the machine is as quiet in every round
+        print("# load average at start: " + ", ".join(f"{load:.2f}" for load in os.getloadavg()))
     print("# training step = forward + backward + SGD update; tokens/s = batch * bptt / median step time")
     results = []
     for batch in args.batch:
@@ -171,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
                         "ratio_naive": vs_naive,
                     }
                 )
+            if hasattr(os, "getloadavg"):
+                print(f"# load average after this setting: {os.getloadavg()[0]:.2f}")
             sys.stdout.flush()
     if args.json is not None:
         args.json.write_text(json.dumps({"device": str(device), "hidden": hidden, "results": results}, indent=1))
