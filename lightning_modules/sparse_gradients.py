@@ -55,9 +55,10 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float) -> Tensor:
             dense.append(parameter.grad)
     if not dense and not sparse:
         return torch.zeros(())
-    squares = [torch.nn.utils.get_total_norm(dense).square()] if dense else []
-    squares += [torch.linalg.vector_norm(g.values()).square() for g in sparse]  # coalesced: one row per word
-    total = torch.stack([s.float() for s in squares]).sum().sqrt()
+    # As torch does: the norm of the per-tensor norms, in the gradients' own precision.
+    norms = [torch.nn.utils.get_total_norm(dense)] if dense else []
+    norms += [torch.linalg.vector_norm(g.values()) for g in sparse]  # coalesced: one row per word
+    total = torch.linalg.vector_norm(torch.stack([n.to(norms[0]) for n in norms]))
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for grad in dense:
         grad.mul_(scale.to(grad.device, grad.dtype))

@@ -66,21 +66,26 @@ def test_sparse_head_gradient_equals_the_dense_one_and_no_vocabulary_sized_tenso
     torch.testing.assert_close(sparse.bias.grad, dense.bias.grad, atol=1e-12, rtol=0)
 
 
-def test_clipping_uses_the_norm_of_the_summed_rows() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clipping_uses_the_norm_of_the_summed_rows(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(10, 3))
-    other = torch.nn.Parameter(torch.randn(4))
+    weight = torch.nn.Parameter(torch.randn(10, 3, dtype=dtype))
+    other = torch.nn.Parameter(torch.randn(4, dtype=dtype))
     twins = [torch.nn.Parameter(p.detach().clone()) for p in (weight, other)]
     ids = torch.tensor([1, 1, 1, 4, 7])  # word 1 three times: its rows must be summed before squaring
-    (F.embedding(ids, weight, sparse=True).sum(1) * torch.arange(5.0)).sum().add((other**2).sum()).backward()
-    (F.embedding(ids, twins[0]).sum(1) * torch.arange(5.0)).sum().add((twins[1] ** 2).sum()).backward()
+    positions = torch.arange(5, dtype=dtype)
+    (F.embedding(ids, weight, sparse=True).sum(1) * positions).sum().add((other**2).sum()).backward()
+    (F.embedding(ids, twins[0]).sum(1) * positions).sum().add((twins[1] ** 2).sum()).backward()
     uncoalesced = weight.grad._values().square().sum().add(other.grad.square().sum()).sqrt()
     norm = clip_grad_norm([weight, other], 1.0)
     expected = torch.nn.utils.clip_grad_norm_(twins, 1.0)
-    torch.testing.assert_close(norm, expected)
+    # To the last bits of the gradients' own precision (a norm taken in float32 would be off by ~1e-7 in float64).
+    exact = {"rtol": 4 * torch.finfo(dtype).eps, "atol": 0.0}
+    torch.testing.assert_close(norm, expected, **exact)
+    assert norm.dtype == dtype
     assert not torch.isclose(uncoalesced, expected)  # the trap the coalescing avoids
-    torch.testing.assert_close(weight.grad.to_dense(), twins[0].grad)
-    torch.testing.assert_close(other.grad, twins[1].grad)
+    torch.testing.assert_close(weight.grad.to_dense(), twins[0].grad, **exact)
+    torch.testing.assert_close(other.grad, twins[1].grad, **exact)
     assert torch.linalg.vector_norm(torch.cat([weight.grad.to_dense().flatten(), other.grad])) < 1.0 + 1e-5
 
 
