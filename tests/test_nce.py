@@ -142,7 +142,7 @@ def test_sampled_softmax_equals_its_formula_written_out(per_row: bool) -> None:
 
 
 class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation produces."""
+    """Records the largest tensor any operation produces, in elements held (a sparse tensor holds its values)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -152,7 +152,7 @@ class _LargestTensor(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for value in out if isinstance(out, tuple | list) else [out]:
             if isinstance(value, torch.Tensor):
-                self.largest = max(self.largest, value.numel())
+                self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
         return out
 
 

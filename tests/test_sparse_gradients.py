@@ -11,7 +11,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cli
 from datamodules import TextDataModule
@@ -20,25 +19,11 @@ from lightning_modules.dynamic_evaluation import DynamicEvaluation, adapting, dy
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
 from tests.conftest import one_line_error, write_word_corpus
 from tests.test_cli import TINY_CONFIG
+from tests.test_nce import _LargestTensor
 from zoo.errors import ConfigError
 from zoo.nce import NCEHead
 
 B, T, D, V, K = 3, 4, 5, 200, 6
-
-
-class _LargestStorage(TorchDispatchMode):
-    """Records the most elements any operation's result holds (a sparse tensor holds its values, not its shape)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        for value in out if isinstance(out, tuple | list) else [out]:
-            if isinstance(value, torch.Tensor):
-                self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
-        return out
 
 
 def _nce_head(sparse: bool) -> NCEHead:
@@ -57,7 +42,7 @@ def test_sparse_head_gradient_equals_the_dense_one_and_no_vocabulary_sized_tenso
     targets[0, 0] = -100
     noise = dense.sample_noise(B, T)  # (T, K)
     dense.training_loss(h, targets, noise)[0].backward()
-    with _LargestStorage() as watch:
+    with _LargestTensor() as watch:
         sparse.training_loss(h, targets, noise)[0].backward()
     assert sparse.weight.grad.is_sparse
     assert sparse.weight.grad._nnz() == B * T + T * K  # one row per lookup, nothing else
