@@ -14,8 +14,10 @@ from zoo.kernels import RecurrentMatmul, window_linear
 def test_window_linear_equals_linear_with_gradients(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if onednn and not kernels._use_onednn(torch.ones(1)):
         pytest.skip("this PyTorch build has no working oneDNN packed linear")
-    if not onednn:  # the plain route (GPU, float64, builds without oneDNN)
-        monkeypatch.setattr(kernels, "_use_onednn", lambda x: False)
+    if onednn:  # oneDNN at a tiny size, where it normally steps aside
+        monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHT", 0)
+    else:  # the plain route (GPU, float64, small weights, builds without oneDNN)
+        monkeypatch.setattr(kernels, "_use_onednn", lambda x, numel=None: False)
     _check_window_linear(with_bias=True)
     _check_window_linear(with_bias=False)
 
@@ -67,8 +69,8 @@ def test_recurrent_matmul_matches_autograd_values_and_gradients(
     if onednn:  # the per-step oneDNN product, which normally starts at large weights and needs two threads
         if not kernels._packed_linear_works():
             pytest.skip("this PyTorch build has no working oneDNN packed linear")
-        monkeypatch.setattr(kernels, "ONEDNN_STEP_MIN_WEIGHT", 0)
-        monkeypatch.setattr(kernels, "_use_onednn", lambda x: x.dtype == torch.float32)
+        monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHT", 0)
+        monkeypatch.setattr(kernels, "_use_onednn", lambda x, numel=None: x.dtype == torch.float32)
     torch.manual_seed(1)
     raw = torch.randn(6, 6, requires_grad=True)
     x = torch.randn(2, 7, 6, requires_grad=True)
@@ -148,7 +150,7 @@ def test_gated_product_matches_autograd_of_the_plain_formula(first: bool, left: 
 def test_gated_product_through_onednn_matches_the_plain_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     if not kernels._use_onednn(torch.ones(1)):
         pytest.skip("this PyTorch build has no working oneDNN packed linear")
-    monkeypatch.setattr(kernels, "ONEDNN_STEP_MIN_WEIGHT", 0)  # the packed per-step products at a tiny size
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHT", 0)  # the packed per-step products at a tiny size
     torch.manual_seed(3)
     inp = torch.randn(2, 4, 5, requires_grad=True)
     x = torch.randn(2, 6, requires_grad=True)

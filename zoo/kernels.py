@@ -20,10 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+#: Weights at least this large go through oneDNN. Below it, MKL's packing overhead is negligible and the reorder
+#: costs more than it saves (a 128 x 32 window projection took 3x as long packed, fwd + bwd; 512 x 128 broke even).
+ONEDNN_MIN_WEIGHT = 65_536
 
-def _use_onednn(x: Tensor) -> bool:
+
+def _use_onednn(x: Tensor, weight_numel: int | None = None) -> bool:
+    """Whether a product on ``x`` (with a weight of ``weight_numel`` elements) goes through oneDNN."""
     return (
-        x.device.type == "cpu"
+        (weight_numel is None or weight_numel >= ONEDNN_MIN_WEIGHT)
+        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
         and _packed_linear_works()
@@ -75,7 +81,7 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         loop reads it T times; a strided slice would be copied at every step).
     """
     time_major = x.transpose(0, 1)  # (T, B, I)
-    if not _use_onednn(x):
+    if not _use_onednn(x, weight.numel()):
         return F.linear(time_major, weight, bias).transpose(0, 1)  # (B, T, O) view of (T, B, O)
     steps, batch, _ = time_major.shape
     y = _WindowLinear.apply(time_major.reshape(steps * batch, -1), weight, bias)  # (T*B, O)
@@ -84,14 +90,10 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 def _gemm_tn(a: Tensor, b: Tensor) -> Tensor:
     """``a.T @ b`` for ``a: (N, O)``, ``b: (N, I)``, through oneDNN on CPU (see the module doc)."""
-    if not _use_onednn(a):
+    if not _use_onednn(a, a.size(1) * b.size(1)):
         return a.t() @ b
     # Of the layouts oneDNN can take, transposing a and packing b.T measured fastest (700 x 2600 by 700 x 650).
     return _linear(a.t().contiguous(), b.t())  # (O, I)
-
-
-#: Weights at least this large take the oneDNN per-step product (below it MKL's packing overhead is negligible).
-ONEDNN_STEP_MIN_WEIGHT = 65_536
 
 
 @functools.cache
@@ -178,7 +180,7 @@ class RecurrentMatmul:
         self.batch = batch
         self._packed: Tensor | None = None
         self._packed_t: Tensor | None = None  # W.T packed, for the backward; made at its first step
-        if _use_onednn(weight) and weight.numel() >= ONEDNN_STEP_MIN_WEIGHT:
+        if _use_onednn(weight, weight.numel()):
             # oneDNN's blocked layout for this batch size, once per window. Measured (2 threads, 20 x 650 by
             # 650 x 2600): 0.20 ms per product, against 0.34 ms with the plain layout of to_mkldnn() and its
             # input/output conversions, 0.62 ms addmm.
