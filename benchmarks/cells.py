@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -111,8 +112,13 @@ def measure(
         steps[name] = training_step(model, x, direction, torch.optim.SGD(model.parameters(), lr=1e-4))
         steps[name]()  # warm-up: allocator, oneDNN/cuDNN plans
     times: dict[str, list[float]] = {name: [] for name in builders}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    order = list(steps)
+    for round_index in range(rounds):
+        # A fresh order every round: in a fixed one, `nn.LSTM` always ran first, right after the previous round's last
+        # model, and the fused zoo `lstm` (the same kernel) measured anywhere from 0.63x to 1.04x of it.
+        random.Random(round_index).shuffle(order)
+        for name in order:
+            step = steps[name]
             _sync(device)
             start = time.perf_counter()
             step()
