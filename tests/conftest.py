@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 
 
@@ -31,3 +33,10 @@ def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: st
     for fragment in fragments:
         assert fragment in last, last
     return last
+
+
+def quiet_trainer(**options: Any) -> L.Trainer:
+    """A Lightning ``Trainer`` that writes and prints nothing (no logger, checkpoints, progress bar or model summary)
+    unless ``options`` turn it back on; ``options`` are any other ``Trainer`` arguments."""
+    defaults = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    return L.Trainer(**{**defaults, "enable_model_summary": False, **options})

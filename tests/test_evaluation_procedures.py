@@ -10,7 +10,6 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
@@ -28,7 +27,7 @@ from lightning_modules.dynamic_evaluation import (
 from lightning_modules.evaluation import deterministic_nll, evaluate
 from lightning_modules.mc_dropout import DROPOUT_RATES, MCDropout, mc_nll, replica_nll, row_groups, sampled_dropout
 from lightning_modules.temperature import collect_features, golden_section_search, total_nll
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from zoo.base import detach_state
 
 DROPOUTS = {"input_dropout": 0.3, "inter_layer_dropout": 0.25, "output_dropout": 0.35}
@@ -451,14 +450,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         data = TextDataModule(str(corpus), batch_size=4, bptt=6, eval_batch_size=3, eval_bptt=7)
         torch.manual_seed(0)
         model = _Trainable(data.vocab_size, "lstm", embedding_size=8, hidden_size=12, num_layers=2, dropout=0.2)
-        trainer = L.Trainer(
-            max_steps=3,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-        )
+        trainer = quiet_trainer(max_steps=3, limit_val_batches=0)
         trainer.fit(model, data)
         trainer.save_checkpoint(root / "tiny.ckpt")
         yield root / "tiny.ckpt"

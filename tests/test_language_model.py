@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
@@ -13,7 +12,7 @@ from datamodules import TextDataModule
 from datamodules.streams import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation import evaluate
-from tests.conftest import write_word_corpus
+from tests.conftest import quiet_trainer, write_word_corpus
 from zoo.errors import ConfigError, TrainingDivergedError
 
 
@@ -149,9 +148,7 @@ def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatc
         starts.append(model._state["train"]),
         LanguageModel.on_train_epoch_start(model),
     )
-    trainer = L.Trainer(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
-    )
+    trainer = quiet_trainer(max_epochs=2)
     trainer.fit(model, dm)
     assert len(starts) == 2 and starts[1] is not None  # state was carried through epoch 0, then reset
     assert model._state["train"] is not None

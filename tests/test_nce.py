@@ -21,7 +21,7 @@ from datamodules.gbw import GBWDataModule
 from datamodules.streams import LMBatch
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation import evaluate
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG
 from zoo.errors import ConfigError
 from zoo.heads import SoftmaxHead, chunked_nll, scores_nll
@@ -246,14 +246,7 @@ def test_fit_takes_the_noise_distribution_from_the_data_module(tmp_path: Path, m
     torch.manual_seed(0)
     model = LanguageModel(dm.vocab_size, embedding_size=8, hidden_size=8, num_layers=1, head="nce", noise_samples=7)
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0)  # LightningCLI's job in lm-zoo
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=5)
     trainer.fit(model, dm)
     counts = torch.tensor(dm.tokenizer.counts, dtype=torch.float64)
     torch.testing.assert_close(model.decoder.noise.probs.double(), counts / counts.sum(), atol=1e-7, rtol=0)
@@ -303,15 +296,7 @@ def _train_on_gbw_sample(head: str, cache: Path, steps: int = 200, seed: int = 0
         data.vocab_size, embedding_size=64, hidden_size=64, num_layers=1, head=head, noise_samples=100, init_range=0.1
     )
     model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=1e-2)  # LightningCLI's job in lm-zoo
-    trainer = L.Trainer(
-        max_steps=steps,
-        limit_val_batches=0,
-        gradient_clip_val=1.0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, gradient_clip_val=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice about data loader workers
         trainer.fit(model, data)

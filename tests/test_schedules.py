@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import cli
 from lightning_modules import HalveOnPlateau, LinearDecay
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 
 
 class LearningRates(Callback):
@@ -85,15 +85,7 @@ def test_halve_on_plateau_follows_section_3_6(tmp_path: Path) -> None:
     expected = jozefowicz_rates(val_losses, lr=0.8)
     assert expected == [0.8] * 6 + [0.4, 0.2, 0.1, 0.05]  # the rule's outcome on this script, by hand
     rates = LearningRates()
-    trainer = L.Trainer(
-        max_epochs=20,
-        callbacks=[HalveOnPlateau(), rates],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(max_epochs=20, callbacks=[HalveOnPlateau(), rates], num_sanity_val_steps=0)
     data = DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=1)
     trainer.fit(Scripted(val_losses, lr=0.8), data, DataLoader(TensorDataset(torch.zeros(1, 2)), batch_size=1))
     per_epoch = rates.per_step[::2]

@@ -17,7 +17,7 @@ from datamodules import TextDataModule
 from lightning_modules import LanguageModel
 from lightning_modules.dynamic_evaluation import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG
 from tests.test_nce import _LargestTensor
 from zoo.errors import ConfigError
@@ -83,15 +83,8 @@ def _fit(tmp_path: Path, sparse: bool, tie: bool) -> tuple[LanguageModel, TextDa
         tie_weights=tie, sparse_gradients=sparse,
     )  # fmt: skip
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.5)  # LightningCLI's job in lm-zoo
-    trainer = L.Trainer(
-        max_steps=8,
-        limit_val_batches=0,
-        gradient_clip_val=0.05,  # far below the gradient norms of this model: every step is clipped
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    # gradient_clip_val far below this model's gradient norms: every step is clipped
+    trainer = quiet_trainer(max_steps=8, limit_val_batches=0, gradient_clip_val=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice about data loader workers
         trainer.fit(model, dm)
