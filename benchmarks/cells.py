@@ -8,6 +8,10 @@ stack of ``--layers`` layers of ``--hidden`` units, for:
   ``x[:, t]`` indexing, nothing hoisted out of the loop): what a custom cell costs without care;
 * every architecture in the zoo with its default options (``--arch`` picks some).
 
+Each architecture is compared with the ``nn.LSTM`` (and naive LSTM) of its size: as many layers as the LSTM cells it
+runs per step. That is ``--layers`` for every cell but FS-RNN, whose layer is a block of ``k + 1`` LSTM cells (k fast,
+one slow) with the parameters and matmul FLOPs of ``k + 1`` LSTM layers of its width; the table names the depth.
+
 Measurements are interleaved (every model once per round, ``--rounds`` rounds, median kept) so that the ratios are
 measured under the same conditions; only ratios from one run should be compared. Example::
 
@@ -79,6 +83,13 @@ class TorchLSTM(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, None]:
         return self.rnn(x)[0], None
+
+
+def lstm_cells_per_layer(model: nn.Module) -> int:
+    """How many LSTM cells of the model's width one of its layers runs per step (its size in LSTM layers)."""
+    if isinstance(model, zoo.fs_rnn.FSRNN):
+        return model.fast_cells + 1  # k fast cells and the slow one, each an LSTM cell with its own weights
+    return 1
 
 
 def training_step(model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer) -> Callable:
@@ -154,13 +165,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     hidden, layers = args.hidden, args.layers
-    builders: dict[str, Callable[[], nn.Module]] = {"nn.LSTM": lambda: TorchLSTM(hidden, hidden, layers)}
-    if not args.no_naive:
-        builders["naive"] = lambda: NaiveLSTM(hidden, hidden, layers)
+    builders: dict[str, Callable[[], nn.Module]] = {}
+    yardstick_depth: dict[str, int] = {}  # model -> layers of the nn.LSTM (and naive LSTM) it is compared with
+
+    def add_yardsticks(depth: int) -> None:
+        suffix = "" if depth == layers else f" ({depth} layers)"
+        builders.setdefault(f"nn.LSTM{suffix}", lambda: TorchLSTM(hidden, hidden, depth))
+        yardstick_depth[f"nn.LSTM{suffix}"] = depth
+        if not args.no_naive:
+            builders.setdefault(f"naive{suffix}", lambda: NaiveLSTM(hidden, hidden, depth))
+            yardstick_depth[f"naive{suffix}"] = depth
+
+    add_yardsticks(layers)
     for name in args.arch or zoo.names():
+        depth = layers * lstm_cells_per_layer(zoo.build(name, 8, 8, layers))
+        add_yardsticks(depth)
         builders[name] = lambda name=name: zoo.build(name, hidden, hidden, layers)
+        yardstick_depth[name] = depth
         if args.loop and "fused" in zoo.get(name).options():
             builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
+            yardstick_depth[f"{name} (loop)"] = depth
 
     threads = torch.get_num_threads()
     print(f"# {device} ({threads} threads), torch {torch.__version__}, hidden {hidden} x {layers} layers")
@@ -172,18 +196,21 @@ def main(argv: list[str] | None = None) -> None:
         for bptt in args.bptt:
             seconds = measure(builders, batch, bptt, hidden, args.rounds, device)
             print(f"\n## batch {batch}, bptt {bptt}")
-            print(f"| {'model':<16} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} |")
-            print(f"|{'-' * 18}|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|")
+            print(f"| {'model':<22} | {'LSTM layers':>11} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} |")
+            print(f"|{'-' * 24}|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|")
             for name, step_time in seconds.items():
+                depth = yardstick_depth[name]
+                suffix = "" if depth == layers else f" ({depth} layers)"
                 tokens_per_s = batch * bptt / step_time
-                vs_fused = seconds["nn.LSTM"] / step_time
-                vs_naive = seconds["naive"] / step_time if "naive" in seconds else float("nan")
-                print(f"| {name:<16} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} |")
+                vs_fused = seconds[f"nn.LSTM{suffix}"] / step_time
+                vs_naive = seconds[f"naive{suffix}"] / step_time if f"naive{suffix}" in seconds else float("nan")
+                print(f"| {name:<22} | {depth:>11} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} |")
                 results.append(
                     {
                         "model": name,
                         "batch": batch,
                         "bptt": bptt,
+                        "lstm_layers": depth,
                         "tokens_per_s": tokens_per_s,
                         "ratio_nn_lstm": vs_fused,
                         "ratio_naive": vs_naive,
