@@ -168,13 +168,15 @@ def main(argv: list[str] | None = None) -> None:
     builders: dict[str, Callable[[], nn.Module]] = {}
     yardstick_depth: dict[str, int] = {}  # model -> layers of the nn.LSTM (and naive LSTM) it is compared with
 
+    def suffix(depth: int) -> str:
+        return "" if depth == layers else f" ({depth} layers)"
+
     def add_yardsticks(depth: int) -> None:
-        suffix = "" if depth == layers else f" ({depth} layers)"
-        builders.setdefault(f"nn.LSTM{suffix}", lambda: TorchLSTM(hidden, hidden, depth))
-        yardstick_depth[f"nn.LSTM{suffix}"] = depth
+        builders.setdefault(f"nn.LSTM{suffix(depth)}", lambda: TorchLSTM(hidden, hidden, depth))
+        yardstick_depth[f"nn.LSTM{suffix(depth)}"] = depth
         if not args.no_naive:
-            builders.setdefault(f"naive{suffix}", lambda: NaiveLSTM(hidden, hidden, depth))
-            yardstick_depth[f"naive{suffix}"] = depth
+            builders.setdefault(f"naive{suffix(depth)}", lambda: NaiveLSTM(hidden, hidden, depth))
+            yardstick_depth[f"naive{suffix(depth)}"] = depth
 
     add_yardsticks(layers)
     for name in args.arch or zoo.names():
@@ -202,10 +204,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"|{'-' * 24}|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|")
             for name, step_time in seconds.items():
                 depth = yardstick_depth[name]
-                suffix = "" if depth == layers else f" ({depth} layers)"
                 tokens_per_s = batch * bptt / step_time
-                vs_fused = seconds[f"nn.LSTM{suffix}"] / step_time
-                vs_naive = seconds[f"naive{suffix}"] / step_time if f"naive{suffix}" in seconds else float("nan")
+                vs_fused = seconds[f"nn.LSTM{suffix(depth)}"] / step_time
+                naive = f"naive{suffix(depth)}"
+                vs_naive = seconds[naive] / step_time if naive in seconds else float("nan")
                 print(f"| {name:<22} | {depth:>11} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} |")
                 results.append(
                     {
