@@ -92,6 +92,12 @@ def lstm_cells_per_layer(model: nn.Module) -> int:
     return 1
 
 
+def runs_a_kernel(model: nn.Module) -> bool:
+    """Whether the default model runs a kernel (``nn.LSTM``/``nn.GRU``/``nn.RNN``'s, or the Mogrifier's window
+    kernel), so that ``fused=False`` times a different path: its per-step autograd loop."""
+    return any(getattr(layer, "fused", False) or getattr(layer, "window_kernel", False) for layer in model.layers)
+
+
 def training_step(model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer) -> Callable:
     """A closure that runs one training step; the loss projects the outputs on a fixed random direction."""
 
@@ -185,8 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         add_yardsticks(depth)
         builders[name] = lambda name=name: zoo.build(name, hidden, hidden, layers)
         yardstick_depth[name] = depth
-        # Only where the default model runs a fused kernel (the Mogrifier takes `fused` for r = 0 alone).
-        if args.loop and any(getattr(layer, "fused", False) for layer in probe.layers):
+        if args.loop and runs_a_kernel(probe):
             builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
             yardstick_depth[f"{name} (loop)"] = depth
 

@@ -17,6 +17,6 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     assert rows["fs_rnn"]["lstm_layers"] == 6 and rows["nn.LSTM (6 layers)"]["lstm_layers"] == 6
     assert rows["lstm"]["lstm_layers"] == rows["mogrifier"]["lstm_layers"] == 2
     assert rows["nn.LSTM (6 layers)"]["ratio_nn_lstm"] == 1.0 and rows["nn.LSTM"]["ratio_nn_lstm"] == 1.0
-    # A per-step row only where the default model runs a fused kernel: the Mogrifier (r = 5) has none.
-    assert "lstm (loop)" in rows and "mogrifier (loop)" not in rows
+    # A per-step row only where the default model runs a kernel (nn.LSTM's, the Mogrifier's window kernel).
+    assert "lstm (loop)" in rows and "mogrifier (loop)" in rows and "fs_rnn (loop)" not in rows
     assert all(row["tokens_per_s"] > 0 for row in rows.values())

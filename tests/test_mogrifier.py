@@ -249,3 +249,78 @@ def test_mlstm_step_is_the_lstm_step_on_h_m() -> None:
     y_lstm, (_, c_lstm) = lstm(x, (h_m[None], c0))
     torch.testing.assert_close(y, y_lstm, atol=1e-6, rtol=0)
     torch.testing.assert_close(c1, c_lstm, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ the window kernel
+def _grads_of_both_paths(options: dict, reset: bool, seed: int = 3) -> tuple[list, list]:
+    """Outputs, final state and every gradient (parameters, input, incoming state) of the window kernel and of the
+    per-step autograd path, on the same float64 weights, dropout masks and resets."""
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(seed)
+        stack = zoo.build("mogrifier", M, N, 2, fused=fused, **options).double().train()
+        _randomise(stack)
+        torch.manual_seed(seed + 1)
+        x = torch.randn(3, 6, M, dtype=torch.float64, requires_grad=True)
+        state = tuple(torch.randn(2, 3, N, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        resets = torch.zeros(3, 6, dtype=torch.bool)
+        if reset:
+            resets[0, 2] = resets[2, 4] = True  # mid-window resets of two streams
+        torch.manual_seed(seed + 2)  # the same dropout masks for both paths
+        y, (h, c) = stack(x, state, resets)
+        loss = (y * torch.linspace(-1, 1, y.numel(), dtype=torch.float64).view_as(y)).sum() + (h * c).sum()
+        grads = torch.autograd.grad(loss, [x, *state, *stack.parameters()])
+        results.append([y, h, c, *grads])
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rank", [0, 2])
+def test_window_kernel_equals_the_per_step_path_with_gradients(rounds: int, rank: int) -> None:
+    kernel, per_step = _grads_of_both_paths({"rounds": rounds, "rank": rank}, reset=True)
+    for a, b in zip(kernel, per_step, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"round_bias": True},
+        {"state_dropout": 0.3, "weight_drop": 0.4, "dropout": 0.2},
+        {"rank": 0, "round_bias": True, "state_dropout": 0.5},
+    ],
+    ids=["round-bias", "dropouts", "full-rank-bias-state-dropout"],
+)
+def test_window_kernel_equals_the_per_step_path_with_every_option(options: dict) -> None:
+    kernel, per_step = _grads_of_both_paths({"rounds": 4, **options}, reset=True)
+    for a, b in zip(kernel, per_step, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_window_kernel_gradients_pass_gradcheck() -> None:
+    torch.manual_seed(0)
+    stack = zoo.build("mogrifier", M, N, 1, rounds=3, rank=2, round_bias=True).double()
+    _randomise(stack)
+    x = torch.randn(2, 4, M, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(1, 2, N, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(1, 2, N, dtype=torch.float64, requires_grad=True)
+    reset = torch.tensor([[False, False, True, False], [False, False, False, False]])
+    assert torch.autograd.gradcheck(lambda *a: stack(a[0], (a[1], a[2]), reset)[0], (x, h0, c0))
+
+
+def test_window_kernel_equals_the_per_step_path_through_onednn_in_float32() -> None:
+    """At a width whose LSTM weights take oneDNN's packed route (zoo.kernels.ONEDNN_MIN_WEIGHT), in float32."""
+    from zoo.kernels import ONEDNN_MIN_WEIGHT
+
+    width = 160
+    assert 4 * width * width >= ONEDNN_MIN_WEIGHT
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(5)
+        stack = zoo.build("mogrifier", width, width, 2, fused=fused)
+        x = torch.randn(4, 5, width, requires_grad=True)
+        y, (h, c) = stack(x)
+        grads = torch.autograd.grad((y * y).sum() + h.sum() + c.sum(), [x, *stack.parameters()])
+        results.append([y, h, c, *grads])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -63,7 +63,7 @@ class _WindowLinear(torch.autograd.Function):
         rows, weight = ctx.saved_tensors
         need_rows, need_weight, need_bias = ctx.needs_input_grad
         grad_rows = _linear(grad, weight.t()) if need_rows else None  # (T*B, I)
-        grad_weight = _gemm_tn(grad, rows) if need_weight else None  # (O, I)
+        grad_weight = gemm_tn(grad, rows) if need_weight else None  # (O, I)
         grad_bias = grad.sum(0) if ctx.has_bias and need_bias else None
         return grad_rows, grad_weight, grad_bias
 
@@ -88,7 +88,7 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     return y.view(steps, batch, -1).transpose(0, 1)  # (B, T, O) view of (T, B, O)
 
 
-def _gemm_tn(a: Tensor, b: Tensor) -> Tensor:
+def gemm_tn(a: Tensor, b: Tensor) -> Tensor:
     """``a.T @ b`` for ``a: (N, O)``, ``b: (N, I)``, through oneDNN on CPU (see the module doc)."""
     if not _use_onednn(a, a.size(1) * b.size(1)):
         return a.t() @ b
@@ -153,7 +153,7 @@ class _WindowWeightGrad(torch.autograd.Function):
         if inputs.size(1) != grad.size(1):
             raise RuntimeError(f"RecurrentMatmul was called {inputs.size(1)} times in a window of {grad.size(1)} steps")
         ctx.matmul.inputs = []  # release the window's inputs once they have been used
-        return _gemm_tn(grad.flatten(0, 1), inputs.flatten(0, 1)), None, None
+        return gemm_tn(grad.flatten(0, 1), inputs.flatten(0, 1)), None, None
 
 
 class RecurrentMatmul:

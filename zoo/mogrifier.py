@@ -24,13 +24,12 @@ the input alone, so they are computed for the whole window at once, and the inpu
 
 Speed. The input is mogrified per step, so ``W_x x`` cannot be hoisted out of the loop, and round i needs round i-1,
 so the rounds cannot be batched: a step streams both LSTM matrices (the LSTM streams only ``W_h``), which bounds the
-Mogrifier near half the per-step LSTM's throughput. What is shared: the last round reads the same vector as one half
-of the LSTM matmul (for odd r, ``Q^r`` and ``W_h`` both read ``h^{r-1}``; for even r, ``R^r`` and ``W_x`` both read
-``x^{r-1}``), so those two matrices are concatenated once per window and applied in one ``addmm``; a step costs
-``r + 1`` matmuls (``2r + 1`` at low rank). Measured against the alternatives (rounds, then one matmul over the
-concatenation ``[x^↑, h^↑]``; or ``W_x x^↑`` and ``W_h h^↑`` as two ``addmm`` into one buffer), it was as fast or
-slightly faster (CPU, hidden 650, batch 20, BPTT 35). Every matrix goes through :class:`~zoo.kernels.RecurrentMatmul`
-(one weight-gradient GEMM per window instead of one per step).
+Mogrifier near half the per-step LSTM's throughput at small batches, where those products are limited by memory
+bandwidth. The zigzag layer with rounds runs :class:`_MogrifierWindow` by default: the window's forward and backward
+loops written out, with no autograd nodes inside the step (some twenty per step otherwise) and one weight-gradient
+GEMM per matrix and window. ``fused=False`` (and the no-zigzag ablation) runs the per-step autograd path, where
+every matrix goes through :class:`~zoo.kernels.RecurrentMatmul` and the last round shares one matmul with the half of
+the LSTM that reads the same vector; the tests hold the two paths equal, gradients included.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.base import RecurrentStack, State
-from zoo.kernels import RecurrentMatmul, gated_product, window_linear
+from zoo.kernels import RecurrentMatmul, gated_product, gemm_tn, window_linear
 from zoo.lstm import LSTMLayer
 
 
@@ -74,7 +73,8 @@ class MogrifierLayer(LSTMLayer):
         rank: ``k``; ``k <= 0`` means full-rank ``Q^i``, ``R^i``.
         zigzag: ``False`` is the §4.1 ablation (gates from the original ``x`` and ``h_prev``).
         round_bias: add a bias inside each round's sigmoid (the reference code; not in the paper's equations).
-        fused: with ``rounds == 0``, use ``nn.LSTM``'s kernel when it computes the same function.
+        fused: with ``rounds == 0``, use ``nn.LSTM``'s kernel when it computes the same function; with rounds (zigzag),
+            the window kernel written out by hand. ``False`` runs the per-step autograd path.
     """
 
     def __init__(
@@ -89,11 +89,14 @@ class MogrifierLayer(LSTMLayer):
     ) -> None:
         if rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {rounds}")
-        super().__init__(input_size, hidden_size, fused and rounds == 0)  # no fused kernel with rounds
+        super().__init__(input_size, hidden_size, fused and rounds == 0)  # nn.LSTM's kernel for r = 0 only
         self.rounds = rounds
         self.rank = rank
         # With one round the two schemes are the same function (h^0 = h_prev); the zigzag path is the faster one.
         self.zigzag = zigzag or rounds <= 1
+        # With rounds, the zigzag layer runs the hand-written window kernel (_MogrifierWindow); the per-step autograd
+        # path (fused=False, and the no-zigzag ablation) is its independent check.
+        self.window_kernel = fused and rounds > 0 and self.zigzag
         self.round_bias = round_bias
         self.mog = nn.ParameterDict()
         for i in range(1, rounds + 1):
@@ -148,6 +151,32 @@ class MogrifierLayer(LSTMLayer):
         return 2 * torch.sigmoid(pre)
 
     # ------------------------------------------------------------------------------------------------ the loop
+    def forward(
+        self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
+    ) -> tuple[Tensor, State]:
+        if not self.window_kernel:
+            return super().forward(x, state, keep_at, state_mask)
+        rnn = self.rnn
+        rounds = [
+            _RoundWeights(
+                self._first(i), self.mog[f"{self.round_name(i)}_left"] if self.rank > 0 else None, self._bias(i)
+            )
+            for i in range(1, self.rounds + 1)
+        ]
+        y, h, c = _MogrifierWindow.apply(
+            keep_at,
+            (self.rank > 0, self.round_bias),
+            x,
+            state[0],
+            state[1],
+            state_mask,
+            rnn.weight_ih_l0,
+            rnn.weight_hh_l0,
+            rnn.bias_ih_l0 + rnn.bias_hh_l0,
+            *_flatten_rounds(rounds),
+        )
+        return y, (h, c)
+
     def hoist(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         if self.rounds == 0:
             return super().hoist(x)  # (B, T, 4n): W_x x + b, the LSTM's own hoist
@@ -209,6 +238,183 @@ class MogrifierLayer(LSTMLayer):
             h = self._round(r, pre, h)  # h^↑ (B, n)
             gates = w.other(h, add=gates)
         return lstm_update(gates, c)
+
+
+# The derivative kernels autograd itself uses: one fused op each instead of three or four elementwise ones.
+sigmoid_backward = torch.ops.aten.sigmoid_backward  # (g, s) -> g s (1 - s); out= through grad_input
+tanh_backward = torch.ops.aten.tanh_backward  # (g, t) -> g (1 - t^2)
+
+
+class _RoundWeights:
+    """Round i's tensors for the window kernel: ``first`` (the full matrix, or the right factor), ``left`` (the left
+    factor at low rank, else ``None``) and ``bias`` (or ``None``)."""
+
+    def __init__(self, first: Tensor, left: Tensor | None, bias: Tensor | None) -> None:
+        self.first, self.left, self.bias = first, left, bias
+
+
+class _MogrifierWindow(torch.autograd.Function):
+    """A zigzag Mogrifier layer over a whole window, forward and backward written out (no autograd inside).
+
+    Through autograd, a step is some twenty nodes (five rounds, two products, the LSTM's pointwise ops), and
+    building them is what made the per-step forward slower than the same arithmetic without grad (127 against 80 ms
+    at 2 x 650, batch 20, BPTT 35, 2 threads). Here the forward loop keeps what the backward needs, and the backward
+    loop runs BPTT by hand: the LSTM's gate gradient, the two input gradients (``W_x^T``, ``W_h^T``), then the rounds
+    in reverse (round i makes ``v = 2 s * u`` with ``s = sigm(p)``: ``du = 2 s * dv`` and
+    ``dp = 2 u * dv * s (1 - s)``). Every weight's gradient is one GEMM over the window. Measured against the per-step
+    path (``fused=False``) by ``benchmarks/cells.py --arch mogrifier --loop``.
+
+    Inputs: ``x`` ``(B, T, m)``, the layer's state ``h0``, ``c0`` ``(B, n)``, ``keep_at`` (step -> ``(B,)`` keep
+    mask), ``state_mask`` ``(B, n)`` or ``None``, ``W_x`` ``(4n, m)``, ``W_h`` ``(4n, n)``, the summed LSTM bias, and
+    each round's ``first``, ``left``, ``bias`` (``left``/``bias`` left out where absent, per ``layout``).
+    Outputs: ``y`` ``(B, T, n)``, ``h_T``, ``c_T``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        keep_at: dict[int, Tensor],
+        layout: tuple[bool, bool],
+        x: Tensor,
+        h0: Tensor,
+        c0: Tensor,
+        state_mask: Tensor | None,
+        w_x: Tensor,
+        w_h: Tensor,
+        bias: Tensor,
+        *round_tensors: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        low_rank, round_bias = layout
+        rounds = _unflatten_rounds(round_tensors, low_rank, round_bias)
+        batch, steps, n = x.size(0), x.size(1), h0.size(1)
+        inputs = x.transpose(0, 1)  # (T, B, m)
+        product_x, product_h = RecurrentMatmul(w_x, batch, steps), RecurrentMatmul(w_h, batch, steps)
+        saved = []  # per step: (x chain, h chain, low-rank products, gates, LSTM sigmoids, tanh(g), c_prev, tanh(c))
+        outputs = []
+        h, c = h0, c0
+        for t in range(steps):
+            if t in keep_at:
+                keep = keep_at[t].unsqueeze(1)  # (B, 1)
+                h, c = h * keep, c * keep
+            if state_mask is not None:
+                h = h * state_mask
+            xs, hs, mids, gates = [inputs[t]], [h], [], []  # x^{-1}, x^1, x^3, ... and h^0, h^2, ...
+            for i, weights in enumerate(rounds, start=1):
+                read, chain = (hs, xs) if i % 2 else (xs, hs)  # odd rounds gate x reading h (eq. 1), even rounds h
+                pre = read[-1] @ weights.first.t()  # (B, k) or (B, width)
+                mids.append(pre)
+                if weights.left is not None:
+                    pre = pre @ weights.left.t()
+                if weights.bias is not None:
+                    pre = pre + weights.bias
+                gate = torch.sigmoid(pre)  # sigm(.); the round multiplies by 2 sigm(.)
+                gates.append(gate)
+                chain.append(torch.mul(gate, chain[-1]).mul_(2))
+            pre = product_h.product(hs[-1], bias)  # (B, 4n)
+            pre = product_x.product(xs[-1], pre)
+            sig = torch.sigmoid(pre)
+            tanh_g = torch.tanh(pre[:, 2 * n : 3 * n])
+            c_prev = c
+            c = torch.addcmul(sig[:, n : 2 * n] * c, sig[:, :n], tanh_g)
+            tanh_c = torch.tanh(c)
+            h = sig[:, 3 * n :] * tanh_c
+            saved.append((xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c))
+            outputs.append(h)
+        ctx.keep_at, ctx.rounds, ctx.saved = keep_at, rounds, saved
+        ctx.products = product_x, product_h
+        ctx.state_mask = state_mask
+        return torch.stack(outputs, 1), h, c  # (B, T, n)
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor, grad_h: Tensor | None, grad_c: Tensor | None) -> tuple[Tensor | None, ...]:
+        rounds, saved, keep_at, state_mask = ctx.rounds, ctx.saved, ctx.keep_at, ctx.state_mask
+        product_x, product_h = ctx.products
+        steps = len(saved)
+        n = saved[0][1][0].size(1)
+        grad_ys = grad_y.transpose(0, 1)  # (T, B, n)
+        dh = torch.zeros_like(saved[0][1][0]) if grad_h is None else grad_h
+        dc = torch.zeros_like(dh) if grad_c is None else grad_c
+        grad_inputs = [None] * steps
+        grad_gates = [None] * steps  # (B, 4n) per step, for the weights' window GEMMs
+        grad_pre = [[None] * steps for _ in rounds]  # per round and step: d(pre-sigmoid) (B, width)
+        grad_mid = [[None] * steps for _ in rounds]  # at low rank: d(first product) (B, k)
+        for t in reversed(range(steps)):
+            xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c = saved[t]
+            dh = dh + grad_ys[t]
+            i_gate, f_gate, o_gate = sig[:, :n], sig[:, n : 2 * n], sig[:, 3 * n :]
+            dc = dc + tanh_backward(dh * o_gate, tanh_c)
+            d_pre = torch.empty_like(sig)  # (B, 4n), gate order i, f, g, o
+            sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
+            sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
+            tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
+            sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
+            grad_gates[t] = d_pre
+            dc = dc * f_gate
+            dx, dh = product_x.input_grad(d_pre), product_h.input_grad(d_pre)  # grads of x^up, h^up
+            for i in range(len(rounds), 0, -1):
+                weights, gate = rounds[i - 1], gates[i - 1]  # gate = sigm(p)
+                if i % 2:  # x^i = 2 gate * x^{i-2}, gate read h^{i-1}
+                    gated = xs[(i + 1) // 2 - 1]
+                    d_out, dx = dx, torch.mul(dx, gate).mul_(2)
+                else:
+                    gated = hs[i // 2 - 1]
+                    d_out, dh = dh, torch.mul(dh, gate).mul_(2)
+                d_p = sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
+                grad_pre[i - 1][t] = d_p
+                d_read = d_p
+                if weights.left is not None:
+                    d_read = d_read @ weights.left
+                    grad_mid[i - 1][t] = d_read
+                d_read = d_read @ weights.first
+                if i % 2:
+                    dh = dh + d_read
+                else:
+                    dx = dx + d_read
+            grad_inputs[t] = dx
+            if state_mask is not None:
+                dh = dh * state_mask
+            if t in keep_at:
+                keep = keep_at[t].unsqueeze(1)
+                dh, dc = dh * keep, dc * keep
+        # One GEMM per weight over the window, rows (T*B) in step order.
+        d_pre_all = torch.cat(grad_gates)  # (T*B, 4n)
+        x_up = torch.cat([step[0][-1] for step in saved])  # (T*B, m)
+        h_up = torch.cat([step[1][-1] for step in saved])
+        grad_w_x, grad_w_h = gemm_tn(d_pre_all, x_up), gemm_tn(d_pre_all, h_up)
+        grad_bias = d_pre_all.sum(0)
+        grad_rounds: list[Tensor] = []
+        for i, weights in enumerate(rounds, start=1):
+            chain = 1 if i % 2 else 0  # the vector round i read: h^{i-1} (odd) or x^{i-1} (even)
+            index = (i - 1) // 2 if i % 2 else i // 2
+            read = torch.cat([step[chain][index] for step in saved])  # (T*B, in)
+            d_p = torch.cat(grad_pre[i - 1])  # (T*B, out)
+            if weights.left is not None:
+                mids = torch.cat([step[2][i - 1] for step in saved])  # (T*B, k)
+                grad_rounds += [gemm_tn(torch.cat(grad_mid[i - 1]), read), gemm_tn(d_p, mids)]  # right, left
+            else:
+                grad_rounds.append(gemm_tn(d_p, read))
+            if weights.bias is not None:
+                grad_rounds.append(d_p.sum(0))
+        grad_x = torch.stack(grad_inputs, 1)  # (B, T, m)
+        return (None, None, grad_x, dh, dc, None, grad_w_x, grad_w_h, grad_bias, *grad_rounds)
+
+
+def _flatten_rounds(rounds: list[_RoundWeights]) -> list[Tensor]:
+    """The rounds' tensors in the order :class:`_MogrifierWindow` takes (and returns gradients for) them."""
+    return [t for r in rounds for t in (r.first, r.left, r.bias) if t is not None]
+
+
+def _unflatten_rounds(tensors: tuple[Tensor, ...], low_rank: bool, round_bias: bool) -> list[_RoundWeights]:
+    """Inverse of :func:`_flatten_rounds`, given which tensors each round has."""
+    per_round = 1 + low_rank + round_bias
+    rounds = []
+    for start in range(0, len(tensors), per_round):
+        group = list(tensors[start : start + per_round])
+        first = group.pop(0)
+        left = group.pop(0) if low_rank else None
+        bias = group.pop(0) if round_bias else None
+        rounds.append(_RoundWeights(first, left, bias))
+    return rounds
 
 
 def _uniform(rows: int, cols: int) -> nn.Parameter:
