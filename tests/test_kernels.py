@@ -88,6 +88,20 @@ def test_recurrent_matmul_matches_autograd_values_and_gradients(
         torch.testing.assert_close(_recurrence(raw * 0.5, x, bias, add, deferred=True), expected)
 
 
+@pytest.mark.parametrize("pack_transposed", [True, False])
+def test_recurrent_matmul_input_grad_packed_or_on_the_transposed_view(pack_transposed: bool) -> None:
+    """Both routes of the backward's product (a packed W^T, or oneDNN reading W.t() as it is) give grad @ W."""
+    if not kernels._packed_linear_works():
+        pytest.skip("this PyTorch build has no working oneDNN packed linear")
+    torch.manual_seed(2)
+    weight = torch.randn(640, 160)  # at the oneDNN size
+    assert weight.numel() >= kernels.ONEDNN_MIN_WEIGHT
+    matmul = RecurrentMatmul(weight, 4, 3, pack_transposed)
+    grad = torch.randn(4, 640)
+    torch.testing.assert_close(matmul.input_grad(grad), grad @ weight, rtol=1e-4, atol=1e-4)
+    assert (matmul._packed_t is not None) == pack_transposed
+
+
 def test_recurrent_matmul_must_be_called_once_per_step() -> None:
     weight = torch.randn(4, 4, requires_grad=True)
     matmul = RecurrentMatmul(weight, 2, 3)

@@ -171,11 +171,15 @@ class RecurrentMatmul:
         weight: ``(O, I)``; may be a non-leaf tensor (e.g. weight-dropped), its gradient flows back as usual.
         batch: ``B``.
         steps: ``T``, the number of calls to expect.
+        pack_transposed: whether the backward's products read a packed copy of ``W^T`` (made at the first backward
+            step) or oneDNN reads ``W``'s transposed view as it is. Packing costs 2-5 ms per 650 x 2600 weight and
+            window inside a training step; it pays back over long windows and large batches only.
     """
 
-    def __init__(self, weight: Tensor, batch: int, steps: int) -> None:
+    def __init__(self, weight: Tensor, batch: int, steps: int, pack_transposed: bool = True) -> None:
         detached = weight.detach()
         self.weight = detached  # (O, I)
+        self.pack_transposed = pack_transposed
         self.inputs: list[Tensor] = []
         self.batch = batch
         self._packed: Tensor | None = None
@@ -202,6 +206,8 @@ class RecurrentMatmul:
     def input_grad(self, grad: Tensor) -> Tensor:
         """``grad @ weight``: the gradient of ``inp`` for a step's output gradient ``grad`` ``(B, O)``."""
         if self._packed is not None:
+            if not self.pack_transposed:
+                return torch.ops.mkldnn._linear_pointwise(grad, self.weight.t(), None, "none", [], "")
             if self._packed_t is None:
                 self._packed_t = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), self.batch)
             return torch.ops.mkldnn._linear_pointwise(grad, self._packed_t, None, "none", [], "")
