@@ -90,10 +90,16 @@ def window_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 def gemm_tn(a: Tensor, b: Tensor) -> Tensor:
     """``a.T @ b`` for ``a: (N, O)``, ``b: (N, I)``, through oneDNN on CPU (see the module doc)."""
-    if not _use_onednn(a, a.size(1) * b.size(1)):
-        return a.t() @ b
+    return gemm_tn_each(a, [b])[0]
+
+
+def gemm_tn_each(a: Tensor, bs: list[Tensor]) -> list[Tensor]:
+    """``[a.T @ b for b in bs]`` (each ``b: (N, I_j)``), transposing ``a`` once for all of them on the oneDNN route."""
+    if not _use_onednn(a, a.size(1) * bs[0].size(1)):
+        return [a.t() @ b for b in bs]
     # Of the layouts oneDNN can take, transposing a and packing b.T measured fastest (700 x 2600 by 700 x 650).
-    return _linear(a.t().contiguous(), b.t())  # (O, I)
+    a_t = a.t().contiguous()  # (O, N)
+    return [_linear(a_t, b.t()) for b in bs]  # each (O, I_j)
 
 
 @functools.cache
