@@ -287,163 +287,121 @@ class _MogrifierWindow(torch.autograd.Function):
         low_rank, round_bias = layout
         rounds = _unflatten_rounds(round_tensors, low_rank, round_bias)
         batch, steps, n = x.size(0), x.size(1), h0.size(1)
+        inputs = x.transpose(0, 1)  # (T, B, m)
         # Small batches: the backward reads W's transposed view rather than packing W^T. Measured (2 x 650, BPTT 35,
         # 2 threads, ms per training step, view vs packed): batch 20 186-212 vs 206-240, batch 32 321 vs 334, batch 40
         # 341 vs 339, batch 64 558 vs 518.
         pack_transposed = batch > 32
         product_x = RecurrentMatmul(w_x, batch, steps, pack_transposed)
         product_h = RecurrentMatmul(w_h, batch, steps, pack_transposed)
-        # Window buffers, written a step at a time (out=): the backward and the weights' window GEMMs read them as
-        # they are, where per-step lists had to be concatenated (a copy of each) first.
-        buffers = _WindowBuffers(x, n, rounds)
-        y = x.new_empty(steps, batch, n)  # (T, B, n)
+        saved = []  # per step: (x chain, h chain, low-rank products, gates, LSTM sigmoids, tanh(g), c_prev, tanh(c))
+        outputs = []
         h, c = h0, c0
         for t in range(steps):
-            h_in = buffers.h_chain[0][t]  # h^0: the state as the step reads it
-            h_in.copy_(h)
             if t in keep_at:
                 keep = keep_at[t].unsqueeze(1)  # (B, 1)
-                h_in.mul_(keep)
-                c = c * keep
+                h, c = h * keep, c * keep
             if state_mask is not None:
-                h_in.mul_(state_mask)
+                h = h * state_mask
+            xs, hs, mids, gates = [inputs[t]], [h], [], []  # x^{-1}, x^1, x^3, ... and h^0, h^2, ...
             for i, weights in enumerate(rounds, start=1):
-                read, gated, out = buffers.round_vectors(i, t)  # odd rounds gate x reading h (eq. 1), even rounds h
+                read, chain = (hs, xs) if i % 2 else (xs, hs)  # odd rounds gate x reading h (eq. 1), even rounds h
+                pre = read[-1] @ weights.first.t()  # (B, k) or (B, width)
+                mids.append(pre)
                 if weights.left is not None:
-                    pre = torch.mm(torch.mm(read, weights.first.t(), out=buffers.mids[i - 1][t]), weights.left.t())
-                else:
-                    pre = read @ weights.first.t()  # (B, width)
+                    pre = pre @ weights.left.t()
                 if weights.bias is not None:
-                    pre += weights.bias
-                gate = torch.sigmoid(pre, out=buffers.gates[i - 1][t])  # sigm(.); the round multiplies by 2 sigm(.)
-                torch.mul(gate, gated, out=out).mul_(2)
-            pre = product_h.product(buffers.h_up[t], bias)  # (B, 4n)
-            pre = product_x.product(buffers.x_up[t], pre)
-            sig = torch.sigmoid(pre, out=buffers.sig[t])
-            tanh_g = torch.tanh(pre[:, 2 * n : 3 * n], out=buffers.tanh_g[t])
-            c = torch.addcmul(sig[:, n : 2 * n] * c, sig[:, :n], tanh_g, out=buffers.cells[t])
-            h = torch.mul(sig[:, 3 * n :], torch.tanh(c, out=buffers.tanh_c[t]), out=y[t])
-        ctx.keep_at, ctx.rounds, ctx.buffers, ctx.c0 = keep_at, rounds, buffers, c0
+                    pre = pre + weights.bias
+                gate = torch.sigmoid(pre)  # sigm(.); the round multiplies by 2 sigm(.)
+                gates.append(gate)
+                chain.append(torch.mul(gate, chain[-1]).mul_(2))
+            pre = product_h.product(hs[-1], bias)  # (B, 4n)
+            pre = product_x.product(xs[-1], pre)
+            sig = torch.sigmoid(pre)
+            tanh_g = torch.tanh(pre[:, 2 * n : 3 * n])
+            c_prev = c
+            c = torch.addcmul(sig[:, n : 2 * n] * c, sig[:, :n], tanh_g)
+            tanh_c = torch.tanh(c)
+            h = sig[:, 3 * n :] * tanh_c
+            saved.append((xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c))
+            outputs.append(h)
+        ctx.keep_at, ctx.rounds, ctx.saved = keep_at, rounds, saved
         ctx.products = product_x, product_h
         ctx.state_mask = state_mask
-        # (B, T, n) in its own memory: a transposed view would draw the next dropout's mask in another order than
-        # the per-step path, which the tests compare it with mask for mask.
-        return y.transpose(0, 1).contiguous(), h.clone(), c.clone()
+        return torch.stack(outputs, 1), h, c  # (B, T, n)
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor, grad_h: Tensor | None, grad_c: Tensor | None) -> tuple[Tensor | None, ...]:
-        rounds, buffers, keep_at, state_mask = ctx.rounds, ctx.buffers, ctx.keep_at, ctx.state_mask
+        rounds, saved, keep_at, state_mask = ctx.rounds, ctx.saved, ctx.keep_at, ctx.state_mask
         product_x, product_h = ctx.products
-        steps, batch, n = buffers.cells.shape
+        steps = len(saved)
+        n = saved[0][1][0].size(1)
         grad_ys = grad_y.transpose(0, 1)  # (T, B, n)
-        dh = grad_y.new_zeros(batch, n) if grad_h is None else grad_h
+        dh = torch.zeros_like(saved[0][1][0]) if grad_h is None else grad_h
         dc = torch.zeros_like(dh) if grad_c is None else grad_c
-        grad_gates = grad_y.new_empty(steps, batch, 4 * n)  # for the weights' window GEMMs
-        grad_pre = [grad_y.new_empty(steps, batch, g.size(-1)) for g in buffers.gates]  # d(pre-sigmoid) per round
-        grad_mid = [grad_y.new_empty(m.shape) for m in buffers.mids]  # at low rank: d(first product)
-        grad_x = grad_y.new_empty(steps, batch, buffers.x_in.size(-1))  # (T, B, m)
+        grad_inputs = [None] * steps
+        grad_gates = [None] * steps  # (B, 4n) per step, for the weights' window GEMMs
+        grad_pre = [[None] * steps for _ in rounds]  # per round and step: d(pre-sigmoid) (B, width)
+        grad_mid = [[None] * steps for _ in rounds]  # at low rank: d(first product) (B, k)
         for t in reversed(range(steps)):
-            sig, tanh_g, tanh_c = buffers.sig[t], buffers.tanh_g[t], buffers.tanh_c[t]
-            c_prev = buffers.cells[t - 1] if t else ctx.c0
-            if t in keep_at:
-                c_prev = c_prev * keep_at[t].unsqueeze(1)
+            xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c = saved[t]
             dh = dh + grad_ys[t]
             i_gate, f_gate, o_gate = sig[:, :n], sig[:, n : 2 * n], sig[:, 3 * n :]
             dc = dc + tanh_backward(dh * o_gate, tanh_c)
-            d_pre = grad_gates[t]  # (B, 4n), gate order i, f, g, o
+            d_pre = torch.empty_like(sig)  # (B, 4n), gate order i, f, g, o
             sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
             sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
             tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
             sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
+            grad_gates[t] = d_pre
             dc = dc * f_gate
             dx, dh = product_x.input_grad(d_pre), product_h.input_grad(d_pre)  # grads of x^up, h^up
             for i in range(len(rounds), 0, -1):
-                weights, gate = rounds[i - 1], buffers.gates[i - 1][t]  # gate = sigm(p)
-                _, gated, _ = buffers.round_vectors(i, t)
-                if i % 2:  # x^i = 2 gate * x^{i-2}, the gate read h^{i-1}
+                weights, gate = rounds[i - 1], gates[i - 1]  # gate = sigm(p)
+                if i % 2:  # x^i = 2 gate * x^{i-2}, gate read h^{i-1}
+                    gated = xs[(i + 1) // 2 - 1]
                     d_out, dx = dx, torch.mul(dx, gate).mul_(2)
                 else:
+                    gated = hs[i // 2 - 1]
                     d_out, dh = dh, torch.mul(dh, gate).mul_(2)
-                # d/dp of 2 sigm(p) * u
-                d_p = sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate, grad_input=grad_pre[i - 1][t])
+                d_p = sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
+                grad_pre[i - 1][t] = d_p
+                d_read = d_p
                 if weights.left is not None:
-                    d_read = torch.mm(d_p, weights.left, out=grad_mid[i - 1][t]) @ weights.first
-                else:
-                    d_read = d_p @ weights.first
+                    d_read = d_read @ weights.left
+                    grad_mid[i - 1][t] = d_read
+                d_read = d_read @ weights.first
                 if i % 2:
                     dh = dh + d_read
                 else:
                     dx = dx + d_read
-            grad_x[t] = dx
+            grad_inputs[t] = dx
             if state_mask is not None:
                 dh = dh * state_mask
             if t in keep_at:
                 keep = keep_at[t].unsqueeze(1)
                 dh, dc = dh * keep, dc * keep
         # One GEMM per weight over the window, rows (T*B) in step order.
-        grad_gates = grad_gates.flatten(0, 1)  # (T*B, 4n)
-        grad_w_x, grad_w_h = gemm_tn_each(grad_gates, [buffers.x_up.flatten(0, 1), buffers.h_up.flatten(0, 1)])
+        d_pre_all = torch.cat(grad_gates)  # (T*B, 4n)
+        x_up = torch.cat([step[0][-1] for step in saved])  # (T*B, m)
+        h_up = torch.cat([step[1][-1] for step in saved])
+        grad_w_x, grad_w_h = gemm_tn_each(d_pre_all, [x_up, h_up])
+        grad_bias = d_pre_all.sum(0)
         grad_rounds: list[Tensor] = []
         for i, weights in enumerate(rounds, start=1):
-            read = buffers.read_window(i).flatten(0, 1)  # (T*B, in)
-            d_p = grad_pre[i - 1].flatten(0, 1)  # (T*B, out)
+            chain = 1 if i % 2 else 0  # the vector round i read: h^{i-1} (odd) or x^{i-1} (even)
+            index = (i - 1) // 2 if i % 2 else i // 2
+            read = torch.cat([step[chain][index] for step in saved])  # (T*B, in)
+            d_p = torch.cat(grad_pre[i - 1])  # (T*B, out)
             if weights.left is not None:
-                mids, d_mid = buffers.mids[i - 1].flatten(0, 1), grad_mid[i - 1].flatten(0, 1)  # (T*B, k)
-                grad_rounds += [gemm_tn(d_mid, read), gemm_tn(d_p, mids)]  # right (first), left
+                mids = torch.cat([step[2][i - 1] for step in saved])  # (T*B, k)
+                grad_rounds += [gemm_tn(torch.cat(grad_mid[i - 1]), read), gemm_tn(d_p, mids)]  # right, left
             else:
                 grad_rounds.append(gemm_tn(d_p, read))
             if weights.bias is not None:
                 grad_rounds.append(d_p.sum(0))
-        return (
-            None,
-            None,
-            grad_x.transpose(0, 1),  # (B, T, m)
-            dh,
-            dc,
-            None,
-            grad_w_x,
-            grad_w_h,
-            grad_gates.sum(0),
-            *grad_rounds,
-        )
-
-
-class _WindowBuffers:
-    """What :class:`_MogrifierWindow`'s forward keeps for its backward, each ``(T, B, width)``, step t at ``[t]``.
-
-    The two chains of eqs. 1-2: ``x_in`` (``x^{-1}``, the input), ``x_chain[j]`` = ``x^{2j+1}``, and
-    ``h_chain[j]`` = ``h^{2j}`` (``h^0`` the state as the step reads it). Per round: ``gates`` (``sigm(p)``) and, at low
-    rank, ``mids`` (the first product). The LSTM: its sigmoids (all four blocks), ``tanh(g)``, ``c`` and ``tanh(c)``.
-    """
-
-    def __init__(self, x: Tensor, n: int, rounds: list[_RoundWeights]) -> None:
-        batch, steps, m = x.shape
-        self.x_in = x.transpose(0, 1)  # (T, B, m)
-        odd, even = (len(rounds) + 1) // 2, len(rounds) // 2
-        self.x_chain = x.new_empty(odd, steps, batch, m)
-        self.h_chain = x.new_empty(1 + even, steps, batch, n)
-        self.gates = [x.new_empty(steps, batch, m if i % 2 else n) for i in range(1, len(rounds) + 1)]
-        self.mids = [x.new_empty(steps, batch, r.first.size(0)) for r in rounds if r.left is not None]
-        self.sig = x.new_empty(steps, batch, 4 * n)
-        self.tanh_g, self.cells, self.tanh_c = (x.new_empty(steps, batch, n) for _ in range(3))
-        self.x_up = self.x_chain[odd - 1]  # x^up: the last x (there is at least one round)
-        self.h_up = self.h_chain[even]
-
-    def _x(self, j: int) -> Tensor:
-        """``x^{2j-1}`` for the whole window: ``j = 0`` is the input."""
-        return self.x_in if j == 0 else self.x_chain[j - 1]
-
-    def read_window(self, i: int) -> Tensor:
-        """The vector round i reads, for the whole window: ``h^{i-1}`` (odd i) or ``x^{i-1}`` (even i)."""
-        return self.h_chain[(i - 1) // 2] if i % 2 else self._x(i // 2)
-
-    def round_vectors(self, i: int, t: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Round i at step t: the vector it reads, the vector it gates, and the slot of its output."""
-        if i % 2:  # x^i = 2 sigm(Q^i h^{i-1}) * x^{i-2}
-            j = (i + 1) // 2  # x^i is x chain position j
-            return self.h_chain[(i - 1) // 2][t], self._x(j - 1)[t], self.x_chain[j - 1][t]
-        j = i // 2  # h^i = 2 sigm(R^i x^{i-1}) * h^{i-2}; h^i is h chain position j
-        return self._x(j)[t], self.h_chain[j - 1][t], self.h_chain[j][t]
+        grad_x = torch.stack(grad_inputs, 1)  # (B, T, m)
+        return (None, None, grad_x, dh, dc, None, grad_w_x, grad_w_h, grad_bias, *grad_rounds)
 
 
 def _flatten_rounds(rounds: list[_RoundWeights]) -> list[Tensor]:
