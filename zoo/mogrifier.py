@@ -241,8 +241,8 @@ class MogrifierLayer(LSTMLayer):
 
 
 # The derivative kernels autograd itself uses: one fused op each instead of three or four elementwise ones.
-sigmoid_backward = torch.ops.aten.sigmoid_backward  # (g, s) -> g s (1 - s); out= through grad_input
-tanh_backward = torch.ops.aten.tanh_backward  # (g, t) -> g (1 - t^2)
+_sigmoid_backward = torch.ops.aten.sigmoid_backward  # (g, s) -> g s (1 - s); out= through grad_input
+_tanh_backward = torch.ops.aten.tanh_backward  # (g, t) -> g (1 - t^2)
 
 
 class _RoundWeights:
@@ -347,12 +347,12 @@ class _MogrifierWindow(torch.autograd.Function):
             xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c = saved[t]
             dh = dh + grad_ys[t]
             i_gate, f_gate, o_gate = sig[:, :n], sig[:, n : 2 * n], sig[:, 3 * n :]
-            dc = dc + tanh_backward(dh * o_gate, tanh_c)
+            dc = dc + _tanh_backward(dh * o_gate, tanh_c)
             d_pre = torch.empty_like(sig)  # (B, 4n), gate order i, f, g, o
-            sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
-            sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
-            tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
-            sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
+            _sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
+            _sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
+            _tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
+            _sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
             grad_gates[t] = d_pre
             dc = dc * f_gate
             dx, dh = product_x.input_grad(d_pre), product_h.input_grad(d_pre)  # grads of x^up, h^up
@@ -364,7 +364,7 @@ class _MogrifierWindow(torch.autograd.Function):
                 else:
                     gated = hs[i // 2 - 1]
                     d_out, dh = dh, torch.mul(dh, gate).mul_(2)
-                d_p = sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
+                d_p = _sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
                 grad_pre[i - 1][t] = d_p
                 d_read = d_p
                 if weights.left is not None:
