@@ -157,11 +157,15 @@ class MogrifierLayer(LSTMLayer):
         if not self.window_kernel:
             return super().forward(x, state, keep_at, state_mask)
         rnn = self.rnn
-        rounds = [
-            _RoundWeights(
-                self._first(i), self.mog[f"{self.round_name(i)}_left"] if self.rank > 0 else None, self._bias(i)
-            )
+        round_tensors = [  # in the order _unflatten_rounds reads them: first, left (low rank), bias (round_bias)
+            tensor
             for i in range(1, self.rounds + 1)
+            for tensor in (
+                self._first(i),
+                self.mog[f"{self.round_name(i)}_left"] if self.rank > 0 else None,
+                self._bias(i),
+            )
+            if tensor is not None
         ]
         y, h, c = _MogrifierWindow.apply(
             keep_at,
@@ -173,7 +177,7 @@ class MogrifierLayer(LSTMLayer):
             rnn.weight_ih_l0,
             rnn.weight_hh_l0,
             rnn.bias_ih_l0 + rnn.bias_hh_l0,
-            *_flatten_rounds(rounds),
+            *round_tensors,
         )
         return y, (h, c)
 
@@ -307,8 +311,8 @@ class _MogrifierWindow(torch.autograd.Function):
             for i, weights in enumerate(rounds, start=1):
                 read, chain = (hs, xs) if i % 2 else (xs, hs)  # odd rounds gate x reading h (eq. 1), even rounds h
                 pre = read[-1] @ weights.first.t()  # (B, k) or (B, width)
-                mids.append(pre)
                 if weights.left is not None:
+                    mids.append(pre)  # the left factor's input, for its weight gradient
                     pre = pre @ weights.left.t()
                 if weights.bias is not None:
                     pre = pre + weights.bias
@@ -404,13 +408,9 @@ class _MogrifierWindow(torch.autograd.Function):
         return (None, None, grad_x, dh, dc, None, grad_w_x, grad_w_h, grad_bias, *grad_rounds)
 
 
-def _flatten_rounds(rounds: list[_RoundWeights]) -> list[Tensor]:
-    """The rounds' tensors in the order :class:`_MogrifierWindow` takes (and returns gradients for) them."""
-    return [t for r in rounds for t in (r.first, r.left, r.bias) if t is not None]
-
-
 def _unflatten_rounds(tensors: tuple[Tensor, ...], low_rank: bool, round_bias: bool) -> list[_RoundWeights]:
-    """Inverse of :func:`_flatten_rounds`, given which tensors each round has."""
+    """The rounds' tensors, flat in :class:`_MogrifierWindow`'s arguments (first, left, bias per round, each
+    present or not as ``low_rank`` and ``round_bias`` say), grouped again by round."""
     per_round = 1 + low_rank + round_bias
     rounds = []
     for start in range(0, len(tensors), per_round):
