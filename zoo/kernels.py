@@ -36,6 +36,17 @@ def _use_onednn(x: Tensor, weight_numel: int | None = None) -> bool:
     )
 
 
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ W.T + bias`` through oneDNN's linear, ``weight`` packed by ``_reorder_linear_weight`` (or any
+    strided ``W``; see :func:`_packed_linear_works` for why these private ops are safe to use here)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def packed_linear_add(x: Tensor, add: Tensor, weight: Tensor) -> Tensor:
+    """``add + x @ W.T`` through oneDNN's linear, the addition fused into the GEMM (``add``: ``(B, O)``)."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, None, "add")
+
+
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` for ``x: (N, I)``, ``weight: (O, I)`` (any strides), through oneDNN on CPU.
 
@@ -45,7 +56,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if not _use_onednn(x):
         return F.linear(x, weight, bias)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, x.size(0))
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+    return packed_linear(x.contiguous(), packed, bias)
 
 
 class _WindowLinear(torch.autograd.Function):
@@ -203,21 +214,30 @@ class RecurrentMatmul:
     def product(self, inp: Tensor, add: Tensor | None = None) -> Tensor:
         """``add + inp @ weight.T`` without autograd; ``add`` is ``(B, O)``, ``(O,)`` or ``None``."""
         if self._packed is not None:
-            linear = torch.ops.mkldnn._linear_pointwise
             if add is None or add.dim() == 1:  # a bias goes into the GEMM
-                return linear(inp, self._packed, add, "none", [], "")
-            return linear.binary(inp, add, self._packed, None, "add")
+                return packed_linear(inp, self._packed, add)
+            return packed_linear_add(inp, add, self._packed)
         return inp @ self.weight.t() if add is None else torch.addmm(add, inp, self.weight.t())
+
+    def forward_operand(self) -> tuple[Tensor, bool]:
+        """What :meth:`product` multiplies by, and whether it is oneDNN's packed weight (else ``W`` itself)."""
+        return (self._packed, True) if self._packed is not None else (self.weight, False)
+
+    def input_grad_operand(self) -> tuple[Tensor, bool]:
+        """What :meth:`input_grad` multiplies by: with oneDNN (``True``), ``W``'s transposed view or ``W^T``
+        packed (made here, once per window); otherwise ``W``, for a plain ``grad @ W``."""
+        if self._packed is None:
+            return self.weight, False
+        if not self.pack_transposed:
+            return self.weight.t(), True
+        if self._packed_t is None:
+            self._packed_t = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), self.batch)
+        return self._packed_t, True
 
     def input_grad(self, grad: Tensor) -> Tensor:
         """``grad @ weight``: the gradient of ``inp`` for a step's output gradient ``grad`` ``(B, O)``."""
-        if self._packed is not None:
-            if not self.pack_transposed:
-                return torch.ops.mkldnn._linear_pointwise(grad, self.weight.t(), None, "none", [], "")
-            if self._packed_t is None:
-                self._packed_t = torch.ops.mkldnn._reorder_linear_weight(self.weight.t(), self.batch)
-            return torch.ops.mkldnn._linear_pointwise(grad, self._packed_t, None, "none", [], "")
-        return grad @ self.weight
+        operand, onednn = self.input_grad_operand()
+        return packed_linear(grad, operand) if onednn else grad @ operand
 
     def __call__(self, inp: Tensor, add: Tensor | None = None) -> Tensor:
         """``add + inp @ weight.T`` for the next step.

@@ -27,7 +27,8 @@ so the rounds cannot be batched: a step streams both LSTM matrices (the LSTM str
 Mogrifier near half the per-step LSTM's throughput at small batches, where those products are limited by memory
 bandwidth. The zigzag layer with rounds runs :class:`_MogrifierWindow` by default: the window's forward and backward
 loops written out, with no autograd nodes inside the step (some twenty per step otherwise) and one weight-gradient
-GEMM per matrix and window. ``fused=False`` (and the no-zigzag ablation) runs the per-step autograd path, where
+GEMM per matrix and window. The loops run in C++ (``zoo/csrc/mogrifier_window.cpp``, built on first use by
+:mod:`zoo.native`) or, where that cannot be built, as their Python twins, which compute the same bits. ``fused=False`` (and the no-zigzag ablation) runs the per-step autograd path, where
 every matrix goes through :class:`~zoo.kernels.RecurrentMatmul` and the last round shares one matmul with the half of
 the LSTM that reads the same vector; the tests hold the two paths equal, gradients included.
 """
@@ -39,8 +40,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo import native
 from zoo.base import RecurrentStack, State
-from zoo.kernels import RecurrentMatmul, gated_product, gemm_tn, gemm_tn_each, window_linear
+from zoo.kernels import (
+    RecurrentMatmul,
+    gated_product,
+    gemm_tn,
+    gemm_tn_each,
+    packed_linear,
+    packed_linear_add,
+    window_linear,
+)
 from zoo.lstm import LSTMLayer
 
 
@@ -249,12 +259,191 @@ _sigmoid_backward = torch.ops.aten.sigmoid_backward  # (g, s) -> g s (1 - s); ou
 _tanh_backward = torch.ops.aten.tanh_backward  # (g, t) -> g (1 - t^2)
 
 
-class _RoundWeights:
-    """Round i's tensors for the window kernel: ``first`` (the full matrix, or the right factor), ``left`` (the left
-    factor at low rank, else ``None``) and ``bias`` (or ``None``)."""
+class _WindowLayout:
+    """Where each saved tensor of a step sits in the window loops' flat list (``zoo/csrc/mogrifier_window.cpp`` keeps
+    the same one): ``xs`` (x^{-1}, x^1, x^3, ...), ``hs`` (h^0, h^2, ...), each round's first product at low rank
+    (``mid``), each round's ``sigm(pre)`` (``gate``), then the LSTM's sigmoids ``(B, 4n)``, ``tanh(g)``, ``c_prev`` and
+    ``tanh(c)`` (from ``lstm``)."""
 
-    def __init__(self, first: Tensor, left: Tensor | None, bias: Tensor | None) -> None:
-        self.first, self.left, self.bias = first, left, bias
+    def __init__(self, rounds: int, low_rank: bool) -> None:
+        self.rounds = rounds
+        self.hs = 1 + (rounds + 1) // 2  # xs come first: x^{-1} and one per odd round
+        self.mid = self.hs + 1 + rounds // 2
+        self.gate = self.mid + (rounds if low_rank else 0)
+        self.lstm = self.gate + rounds
+        self.per_step = self.lstm + 4
+
+    def read(self, i: int) -> int:
+        """The vector round i (1-based) read: h^{i-1} for odd i (eq. 1), x^{i-1} for even i (eq. 2)."""
+        return self.hs + (i - 1) // 2 if i % 2 else i // 2
+
+    def gated(self, i: int) -> int:
+        """The vector round i gated: x^{i-2} for odd i, h^{i-2} for even i."""
+        return (i + 1) // 2 - 1 if i % 2 else self.hs + i // 2 - 1
+
+
+def _forward_loop(
+    x: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    keep: list[Tensor | None],
+    state_mask: Tensor | None,
+    weight_x: Tensor,
+    weight_h: Tensor,
+    packed: bool,
+    bias: Tensor,
+    firsts: list[Tensor],
+    lefts: list[Tensor | None],
+    biases: list[Tensor | None],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """The window kernel's forward loop in Python: the twin of ``mogrifier_window_forward`` in
+    ``zoo/csrc/mogrifier_window.cpp``, op for op, and what runs where the C++ kernels cannot be built.
+
+    Args:
+        x: ``(B, T, m)``.
+        h0: ``(B, n)``.
+        c0: ``(B, n)``.
+        keep: per step, the ``(B,)`` keep mask of a reset, or ``None``.
+        state_mask: ``(B, n)`` state dropout mask, or ``None``.
+        weight_x: ``W_x`` ``(4n, m)``, or oneDNN's packed copy when ``packed``.
+        weight_h: ``W_h`` ``(4n, n)``, likewise.
+        packed: whether the weights are oneDNN-packed (:class:`~zoo.kernels.RecurrentMatmul`).
+        bias: ``(4n,)`` the LSTM's summed bias.
+        firsts: per round, the matrix that reads the round's input (full, or the right factor).
+        lefts: per round, the left factor at low rank, else ``None``.
+        biases: per round, the bias inside the sigmoid, or ``None``.
+
+    Returns:
+        ``y`` ``(B, T, n)``, ``h_T``, ``c_T`` and the saved tensors, step after step (:class:`_WindowLayout`).
+    """
+    inputs = x.transpose(0, 1)  # (T, B, m)
+    saved: list[Tensor] = []
+    outputs = []
+    h, c, n = h0, c0, h0.size(1)
+    for t, keep_t in enumerate(keep):
+        if keep_t is not None:
+            keep_t = keep_t.unsqueeze(1)  # (B, 1)
+            h, c = h * keep_t, c * keep_t
+        if state_mask is not None:
+            h = h * state_mask
+        xs, hs, mids, gates = [inputs[t]], [h], [], []
+        for i, (first, left, round_bias) in enumerate(zip(firsts, lefts, biases, strict=True), start=1):
+            read, chain = (hs, xs) if i % 2 else (xs, hs)  # odd rounds gate x reading h (eq. 1), even rounds h
+            pre = torch.mm(read[-1], first.t())  # (B, k) or (B, width)
+            if left is not None:
+                mids.append(pre)  # the left factor's input, for its weight gradient
+                pre = torch.mm(pre, left.t())
+            if round_bias is not None:
+                pre = pre + round_bias
+            gate = torch.sigmoid(pre)  # sigm(.); the round multiplies by 2 sigm(.)
+            gates.append(gate)
+            chain.append(torch.mul(gate, chain[-1]).mul_(2))
+        if packed:  # (B, 4n) = W_h h^up + b + W_x x^up
+            pre = packed_linear_add(xs[-1], packed_linear(hs[-1], weight_h, bias), weight_x)
+        else:
+            pre = torch.addmm(torch.addmm(bias, hs[-1], weight_h.t()), xs[-1], weight_x.t())
+        sig = torch.sigmoid(pre)
+        tanh_g = torch.tanh(pre[:, 2 * n : 3 * n])
+        c_prev = c
+        c = torch.addcmul(sig[:, n : 2 * n] * c, sig[:, :n], tanh_g)
+        tanh_c = torch.tanh(c)
+        h = sig[:, 3 * n :] * tanh_c
+        saved += [*xs, *hs, *mids, *gates, sig, tanh_g, c_prev, tanh_c]
+        outputs.append(h)
+    return torch.stack(outputs, 1), h, c, saved
+
+
+def _backward_loop(
+    saved: list[Tensor],
+    grad_y: Tensor,
+    grad_h: Tensor,
+    grad_c: Tensor,
+    keep: list[Tensor | None],
+    state_mask: Tensor | None,
+    operand_x: Tensor,
+    operand_h: Tensor,
+    onednn: bool,
+    firsts: list[Tensor],
+    lefts: list[Tensor | None],
+    biases: list[Tensor | None],
+) -> list[Tensor]:
+    """The window kernel's backward loop (BPTT by hand) in Python, twin of ``mogrifier_window_backward``.
+
+    Per step: the LSTM's gate gradient, the input gradients of ``W_x`` and ``W_h`` (``operand_*`` is ``W`` for a
+    plain ``mm``, or, when ``onednn``, what oneDNN's linear reads: ``W``'s transposed view or ``W^T`` packed), then the
+    rounds in reverse: round i makes ``v = 2 s * u`` with ``s = sigm(p)``, so ``du = 2 s * dv`` and
+    ``dp = 2 u * dv * s (1 - s)``.
+
+    Returns:
+        ``grad_x`` ``(B, T, m)``, ``dh0``, ``dc0``, the gate gradients ``(T*B, 4n)``, then per round the gradient of
+        its pre-sigmoid ``(T*B, out)`` and, at low rank, of its first product ``(T*B, k)``: rows in step order, for
+        the weights' window GEMMs.
+    """
+    layout = _WindowLayout(len(firsts), lefts[0] is not None)
+    steps, n = len(keep), grad_h.size(1)
+    grad_ys = grad_y.transpose(0, 1)  # (T, B, n)
+    dh, dc = grad_h, grad_c
+    grad_inputs, grad_gates = [None] * steps, [None] * steps
+    grad_pre = [[None] * steps for _ in firsts]
+    grad_mid = [[None] * steps for _ in firsts]
+    for t in reversed(range(steps)):
+        step = saved[t * layout.per_step : (t + 1) * layout.per_step]
+        sig, tanh_g, c_prev, tanh_c = step[layout.lstm :]
+        dh = dh + grad_ys[t]
+        i_gate, f_gate, o_gate = sig[:, :n], sig[:, n : 2 * n], sig[:, 3 * n :]
+        dc = dc + _tanh_backward(dh * o_gate, tanh_c)
+        d_pre = torch.empty_like(sig)  # (B, 4n), gate order i, f, g, o
+        _sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
+        _sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
+        _tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
+        _sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
+        grad_gates[t] = d_pre
+        dc = dc * f_gate
+        dx, dh = _input_grad(d_pre, operand_x, onednn), _input_grad(d_pre, operand_h, onednn)  # of x^up, h^up
+        for i in range(len(firsts), 0, -1):
+            gate, gated = step[layout.gate + i - 1], step[layout.gated(i)]  # gate = sigm(p)
+            if i % 2:  # x^i = 2 gate * x^{i-2}, the gate read h^{i-1}
+                d_out, dx = dx, torch.mul(dx, gate).mul_(2)
+            else:
+                d_out, dh = dh, torch.mul(dh, gate).mul_(2)
+            d_p = _sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
+            grad_pre[i - 1][t] = d_read = d_p
+            if lefts[i - 1] is not None:
+                grad_mid[i - 1][t] = d_read = torch.mm(d_read, lefts[i - 1])
+            d_read = torch.mm(d_read, firsts[i - 1])
+            if i % 2:
+                dh = dh + d_read
+            else:
+                dx = dx + d_read
+        grad_inputs[t] = dx
+        if state_mask is not None:
+            dh = dh * state_mask
+        if keep[t] is not None:
+            keep_t = keep[t].unsqueeze(1)
+            dh, dc = dh * keep_t, dc * keep_t
+    result = [torch.stack(grad_inputs, 1), dh, dc, torch.cat(grad_gates)]
+    for i, left in enumerate(lefts):
+        result.append(torch.cat(grad_pre[i]))
+        if left is not None:
+            result.append(torch.cat(grad_mid[i]))
+    return result
+
+
+def _input_grad(grad: Tensor, operand: Tensor, onednn: bool) -> Tensor:
+    """``grad @ W`` for a step's gate gradient: oneDNN's linear on ``operand``, or a plain ``mm`` on ``W``."""
+    return packed_linear(grad, operand) if onednn else torch.mm(grad, operand)
+
+
+class _PythonLoops:
+    """The window loops in Python, under the names the C++ kernels have in ``torch.ops.lm_zoo``."""
+
+    mogrifier_window_forward = staticmethod(_forward_loop)
+    mogrifier_window_backward = staticmethod(_backward_loop)
+
+
+def _window_loops() -> Any:
+    """The C++ window loops when they can be built (:mod:`zoo.native`), else their Python twins."""
+    return native.ops() or _PythonLoops
 
 
 class _MogrifierWindow(torch.autograd.Function):
@@ -262,11 +451,10 @@ class _MogrifierWindow(torch.autograd.Function):
 
     Through autograd, a step is some twenty nodes (five rounds, two products, the LSTM's pointwise ops), and
     building them is what made the per-step forward slower than the same arithmetic without grad (127 against 80 ms
-    at 2 x 650, batch 20, BPTT 35, 2 threads). Here the forward loop keeps what the backward needs, and the backward
-    loop runs BPTT by hand: the LSTM's gate gradient, the two input gradients (``W_x^T``, ``W_h^T``), then the rounds
-    in reverse (round i makes ``v = 2 s * u`` with ``s = sigm(p)``: ``du = 2 s * dv`` and
-    ``dp = 2 u * dv * s (1 - s)``). Every weight's gradient is one GEMM over the window. Measured against the per-step
-    path (``fused=False``) by ``benchmarks/cells.py --arch mogrifier --loop``.
+    at 2 x 650, batch 20, BPTT 35, 2 threads). Here the forward loop keeps what the backward needs and the backward
+    loop runs BPTT by hand (:func:`_forward_loop`, :func:`_backward_loop`; in C++ where it can be built, see
+    ``zoo/csrc/mogrifier_window.cpp``). Every weight's gradient is one GEMM over the window, here. Measured against the
+    per-step path (``fused=False``) by ``benchmarks/cells.py --arch mogrifier --loop``.
 
     Inputs: ``x`` ``(B, T, m)``, the layer's state ``h0``, ``c0`` ``(B, n)``, ``keep_at`` (step -> ``(B,)`` keep
     mask), ``state_mask`` ``(B, n)`` or ``None``, ``W_x`` ``(4n, m)``, ``W_h`` ``(4n, n)``, the summed LSTM bias, and
@@ -289,137 +477,70 @@ class _MogrifierWindow(torch.autograd.Function):
         *round_tensors: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         low_rank, round_bias = layout
-        rounds = _unflatten_rounds(round_tensors, low_rank, round_bias)
-        batch, steps, n = x.size(0), x.size(1), h0.size(1)
-        inputs = x.transpose(0, 1)  # (T, B, m)
+        firsts, lefts, biases = _unflatten_rounds(round_tensors, low_rank, round_bias)
+        batch, steps = x.size(0), x.size(1)
         # Small batches: the backward reads W's transposed view rather than packing W^T. Measured (2 x 650, BPTT 35,
         # 2 threads, ms per training step, view vs packed): batch 20 186-212 vs 206-240, batch 32 321 vs 334, batch 40
         # 341 vs 339, batch 64 558 vs 518.
         pack_transposed = batch > 32
         product_x = RecurrentMatmul(w_x, batch, steps, pack_transposed)
         product_h = RecurrentMatmul(w_h, batch, steps, pack_transposed)
-        saved = []  # per step: (x chain, h chain, low-rank products, gates, LSTM sigmoids, tanh(g), c_prev, tanh(c))
-        outputs = []
-        h, c = h0, c0
-        for t in range(steps):
-            if t in keep_at:
-                keep = keep_at[t].unsqueeze(1)  # (B, 1)
-                h, c = h * keep, c * keep
-            if state_mask is not None:
-                h = h * state_mask
-            xs, hs, mids, gates = [inputs[t]], [h], [], []  # x^{-1}, x^1, x^3, ... and h^0, h^2, ...
-            for i, weights in enumerate(rounds, start=1):
-                read, chain = (hs, xs) if i % 2 else (xs, hs)  # odd rounds gate x reading h (eq. 1), even rounds h
-                pre = read[-1] @ weights.first.t()  # (B, k) or (B, width)
-                if weights.left is not None:
-                    mids.append(pre)  # the left factor's input, for its weight gradient
-                    pre = pre @ weights.left.t()
-                if weights.bias is not None:
-                    pre = pre + weights.bias
-                gate = torch.sigmoid(pre)  # sigm(.); the round multiplies by 2 sigm(.)
-                gates.append(gate)
-                chain.append(torch.mul(gate, chain[-1]).mul_(2))
-            pre = product_h.product(hs[-1], bias)  # (B, 4n)
-            pre = product_x.product(xs[-1], pre)
-            sig = torch.sigmoid(pre)
-            tanh_g = torch.tanh(pre[:, 2 * n : 3 * n])
-            c_prev = c
-            c = torch.addcmul(sig[:, n : 2 * n] * c, sig[:, :n], tanh_g)
-            tanh_c = torch.tanh(c)
-            h = sig[:, 3 * n :] * tanh_c
-            saved.append((xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c))
-            outputs.append(h)
-        ctx.keep_at, ctx.rounds, ctx.saved = keep_at, rounds, saved
+        (weight_x, packed), (weight_h, _) = product_x.forward_operand(), product_h.forward_operand()
+        keep = [keep_at.get(t) for t in range(steps)]
+        loops = _window_loops()
+        y, h, c, saved = loops.mogrifier_window_forward(
+            x, h0, c0, keep, state_mask, weight_x, weight_h, packed, bias, firsts, lefts, biases
+        )
+        ctx.loops, ctx.keep, ctx.state_mask, ctx.saved = loops, keep, state_mask, saved
+        ctx.rounds = firsts, lefts, biases
         ctx.products = product_x, product_h
-        ctx.state_mask = state_mask
-        return torch.stack(outputs, 1), h, c  # (B, T, n)
+        return y, h, c
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor, grad_h: Tensor | None, grad_c: Tensor | None) -> tuple[Tensor | None, ...]:
-        rounds, saved, keep_at, state_mask = ctx.rounds, ctx.saved, ctx.keep_at, ctx.state_mask
+        firsts, lefts, biases = ctx.rounds
         product_x, product_h = ctx.products
-        steps = len(saved)
-        n = saved[0][1][0].size(1)
-        grad_ys = grad_y.transpose(0, 1)  # (T, B, n)
-        dh = torch.zeros_like(saved[0][1][0]) if grad_h is None else grad_h
-        dc = torch.zeros_like(dh) if grad_c is None else grad_c
-        grad_inputs = [None] * steps
-        grad_gates = [None] * steps  # (B, 4n) per step, for the weights' window GEMMs
-        grad_pre = [[None] * steps for _ in rounds]  # per round and step: d(pre-sigmoid) (B, width)
-        grad_mid = [[None] * steps for _ in rounds]  # at low rank: d(first product) (B, k)
-        for t in reversed(range(steps)):
-            xs, hs, mids, gates, sig, tanh_g, c_prev, tanh_c = saved[t]
-            dh = dh + grad_ys[t]
-            i_gate, f_gate, o_gate = sig[:, :n], sig[:, n : 2 * n], sig[:, 3 * n :]
-            dc = dc + _tanh_backward(dh * o_gate, tanh_c)
-            d_pre = torch.empty_like(sig)  # (B, 4n), gate order i, f, g, o
-            _sigmoid_backward(dc * tanh_g, i_gate, grad_input=d_pre[:, :n])
-            _sigmoid_backward(dc * c_prev, f_gate, grad_input=d_pre[:, n : 2 * n])
-            _tanh_backward(dc * i_gate, tanh_g, grad_input=d_pre[:, 2 * n : 3 * n])
-            _sigmoid_backward(dh * tanh_c, o_gate, grad_input=d_pre[:, 3 * n :])
-            grad_gates[t] = d_pre
-            dc = dc * f_gate
-            dx, dh = product_x.input_grad(d_pre), product_h.input_grad(d_pre)  # grads of x^up, h^up
-            for i in range(len(rounds), 0, -1):
-                weights, gate = rounds[i - 1], gates[i - 1]  # gate = sigm(p)
-                if i % 2:  # x^i = 2 gate * x^{i-2}, gate read h^{i-1}
-                    gated = xs[(i + 1) // 2 - 1]
-                    d_out, dx = dx, torch.mul(dx, gate).mul_(2)
-                else:
-                    gated = hs[i // 2 - 1]
-                    d_out, dh = dh, torch.mul(dh, gate).mul_(2)
-                d_p = _sigmoid_backward(torch.mul(d_out, gated).mul_(2), gate)  # d/dp of 2 sigm(p) * u
-                grad_pre[i - 1][t] = d_p
-                d_read = d_p
-                if weights.left is not None:
-                    d_read = d_read @ weights.left
-                    grad_mid[i - 1][t] = d_read
-                d_read = d_read @ weights.first
-                if i % 2:
-                    dh = dh + d_read
-                else:
-                    dx = dx + d_read
-            grad_inputs[t] = dx
-            if state_mask is not None:
-                dh = dh * state_mask
-            if t in keep_at:
-                keep = keep_at[t].unsqueeze(1)
-                dh, dc = dh * keep, dc * keep
+        (operand_x, onednn), (operand_h, _) = product_x.input_grad_operand(), product_h.input_grad_operand()
+        saved, layout = ctx.saved, _WindowLayout(len(firsts), lefts[0] is not None)
+        h0 = saved[layout.hs]  # h^0 of the first step, for the shape of a gradient autograd left out
+        grad_h = torch.zeros_like(h0) if grad_h is None else grad_h
+        grad_c = torch.zeros_like(h0) if grad_c is None else grad_c
+        grad_x, dh, dc, d_pre_all, *round_grads = ctx.loops.mogrifier_window_backward(
+            saved, grad_y, grad_h, grad_c, ctx.keep, ctx.state_mask, operand_x, operand_h, onednn, firsts, lefts, biases
+        )
         # One GEMM per weight over the window, rows (T*B) in step order.
-        d_pre_all = torch.cat(grad_gates)  # (T*B, 4n)
-        x_up = torch.cat([step[0][-1] for step in saved])  # (T*B, m)
-        h_up = torch.cat([step[1][-1] for step in saved])
+
+        def window(index: int) -> Tensor:  # the saved tensor at `index` of every step, stacked (T*B, width)
+            return torch.cat(saved[index :: layout.per_step])
+
+        x_up, h_up = window(layout.hs - 1), window(layout.mid - 1)  # the last of xs and of hs
         grad_w_x, grad_w_h = gemm_tn_each(d_pre_all, [x_up, h_up])
-        grad_bias = d_pre_all.sum(0)
         grad_rounds: list[Tensor] = []
-        for i, weights in enumerate(rounds, start=1):
-            chain = 1 if i % 2 else 0  # the vector round i read: h^{i-1} (odd) or x^{i-1} (even)
-            index = (i - 1) // 2 if i % 2 else i // 2
-            read = torch.cat([step[chain][index] for step in saved])  # (T*B, in)
-            d_p = torch.cat(grad_pre[i - 1])  # (T*B, out)
-            if weights.left is not None:
-                mids = torch.cat([step[2][i - 1] for step in saved])  # (T*B, k)
-                grad_rounds += [gemm_tn(torch.cat(grad_mid[i - 1]), read), gemm_tn(d_p, mids)]  # right, left
+        round_grads = iter(round_grads)
+        for i, (left, round_bias) in enumerate(zip(lefts, biases, strict=True), start=1):
+            read, d_p = window(layout.read(i)), next(round_grads)  # (T*B, in), (T*B, out)
+            if left is not None:
+                grad_rounds += [gemm_tn(next(round_grads), read), gemm_tn(d_p, window(layout.mid + i - 1))]
             else:
                 grad_rounds.append(gemm_tn(d_p, read))
-            if weights.bias is not None:
+            if round_bias is not None:
                 grad_rounds.append(d_p.sum(0))
-        grad_x = torch.stack(grad_inputs, 1)  # (B, T, m)
-        return (None, None, grad_x, dh, dc, None, grad_w_x, grad_w_h, grad_bias, *grad_rounds)
+        return (None, None, grad_x, dh, dc, None, grad_w_x, grad_w_h, d_pre_all.sum(0), *grad_rounds)
 
 
-def _unflatten_rounds(tensors: tuple[Tensor, ...], low_rank: bool, round_bias: bool) -> list[_RoundWeights]:
+def _unflatten_rounds(
+    tensors: tuple[Tensor, ...], low_rank: bool, round_bias: bool
+) -> tuple[list[Tensor], list[Tensor | None], list[Tensor | None]]:
     """The rounds' tensors, flat in :class:`_MogrifierWindow`'s arguments (first, left, bias per round, each
-    present or not as ``low_rank`` and ``round_bias`` say), grouped again by round."""
+    present or not as ``low_rank`` and ``round_bias`` say), as three per-round lists: firsts, lefts, biases."""
     per_round = 1 + low_rank + round_bias
-    rounds = []
+    firsts, lefts, biases = [], [], []
     for start in range(0, len(tensors), per_round):
         group = list(tensors[start : start + per_round])
-        first = group.pop(0)
-        left = group.pop(0) if low_rank else None
-        bias = group.pop(0) if round_bias else None
-        rounds.append(_RoundWeights(first, left, bias))
-    return rounds
+        firsts.append(group.pop(0))
+        lefts.append(group.pop(0) if low_rank else None)
+        biases.append(group.pop(0) if round_bias else None)
+    return firsts, lefts, biases
 
 
 def _uniform(rows: int, cols: int) -> nn.Parameter:

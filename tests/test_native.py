@@ -1,0 +1,142 @@
+"""The C++ window loops of the Mogrifier (zoo/csrc) against their Python twins, and the fallback when they cannot be
+built. The window kernel as a whole is held to the per-step autograd path in tests/test_mogrifier.py."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo import mogrifier, native
+from zoo.kernels import ONEDNN_MIN_WEIGHT, RecurrentMatmul
+
+HAS_COMPILER = shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+@pytest.fixture()
+def cpp():
+    if native.disabled():
+        pytest.skip("LM_ZOO_CPP=0")
+    ops = native.ops()
+    assert ops is not None, "a C++ compiler is here, so the kernels must build"
+    return ops
+
+
+def _window_inputs(rounds: int, rank: int, bias: bool, masks: bool, width: int = 0, dtype=torch.float64) -> dict:
+    """Random inputs of the window loops, as _MogrifierWindow passes them (m != n unless ``width`` sets both)."""
+    torch.manual_seed(rounds * 10 + rank)
+    m, n = (width, width) if width else (5, 7)
+    batch, steps = 3, 6
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype) * 0.5
+
+    firsts, lefts, biases = [], [], []
+    for i in range(1, rounds + 1):
+        out, inp = (m, n) if i % 2 else (n, m)
+        firsts.append(rand(rank, inp) if rank > 0 else rand(out, inp))
+        lefts.append(rand(out, rank) if rank > 0 else None)
+        biases.append(rand(out) if bias else None)
+    keep = [None] * steps
+    if masks:
+        keep[2] = torch.tensor([1.0, 0.0, 1.0], dtype=dtype)
+        keep[4] = torch.tensor([0.0, 1.0, 1.0], dtype=dtype)
+    return {
+        "x": rand(batch, steps, m),
+        "h0": rand(batch, n),
+        "c0": rand(batch, n),
+        "keep": keep,
+        "state_mask": (torch.rand(batch, n) > 0.3).to(dtype) / 0.7 if masks else None,
+        "weight_x": rand(4 * n, m),
+        "weight_h": rand(4 * n, n),
+        "bias": rand(4 * n),
+        "firsts": firsts,
+        "lefts": lefts,
+        "biases": biases,
+    }
+
+
+def _run(loops, inputs: dict, products: tuple[RecurrentMatmul, RecurrentMatmul] | None = None) -> list[torch.Tensor]:
+    """Forward then backward through ``loops``; every output and saved tensor, flat."""
+    rounds = (inputs["firsts"], inputs["lefts"], inputs["biases"])
+    if products is None:
+        forward_operands = (inputs["weight_x"], inputs["weight_h"], False)
+        backward_operands = (inputs["weight_x"], inputs["weight_h"], False)
+    else:
+        (weight_x, packed), (weight_h, _) = (p.forward_operand() for p in products)
+        (operand_x, onednn), (operand_h, _) = (p.input_grad_operand() for p in products)
+        forward_operands, backward_operands = (weight_x, weight_h, packed), (operand_x, operand_h, onednn)
+    y, h, c, saved = loops.mogrifier_window_forward(
+        inputs["x"], inputs["h0"], inputs["c0"], inputs["keep"], inputs["state_mask"], *forward_operands,
+        inputs["bias"], *rounds,
+    )  # fmt: skip
+    torch.manual_seed(99)
+    grad_y, grad_h, grad_c = torch.randn_like(y), torch.randn_like(h), torch.randn_like(c)
+    grads = loops.mogrifier_window_backward(
+        saved, grad_y, grad_h, grad_c, inputs["keep"], inputs["state_mask"], *backward_operands, *rounds
+    )
+    return [y, h, c, *saved, *grads]
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 5])
+@pytest.mark.parametrize("rank", [0, 3])
+@pytest.mark.parametrize("bias, masks", [(False, False), (True, True)], ids=["plain", "bias-resets-state-dropout"])
+def test_cpp_loops_equal_their_python_twins_in_float64(cpp, rounds: int, rank: int, bias: bool, masks: bool) -> None:
+    inputs = _window_inputs(rounds, rank, bias, masks)
+    cpp_results, python_results = _run(cpp, inputs), _run(mogrifier._PythonLoops, inputs)
+    assert len(cpp_results) == len(python_results)
+    for a, b in zip(cpp_results, python_results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same ATen ops in the same order
+
+
+def test_cpp_loops_equal_their_python_twins_through_onednn_in_float32(cpp) -> None:
+    width = 160  # W_x, W_h take oneDNN's packed route
+    assert 4 * width * width >= ONEDNN_MIN_WEIGHT
+    for pack_transposed in (False, True):  # the backward reads W's transposed view, or W^T packed
+        inputs = _window_inputs(5, 40, True, True, width=width, dtype=torch.float32)
+        products = tuple(RecurrentMatmul(inputs[k], 3, 6, pack_transposed) for k in ("weight_x", "weight_h"))
+        assert products[0].forward_operand()[1] and products[0].input_grad_operand()[1]
+        for a, b in zip(_run(cpp, inputs, products), _run(mogrifier._PythonLoops, inputs, products), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on this machine")
+def test_the_kernels_build_where_a_compiler_exists(cpp) -> None:
+    assert mogrifier._window_loops() is cpp  # the Mogrifier runs them
+
+
+def test_lm_zoo_cpp_0_runs_the_python_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LM_ZOO_CPP", "0")
+    native.ops.cache_clear()
+    try:
+        assert native.ops() is None and mogrifier._window_loops() is mogrifier._PythonLoops
+        stack = zoo.build("mogrifier", 5, 7, 1)
+        y, _ = stack(torch.randn(2, 3, 5))
+        y.sum().backward()
+        assert all(p.grad is not None for p in stack.parameters())
+    finally:
+        native.ops.cache_clear()
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="needs a compiler to fail on a real compile error")
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++;\n")
+    monkeypatch.setattr(native, "SOURCES", [broken])
+    monkeypatch.setattr(native, "NAME", "lm_zoo_broken_test")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.delenv("LM_ZOO_CPP", raising=False)
+    native.ops.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"C\+\+ kernels could not be built \(.+\); the Mogrifier runs its Python"):
+            assert native.ops() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.ops() is None  # cached: no second attempt, no second warning
+            assert mogrifier._window_loops() is mogrifier._PythonLoops
+    finally:
+        native.ops.cache_clear()

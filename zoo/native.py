@@ -1,0 +1,82 @@
+"""The zoo's C++ kernels (``zoo/csrc``), compiled on first use with :func:`torch.utils.cpp_extension.load`.
+
+They are optional: each has a Python twin that computes the same thing with the same ATen ops (the tests hold the
+two equal), and where the extension cannot be built (no C++ compiler, say) the Python twin runs, after one warning
+that names the reason. ``LM_ZOO_CPP=0`` skips the build.
+
+The build takes some 20 s and is cached by PyTorch (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``), keyed by the source, so it happens once per machine and source version. It is
+compiled for the machine it runs on; no binary ships with the package, so there is nothing to match to a PyTorch
+build.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: The extension's name (its cache folder) and sources.
+NAME = "lm_zoo_kernels"
+SOURCES = [Path(__file__).parent / "csrc" / "mogrifier_window.cpp"]
+
+
+def disabled() -> bool:
+    """Whether ``LM_ZOO_CPP=0`` (or ``false``/``no``/``off``) asks for the Python kernels."""
+    return os.environ.get("LM_ZOO_CPP", "1").strip().lower() in {"0", "false", "no", "off"}
+
+
+@functools.cache
+def ops() -> Any | None:
+    """``torch.ops.lm_zoo`` with the C++ kernels registered, or ``None`` when they cannot be had (see module doc)."""
+    if disabled():
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        _put_ninja_on_path()
+        log.info("Building the zoo's C++ kernels (once per machine, about 20 s)")
+        cpp_extension.load(
+            name=NAME,
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=["-O2"],
+            is_python_module=False,
+            verbose=False,
+        )
+        return torch.ops.lm_zoo
+    except Exception as error:  # noqa: BLE001 - any failure to build means the Python twin runs, which is correct
+        reason = _one_line(error)
+        warnings.warn(
+            f"lm-zoo: the C++ kernels could not be built ({reason}); the Mogrifier runs its Python loop instead, "
+            "5-15% slower at batch 20. Install a C++ compiler (g++) to build them, or set LM_ZOO_CPP=0 "
+            "to skip the attempt.",
+            stacklevel=2,
+        )
+        return None
+
+
+def _put_ninja_on_path() -> None:
+    """PyTorch's builder calls ``ninja`` by name. The ``ninja`` wheel installs it beside this interpreter, which is
+    not on ``PATH`` when the virtual environment's Python is run without activating it."""
+    if shutil.which("ninja") is None:
+        bin_dir = str(Path(sys.executable).parent)
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _one_line(error: Exception) -> str:
+    """The gist of a build error: its first line up to the compiler command, and the compiler's first error."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    gist = lines[0].split(": [", 1)[0]  # "Error building extension 'x': [1/2] c++ ..." -> the part before the command
+    first_error = next((line for line in lines[1:] if "error" in line.lower()), None)
+    return gist if first_error is None else f"{gist}: {first_error[:200]}"
