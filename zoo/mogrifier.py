@@ -28,9 +28,10 @@ Mogrifier near half the per-step LSTM's throughput at small batches, where those
 bandwidth. The zigzag layer with rounds runs :class:`_MogrifierWindow` by default: the window's forward and backward
 loops written out, with no autograd nodes inside the step (some twenty per step otherwise) and one weight-gradient
 GEMM per matrix and window. The loops run in C++ (``zoo/csrc/mogrifier_window.cpp``, built on first use by
-:mod:`zoo.native`) or, where that cannot be built, as their Python twins, which compute the same bits. ``fused=False`` (and the no-zigzag ablation) runs the per-step autograd path, where
-every matrix goes through :class:`~zoo.kernels.RecurrentMatmul` and the last round shares one matmul with the half of
-the LSTM that reads the same vector; the tests hold the two paths equal, gradients included.
+:mod:`zoo.native`) or, where that cannot be built, as their Python twins, which compute the same bits.
+``fused=False`` (and the no-zigzag ablation) runs the per-step autograd path, where every matrix goes through
+:class:`~zoo.kernels.RecurrentMatmul` and the last round shares one matmul with the half of the LSTM that reads the
+same vector; the tests hold the two paths equal, gradients included.
 """
 
 from __future__ import annotations
@@ -314,7 +315,9 @@ def _forward_loop(
         biases: per round, the bias inside the sigmoid, or ``None``.
 
     Returns:
-        ``y`` ``(B, T, n)``, ``h_T``, ``c_T`` and the saved tensors, step after step (:class:`_WindowLayout`).
+        ``y`` ``(B, T, n)``, ``h_T``, ``c_T``, the saved tensors, step after step (:class:`_WindowLayout`), and the
+        weights' window GEMM operands, each ``(T*B, width)`` with rows in step order: ``x^1, x^3, ...`` (every ``xs``
+        but the input), ``h^0, h^2, ...`` (every ``hs``) and at low rank each round's first product.
     """
     inputs = x.transpose(0, 1)  # (T, B, m)
     saved: list[Tensor] = []
@@ -350,7 +353,10 @@ def _forward_loop(
         h = sig[:, 3 * n :] * tanh_c
         saved += [*xs, *hs, *mids, *gates, sig, tanh_g, c_prev, tanh_c]
         outputs.append(h)
-    return torch.stack(outputs, 1), h, c, saved
+    layout = _WindowLayout(len(firsts), lefts[0] is not None)
+    window_indices = [*range(1, layout.hs), *range(layout.hs, layout.mid), *range(layout.mid, layout.gate)]
+    windows = [torch.cat(saved[index :: layout.per_step]) for index in window_indices]
+    return torch.stack(outputs, 1), h, c, saved, windows
 
 
 def _backward_loop(
@@ -488,10 +494,10 @@ class _MogrifierWindow(torch.autograd.Function):
         (weight_x, packed), (weight_h, _) = product_x.forward_operand(), product_h.forward_operand()
         keep = [keep_at.get(t) for t in range(steps)]
         loops = _window_loops()
-        y, h, c, saved = loops.mogrifier_window_forward(
+        y, h, c, saved, windows = loops.mogrifier_window_forward(
             x, h0, c0, keep, state_mask, weight_x, weight_h, packed, bias, firsts, lefts, biases
         )
-        ctx.loops, ctx.keep, ctx.state_mask, ctx.saved = loops, keep, state_mask, saved
+        ctx.loops, ctx.keep, ctx.state_mask, ctx.saved, ctx.windows = loops, keep, state_mask, saved, windows
         ctx.rounds = firsts, lefts, biases
         ctx.products = product_x, product_h
         return y, h, c
@@ -511,7 +517,7 @@ class _MogrifierWindow(torch.autograd.Function):
         # One GEMM per weight over the window, rows (T*B) in step order.
 
         def window(index: int) -> Tensor:  # the saved tensor at `index` of every step, stacked (T*B, width)
-            return torch.cat(saved[index :: layout.per_step])
+            return ctx.windows[index - 1]  # the forward's windows: xs from x^1 (index 1), then hs, then mids
 
         x_up, h_up = window(layout.hs - 1), window(layout.mid - 1)  # the last of xs and of hs
         grad_w_x, grad_w_h = gemm_tn_each(d_pre_all, [x_up, h_up])
