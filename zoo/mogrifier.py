@@ -296,7 +296,7 @@ def _forward_loop(
     firsts: list[Tensor],
     lefts: list[Tensor | None],
     biases: list[Tensor | None],
-) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
     """The window kernel's forward loop in Python: the twin of ``mogrifier_window_forward`` in
     ``zoo/csrc/mogrifier_window.cpp``, op for op, and what runs where the C++ kernels cannot be built.
 

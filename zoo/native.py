@@ -13,7 +13,6 @@ build.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import shutil
 import sys
@@ -22,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 #: The extension's name (its cache folder) and sources.
 NAME = "lm_zoo_kernels"
@@ -44,7 +41,8 @@ def ops() -> Any | None:
         from torch.utils import cpp_extension
 
         _put_ninja_on_path()
-        log.info("Building the zoo's C++ kernels (once per machine, about 20 s)")
+        # A build is silent and takes a while; a cached one loads in a moment. Said once per process, as downloads are.
+        print("lm-zoo: loading the C++ kernels (zoo/csrc; built on first use, about 20 s)", file=sys.stderr, flush=True)
         cpp_extension.load(
             name=NAME,
             sources=[str(path) for path in SOURCES],
