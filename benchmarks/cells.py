@@ -13,7 +13,8 @@ runs per step. That is ``--layers`` for every cell but FS-RNN, whose layer is a 
 one slow) with the parameters and matmul FLOPs of ``k + 1`` LSTM layers of its width; the table names the depth.
 
 Measurements are interleaved (every model once per round, ``--rounds`` rounds, median kept) so that the ratios are
-measured under the same conditions; only ratios from one run should be compared. Example::
+measured under the same conditions; only ratios from one run should be compared. oneDNN's primitive cache is made
+large enough for every model's primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, below). Example::
 
     python benchmarks/cells.py                                # hidden 650, batch 20 and 64, BPTT 35 and 70
     python benchmarks/cells.py --arch lstm mogrifier --batch 20 --bptt 35 --rounds 3
@@ -31,8 +32,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from torch import Tensor, nn
+# Each model's oneDNN primitives stay cached, as they would in its own training process. With some twenty-five models
+# in one process, oneDNN's default cache (1,024 primitives) thrashed: the models that run the most oneDNN shapes kept
+# re-creating theirs. Measured (`--loop --no-naive --batch 64 --bptt 35 --threads 1`): 3 min 39 s with 37 s of
+# system time by default, 2 min 3 s with 7 s at 16,384; the Mogrifier's kernel 0.52x `nn.LSTM` against 0.65x. Read
+# when oneDNN makes its first primitive, so it is set before torch is imported.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
+
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
