@@ -296,7 +296,7 @@ def _forward_loop(
     firsts: list[Tensor],
     lefts: list[Tensor | None],
     biases: list[Tensor | None],
-) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The window kernel's forward loop in Python: the twin of ``mogrifier_window_forward`` in
     ``zoo/csrc/mogrifier_window.cpp``, op for op, and what runs where the C++ kernels cannot be built.
 
@@ -315,9 +315,7 @@ def _forward_loop(
         biases: per round, the bias inside the sigmoid, or ``None``.
 
     Returns:
-        ``y`` ``(B, T, n)``, ``h_T``, ``c_T``, the saved tensors, step after step (:class:`_WindowLayout`), and the
-        weights' window GEMM operands, each ``(T*B, width)`` with rows in step order: ``x^1, x^3, ...`` (every ``xs``
-        but the input), ``h^0, h^2, ...`` (every ``hs``) and at low rank each round's first product.
+        ``y`` ``(B, T, n)``, ``h_T``, ``c_T`` and the saved tensors, step after step (:class:`_WindowLayout`).
     """
     inputs = x.transpose(0, 1)  # (T, B, m)
     saved: list[Tensor] = []
@@ -353,10 +351,7 @@ def _forward_loop(
         h = sig[:, 3 * n :] * tanh_c
         saved += [*xs, *hs, *mids, *gates, sig, tanh_g, c_prev, tanh_c]
         outputs.append(h)
-    layout = _WindowLayout(len(firsts), lefts[0] is not None)
-    window_indices = [*range(1, layout.hs), *range(layout.hs, layout.mid), *range(layout.mid, layout.gate)]
-    windows = [torch.cat(saved[index :: layout.per_step]) for index in window_indices]
-    return torch.stack(outputs, 1), h, c, saved, windows
+    return torch.stack(outputs, 1), h, c, saved
 
 
 def _backward_loop(
@@ -494,10 +489,10 @@ class _MogrifierWindow(torch.autograd.Function):
         (weight_x, packed), (weight_h, _) = product_x.forward_operand(), product_h.forward_operand()
         keep = [keep_at.get(t) for t in range(steps)]
         loops = _window_loops()
-        y, h, c, saved, windows = loops.mogrifier_window_forward(
+        y, h, c, saved = loops.mogrifier_window_forward(
             x, h0, c0, keep, state_mask, weight_x, weight_h, packed, bias, firsts, lefts, biases
         )
-        ctx.loops, ctx.keep, ctx.state_mask, ctx.saved, ctx.windows = loops, keep, state_mask, saved, windows
+        ctx.loops, ctx.keep, ctx.state_mask, ctx.saved = loops, keep, state_mask, saved
         ctx.rounds = firsts, lefts, biases
         ctx.products = product_x, product_h
         return y, h, c
@@ -517,7 +512,7 @@ class _MogrifierWindow(torch.autograd.Function):
         # One GEMM per weight over the window, rows (T*B) in step order.
 
         def window(index: int) -> Tensor:  # the saved tensor at `index` of every step, stacked (T*B, width)
-            return ctx.windows[index - 1]  # the forward's windows: xs from x^1 (index 1), then hs, then mids
+            return torch.cat(saved[index :: layout.per_step])
 
         x_up, h_up = window(layout.hs - 1), window(layout.mid - 1)  # the last of xs and of hs
         grad_w_x, grad_w_h = gemm_tn_each(d_pre_all, [x_up, h_up])

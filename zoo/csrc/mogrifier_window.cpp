@@ -2,15 +2,17 @@
 //
 // Why C++: at batch 20 a Mogrifier step is about a hundred small ATen ops (five rounds, the LSTM's pointwise ops and
 // their derivatives), each a few microseconds of Python on top of its own dispatch. Run from here instead, a training
-// step takes 10-17% less time (2 x 650, batch 20 and 64, 2 threads). TorchScript would remove that overhead too, but
-// torch.jit.script is deprecated; torch.compile was slower than eager here (its CPU linear is not oneDNN's packed one
-// in training). So the loops are written out once more, op for op as their Python twins in zoo/mogrifier.py: the same
-// ATen calls in the same order, so that the two agree to the last bits (GEMMs may round differently on rows of the
-// window buffers), which tests/test_native.py checks.
+// step took 5-14% less time (2 x 650, batch 20, interleaved with the Python loops in one process). TorchScript would
+// remove that overhead too, but torch.jit.script is deprecated; torch.compile was slower than eager here (its CPU
+// linear is not oneDNN's packed one in training). So the loops are written out once more, op for op as their Python
+// twins in zoo/mogrifier.py: the same ATen calls in the same order, so that the two agree bit for bit, which
+// tests/test_native.py checks.
 //
-// The window GEMMs (the weights' gradients) stay in Python (zoo/kernels.py); only the per-step loops are here. Their
-// operands are written a step at a time into window buffers (T*B rows, step after step), which Python would have
-// concatenated from the per-step tensors: the same values, without the copy.
+// The window GEMMs (the weights' gradients) stay in Python (zoo/kernels.py); only the per-step loops are here. Tried
+// and dropped: writing their operands into window buffers a row block per step instead of concatenating per-step
+// tensors. Alone it was within noise at batch 20, and at batch 64 in a process that also trains other models it took
+// 635-688 against 465-515 ms per step, with twice the page faults (36-40 against 19-22 thousand per step): large
+// buffers that live from the forward to the backward come as fresh pages from a fragmented heap.
 //
 // Saved tensors, per step, in this order (the Python path keeps the same ones):
 //   xs: x^{-1}, x^1, x^3, ...  (1 + odd rounds)      hs: h^0, h^2, ...   (1 + even rounds)
@@ -79,10 +81,8 @@ struct Layout {
   int64_t per_step() const { return lstm() + 4; }
 };
 
-// Forward loop. Returns y (B, T, n), h_T, c_T, the saved tensors (Layout, step after step), and the window buffers
-// of the weights' gradients: x^1, x^3, ... (every xs but the input), h^0, h^2, ... (every hs) and, at low rank, each
-// round's first product, each (T*B, width) with the step's rows at t*B.
-std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<Tensor>> forward(
+// Forward loop. Returns y (B, T, n), h_T, c_T and the saved tensors (Layout, step after step).
+std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> forward(
     const Tensor& x, const Tensor& h0, const Tensor& c0, const OptionalTensorList& keep,
     const OptionalTensor& state_mask, const Tensor& weight_x, const Tensor& weight_h, bool packed,
     const Tensor& bias, const std::vector<Tensor>& firsts, const OptionalTensorList& lefts,
@@ -96,14 +96,6 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<Tensor>> for
   saved.reserve(steps * layout.per_step());
   std::vector<Tensor> outputs;
   outputs.reserve(steps);
-  const int64_t batch = x.size(0);
-  std::vector<Tensor> x_windows, h_windows, mid_windows;  // (T*B, width) each
-  for (int64_t i = 1; i <= r; ++i) {
-    const int64_t width = (i % 2) ? x.size(2) : n;
-    ((i % 2) ? x_windows : h_windows).push_back(at::empty({steps * batch, width}, x.options()));
-    if (rounds.lefts[i - 1].has_value()) mid_windows.push_back(at::empty({steps * batch, rounds.firsts[i - 1].size(0)}, x.options()));
-  }
-  h_windows.insert(h_windows.begin(), at::empty({steps * batch, n}, x.options()));  // h^0
   Tensor h = h0, c = c0;
   std::vector<Tensor> xs, hs, mids, gates;
   for (int64_t t = 0; t < steps; ++t) {
@@ -114,8 +106,6 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<Tensor>> for
       c = c * k;
     }
     if (state_mask.has_value()) h = h * *state_mask;
-    const auto row = [&](const Tensor& window) { return window.narrow(0, t * batch, batch); };  // (B, width)
-    h = row(h_windows[0]).copy_(h);
     xs.assign({inputs.select(0, t)});
     hs.assign({h});
     mids.clear();
@@ -123,22 +113,15 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<Tensor>> for
     for (int64_t i = 1; i <= r; ++i) {  // odd rounds gate x reading h (eq. 1), even rounds gate h reading x (eq. 2)
       std::vector<Tensor>& read = (i % 2) ? hs : xs;
       std::vector<Tensor>& chain = (i % 2) ? xs : hs;
-      Tensor pre;  // (B, k) or (B, width)
+      Tensor pre = at::mm(read.back(), rounds.firsts[i - 1].t());  // (B, k) or (B, width)
       if (rounds.lefts[i - 1].has_value()) {
-        pre = row(mid_windows[mids.size()]);
-        at::mm_out(pre, read.back(), rounds.firsts[i - 1].t());
         mids.push_back(pre);
         pre = at::mm(pre, rounds.lefts[i - 1]->t());
-      } else {
-        pre = at::mm(read.back(), rounds.firsts[i - 1].t());
       }
       if (rounds.biases[i - 1].has_value()) pre = pre + *rounds.biases[i - 1];
       Tensor gate = at::sigmoid(pre);
       gates.push_back(gate);
-      std::vector<Tensor>& windows = (i % 2) ? x_windows : h_windows;
-      const size_t index = (i % 2) ? chain.size() - 1 : chain.size();  // x^{-1} has no window, h^0 has one
-      Tensor gated = row(windows[index]);
-      chain.push_back(at::mul_out(gated, gate, chain.back()).mul_(2));
+      chain.push_back(at::mul(gate, chain.back()).mul_(2));
     }
     Tensor pre;  // (B, 4n) = W_h h^up + b + W_x x^up, summed in that order as in Python
     if (packed) {
@@ -161,10 +144,7 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<Tensor>> for
     saved.insert(saved.end(), {sig, tanh_g, c_prev, tanh_c});
     outputs.push_back(h);
   }
-  std::vector<Tensor> windows(x_windows);
-  windows.insert(windows.end(), h_windows.begin(), h_windows.end());
-  windows.insert(windows.end(), mid_windows.begin(), mid_windows.end());
-  return {at::stack(outputs, 1), h, c, saved, windows};
+  return {at::stack(outputs, 1), h, c, saved};
 }
 
 // grad @ W for a step's gate gradient (B, 4n): through oneDNN on `operand` (W's transposed view, or W^T packed), or
@@ -189,17 +169,8 @@ std::vector<Tensor> backward(const std::vector<Tensor>& saved, const Tensor& gra
   const int64_t n = grad_h.size(1);
   const Tensor grad_ys = grad_y.transpose(0, 1);  // (T, B, n)
   Tensor dh = grad_h, dc = grad_c;
-  const int64_t batch = grad_y.size(0);
-  std::vector<Tensor> grad_inputs(steps);
-  // The window buffers the weights' GEMMs read: the gate gradients, and per round d(pre-sigmoid) and d(first product).
-  const Tensor grad_gates = at::empty({steps * batch, 4 * n}, grad_y.options());
-  std::vector<Tensor> grad_pre, grad_mid;
-  for (int64_t i = 0; i < r; ++i) {
-    const Tensor& gate = saved[layout.gate(i)];
-    grad_pre.push_back(at::empty({steps * batch, gate.size(1)}, grad_y.options()));
-    grad_mid.push_back(rounds.lefts[i].has_value() ? at::empty({steps * batch, rounds.firsts[i].size(0)}, grad_y.options())
-                                                   : Tensor());
-  }
+  std::vector<Tensor> grad_inputs(steps), grad_gates(steps);
+  std::vector<std::vector<Tensor>> grad_pre(r, std::vector<Tensor>(steps)), grad_mid(r, std::vector<Tensor>(steps));
   for (int64_t t = steps - 1; t >= 0; --t) {
     const Tensor* step = saved.data() + t * layout.per_step();
     const Tensor &sig = step[layout.lstm()], &tanh_g = step[layout.lstm() + 1];
@@ -207,14 +178,14 @@ std::vector<Tensor> backward(const std::vector<Tensor>& saved, const Tensor& gra
     dh = dh + grad_ys.select(0, t);
     const Tensor i_gate = sig.slice(1, 0, n), f_gate = sig.slice(1, n, 2 * n), o_gate = sig.slice(1, 3 * n, 4 * n);
     dc = dc + at::tanh_backward(dh * o_gate, tanh_c);
-    const auto row = [&](const Tensor& window) { return window.narrow(0, t * batch, batch); };  // (B, width)
-    Tensor d_pre = row(grad_gates);  // (B, 4n), gate order i, f, g, o
+    Tensor d_pre = at::empty_like(sig);  // (B, 4n), gate order i, f, g, o
     Tensor d_i = d_pre.slice(1, 0, n), d_f = d_pre.slice(1, n, 2 * n);
     Tensor d_g = d_pre.slice(1, 2 * n, 3 * n), d_o = d_pre.slice(1, 3 * n, 4 * n);
     at::sigmoid_backward_out(d_i, dc * tanh_g, i_gate);
     at::sigmoid_backward_out(d_f, dc * c_prev, f_gate);
     at::tanh_backward_out(d_g, dc * i_gate, tanh_g);
     at::sigmoid_backward_out(d_o, dh * tanh_c, o_gate);
+    grad_gates[t] = d_pre;
     dc = dc * f_gate;
     Tensor dx = input_grad(d_pre, operand_x, onednn);  // grads of x^up, h^up
     dh = input_grad(d_pre, operand_h, onednn);
@@ -230,12 +201,12 @@ std::vector<Tensor> backward(const std::vector<Tensor>& saved, const Tensor& gra
         d_out = dh;
         dh = at::mul(dh, gate).mul_(2);
       }
-      Tensor d_p = row(grad_pre[i - 1]);
-      at::sigmoid_backward_out(d_p, at::mul(d_out, gated).mul_(2), gate);  // d/dp of 2 sigm(p) * u
+      const Tensor d_p = at::sigmoid_backward(at::mul(d_out, gated).mul_(2), gate);  // d/dp of 2 sigm(p) * u
+      grad_pre[i - 1][t] = d_p;
       Tensor d_read = d_p;
       if (rounds.lefts[i - 1].has_value()) {
-        d_read = row(grad_mid[i - 1]);
-        at::mm_out(d_read, d_p, *rounds.lefts[i - 1]);
+        d_read = at::mm(d_read, *rounds.lefts[i - 1]);
+        grad_mid[i - 1][t] = d_read;
       }
       d_read = at::mm(d_read, rounds.firsts[i - 1]);
       if (i % 2)
@@ -252,10 +223,10 @@ std::vector<Tensor> backward(const std::vector<Tensor>& saved, const Tensor& gra
       dc = dc * k;
     }
   }
-  std::vector<Tensor> result{at::stack(grad_inputs, 1), dh, dc, grad_gates};
+  std::vector<Tensor> result{at::stack(grad_inputs, 1), dh, dc, at::cat(grad_gates)};
   for (int64_t i = 0; i < r; ++i) {
-    result.push_back(grad_pre[i]);
-    if (rounds.lefts[i].has_value()) result.push_back(grad_mid[i]);
+    result.push_back(at::cat(grad_pre[i]));
+    if (rounds.lefts[i].has_value()) result.push_back(at::cat(grad_mid[i]));
   }
   return result;
 }
@@ -266,7 +237,7 @@ TORCH_LIBRARY(lm_zoo, m) {
   m.def(
       "mogrifier_window_forward(Tensor x, Tensor h0, Tensor c0, Tensor?[] keep, Tensor? state_mask, Tensor weight_x, "
       "Tensor weight_h, bool packed, Tensor bias, Tensor[] firsts, Tensor?[] lefts, Tensor?[] biases) "
-      "-> (Tensor, Tensor, Tensor, Tensor[], Tensor[])");
+      "-> (Tensor, Tensor, Tensor, Tensor[])");
   m.def(
       "mogrifier_window_backward(Tensor[] saved, Tensor grad_y, Tensor grad_h, Tensor grad_c, Tensor?[] keep, "
       "Tensor? state_mask, Tensor operand_x, Tensor operand_h, bool onednn, Tensor[] firsts, Tensor?[] lefts, "
