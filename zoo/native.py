@@ -55,7 +55,7 @@ def ops() -> Any | None:
         reason = _one_line(error)
         warnings.warn(
             f"lm-zoo: the C++ kernels could not be built ({reason}); the Mogrifier runs its Python loop instead, "
-            "10-17% slower (2 x 650, batch 20 and 64). Install a C++ compiler (g++) to build them, or set "
+            "5-16% slower at batch 20 (2 x 650). Install a C++ compiler (g++) to build them, or set "
             "LM_ZOO_CPP=0 to skip the attempt.",
             stacklevel=2,
         )
