@@ -75,7 +75,6 @@ struct Layout {
       : rounds(rounds), odd((rounds + 1) / 2), even(rounds / 2), mids(low_rank ? rounds : 0) {}
   int64_t xs() const { return 0; }
   int64_t hs() const { return 1 + odd; }
-  int64_t mid(int64_t i) const { return hs() + 1 + even + i; }             // round i (0-based)
   int64_t gate(int64_t i) const { return hs() + 1 + even + mids + i; }     // round i (0-based)
   int64_t lstm() const { return hs() + 1 + even + mids + rounds; }         // sig, tanh_g, c_prev, tanh_c
   int64_t per_step() const { return lstm() + 4; }
