@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from datamodules.tokenizers import Tokenizer
-from lightning_modules.language_model import LanguageModel
+from lightning_modules.language_model import MODEL_PREFIX, TRAINING_OPTIONS
 from zoo.errors import CheckpointError, ConfigError
+from zoo.language_model import RecurrentLM
 
 if TYPE_CHECKING:
     from lightning import LightningDataModule
@@ -28,7 +29,7 @@ class LoadedModel:
     """A model ready to evaluate, sample from or export.
 
     Attributes:
-        model: the language model, in eval mode.
+        model: the network (a plain ``nn.Module``), in eval mode.
         tokenizer: the tokenizer it was trained with.
         data: the data module's settings at training time (corpus, batch sizes, BPTT, ...) and its ``class_path``.
         source: where it was loaded from.
@@ -37,7 +38,7 @@ class LoadedModel:
         results: measured results (``lm-zoo evaluate`` dicts) that came with an exported model.
     """
 
-    model: LanguageModel
+    model: RecurrentLM
     tokenizer: Tokenizer
     data: dict[str, Any] = field(default_factory=dict)
     source: str = ""
@@ -104,24 +105,26 @@ def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if not k.startswith("_")}
 
 
-def build_model(hparams: dict[str, Any], tokenizer: Tokenizer, where: str) -> LanguageModel:
-    """Construct the model its settings describe, after checking them against the tokenizer.
+def build_model(settings: dict[str, Any], tokenizer: Tokenizer, where: str) -> RecurrentLM:
+    """Construct the network its settings describe, after checking them against the tokenizer.
 
     Args:
-        hparams: ``LanguageModel`` constructor arguments.
+        settings: :class:`zoo.RecurrentLM` constructor arguments; a ``.ckpt``'s (and a format-1 export's) are the
+            ``LanguageModel``'s, whose training-only options are left out here.
         tokenizer: the tokenizer the model is used with.
         where: names the source in error messages.
 
     Raises:
         CheckpointError: the vocabulary sizes disagree, or the settings are unknown to this lm-zoo.
     """
-    if hparams.get("vocab_size") != tokenizer.vocab_size:
+    if settings.get("vocab_size") != tokenizer.vocab_size:
         raise CheckpointError(
-            f"{where}: the model expects {hparams.get('vocab_size')} tokens but its tokenizer has "
+            f"{where}: the model expects {settings.get('vocab_size')} tokens but its tokenizer has "
             f"{tokenizer.vocab_size}; the checkpoint is inconsistent, use another one"
         )
+    network = {name: value for name, value in settings.items() if name not in TRAINING_OPTIONS}
     try:
-        return LanguageModel(**hparams)
+        return RecurrentLM(**network)
     except TypeError as err:
         raise CheckpointError(f"{where} has settings this lm-zoo does not know ({err}); upgrade lm-zoo") from None
 
@@ -134,7 +137,7 @@ def _tied_names(state: dict[str, Tensor]) -> dict[str, set[str]]:
     return {name: group - {name} for group in groups.values() if len(group) > 1 for name in group}
 
 
-def load_weights(model: LanguageModel, state: dict[str, Tensor], where: str) -> None:
+def load_weights(model: RecurrentLM, state: dict[str, Tensor], where: str) -> None:
     """Load ``state`` into ``model`` strictly: every tensor must be there and nothing else.
 
     A tied tensor (the softmax sharing the embedding) may be stored under any one of its names, as safetensors stores
@@ -157,6 +160,14 @@ def load_weights(model: LanguageModel, state: dict[str, Tensor], where: str) -> 
     except RuntimeError as err:
         mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err)[:200])
         raise CheckpointError(f"{where}: {mismatch.rstrip('.')}; the weights do not fit the stored settings") from None
+
+
+def network_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The network's tensors of a ``LanguageModel`` state dict, without the ``model.`` prefix (which checkpoints
+    written before the network was a module of its own lack)."""
+    if not any(name.startswith(MODEL_PREFIX) for name in state):
+        return state
+    return {name[len(MODEL_PREFIX) :]: tensor for name, tensor in state.items() if name.startswith(MODEL_PREFIX)}
 
 
 def _read_ckpt(path: Path) -> dict[str, Any]:
@@ -256,7 +267,7 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
         raise CheckpointError(f"{path} holds no model weights and settings: pass a .ckpt written by `lm-zoo fit`")
     tokenizer = _find_tokenizer(ckpt, path)
     model = build_model(public_settings(ckpt["hyper_parameters"]), tokenizer, str(path))
-    load_weights(model, ckpt["state_dict"], str(path))
+    load_weights(model, network_weights(ckpt["state_dict"]), str(path))
     data = public_settings(ckpt.get("datamodule_hyper_parameters", {}))
     data["class_path"] = _data_class_path(ckpt)  # which data module rebuilds the splits (exports keep it too)
     return LoadedModel(model.eval(), tokenizer, data, str(path), training=_training_record(ckpt, path))

@@ -3,7 +3,7 @@
 ::
 
     config.json        what the model is: {"format": "lm-zoo", "format_version", "lm_zoo_version", "architecture",
-                       "head", "model": <every LanguageModel constructor argument>, "num_parameters",
+                       "head", "model": <every zoo.RecurrentLM constructor argument>, "num_parameters", "dtype",
                        "tokenizer": {"kind", "vocab_size", "file", "options"},
                        "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
                                     "weight_averaged", "config": <the run's LightningCLI config, when found>},
@@ -14,8 +14,11 @@
     README.md          the model card (checkpoints.model_card), whose model-index holds the results
 
 ``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
-settings are copied from ``model.hparams`` as they are: options added to ``LanguageModel`` later travel without any
-change here.
+settings are copied from ``RecurrentLM.config`` as they are: options added to it later travel without any change here.
+
+Format 2 (this one) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its constructor arguments and
+``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s settings, training-only ``ar`` / ``tar``
+included; its tensor names are the same, so a format-1 export loads as it is (those two options are ignored).
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ from typing import Any
 import torch
 
 import zoo
-from checkpoints.ckpt import LoadedModel, build_model, load_weights, public_settings
+from checkpoints.ckpt import LoadedModel, build_model, load_weights
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, LMZooError
 
 FORMAT = "lm-zoo"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"
@@ -112,17 +115,16 @@ def result_record(result: dict[str, Any]) -> dict[str, Any]:
 
 def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any]) -> dict:
     """The ``config.json`` of ``loaded``."""
-    hparams = public_settings(dict(loaded.model.hparams))
-    unique = {p.data_ptr(): p.numel() for p in loaded.model.parameters()}  # tied weights counted once
+    settings = loaded.model.config
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "lm_zoo_version": lm_zoo_version(),
-        "architecture": hparams.get("architecture"),
-        "head": hparams.get("head", "softmax"),  # a summary: "model" holds every option, the head's included
-        "model": hparams,
-        "num_parameters": sum(unique.values()),
+        "architecture": settings["architecture"],
+        "head": settings["head"],  # a summary: "model" holds every option, the head's included
+        "model": settings,
+        "num_parameters": loaded.model.num_parameters(),
         "tokenizer": tokenizer_entry,
         "training": training,
         "results": [result_record(r) for r in results],

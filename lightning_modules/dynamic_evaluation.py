@@ -34,10 +34,10 @@ import torch
 from torch import Tensor
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from lightning_modules.language_model import LanguageModel
 from lightning_modules.temperature import total_nll
 from zoo.base import State, detach_state
 from zoo.errors import ConfigError
+from zoo.language_model import RecurrentLM
 
 #: Table 6 of the Mogrifier paper: log-spaced tuning ranges, and the highest ``max_time_steps`` (word / character).
 TABLE6_RANGES = {"learning_rate": (1e-6, 1e-3), "decay_rate": (1e-6, 1e-2), "epsilon": (1e-8, 1e-2)}
@@ -99,7 +99,7 @@ class DynamicEvaluation:
         return asdict(self)
 
 
-def adapted_parameters(model: LanguageModel) -> dict[str, Tensor]:
+def adapted_parameters(model: RecurrentLM) -> dict[str, Tensor]:
     """The weights dynamic evaluation adapts: every trainable parameter (a tied matrix once)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
@@ -126,7 +126,7 @@ class GradientStatistics:
         return {"stat_batches_used": self.batches, "stat_tokens": self.tokens, "stat_bptt": self.bptt}
 
 
-def mean_squared_gradients(model: LanguageModel, windows: Iterable[LMBatch], max_batches: int) -> GradientStatistics:
+def mean_squared_gradients(model: RecurrentLM, windows: Iterable[LMBatch], max_batches: int) -> GradientStatistics:
     """``MS = 1/K Σ_k g_k²`` with ``g_k`` the gradient of training batch k's mean NLL per token (state carried
     between batches, dropout off, no clipping, no L2), over at most ``max_batches`` batches.
 
@@ -171,7 +171,7 @@ class RMSAdaptation:
         settings: η, λ, ε.
     """
 
-    def __init__(self, model: LanguageModel, statistics: GradientStatistics, settings: DynamicEvaluation) -> None:
+    def __init__(self, model: RecurrentLM, statistics: GradientStatistics, settings: DynamicEvaluation) -> None:
         self.params = adapted_parameters(model)
         missing = sorted(set(self.params) - set(statistics.mean_squared))
         if missing:
@@ -210,7 +210,7 @@ class RMSAdaptation:
 
 @contextmanager
 def adapting(
-    model: LanguageModel, statistics: GradientStatistics, settings: DynamicEvaluation
+    model: RecurrentLM, statistics: GradientStatistics, settings: DynamicEvaluation
 ) -> Iterator[RMSAdaptation]:
     """An :class:`RMSAdaptation` of ``model`` whose trained weights are restored on exit, also after an error."""
     adaptation = RMSAdaptation(model, statistics, settings)
@@ -221,7 +221,7 @@ def adapting(
 
 
 def dynamic_nll(
-    model: LanguageModel,
+    model: RecurrentLM,
     windows: Iterable[LMBatch],
     adaptation: RMSAdaptation,
     temperature: float = 1.0,
@@ -275,7 +275,7 @@ class TuningTrial:
 
 
 def tune(
-    model: LanguageModel,
+    model: RecurrentLM,
     statistics: GradientStatistics,
     segments: Callable[[int], Iterable[LMBatch]],
     base: DynamicEvaluation,

@@ -12,7 +12,7 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
   tuned on validation over Table 6's ranges (:mod:`lightning_modules.dynamic_evaluation`).
 
 The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
-float64) and every setting perplexity depends on. Every procedure scores through ``LanguageModel.token_nll`` (the
+float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
 full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
 ``token_nll``.
 """
@@ -36,7 +36,6 @@ from lightning_modules.dynamic_evaluation import (
     mean_squared_gradients,
     tune,
 )
-from lightning_modules.language_model import LanguageModel
 from lightning_modules.mc_dropout import (
     DEFAULT_ROWS_PER_CALL,
     MCDropout,
@@ -55,13 +54,14 @@ from lightning_modules.temperature import (
 )
 from zoo.base import State, detach_state
 from zoo.errors import ConfigError
+from zoo.language_model import RecurrentLM
 
 AUTO = "auto"
 
 
 @torch.no_grad()
 def deterministic_nll(
-    model: LanguageModel, windows: Iterable[LMBatch], temperature: float = 1.0
+    model: RecurrentLM, windows: Iterable[LMBatch], temperature: float = 1.0
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Each window's NLL ``(B, T)`` (dropout off, state carried between windows) and its targets."""
     device = next(model.parameters()).device
@@ -145,7 +145,7 @@ def check_settings(
 
 
 def evaluate(
-    model: LanguageModel,
+    model: RecurrentLM,
     datamodule: TextDataModule,
     split: str = "test",
     batch_size: int | None = None,

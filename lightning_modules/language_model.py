@@ -18,8 +18,10 @@ AWD-LSTM ``main.py``). Weight decay (L2) is the optimizer's: ``optimizer.init_ar
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -28,111 +30,47 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-import zoo
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
-from zoo.base import State, detach_state, sequence_dropout_mask
+from zoo.base import State, detach_state
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
-from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
-from zoo.nce import SAMPLERS, NCEHead
+from zoo.language_model import RecurrentLM
+from zoo.nce import NCEHead
 
 STAGES = ("train", "val", "test")
-HEADS = ("softmax", "mos", "nce", "sampled_softmax")
 NO_NOISE = (
     "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "
     "tokenizer has none (no `counts`): use a word-level data module, or call model.set_noise_distribution(counts)"
 )
+# The state-dict prefix of the wrapped network (``self.model``); checkpoints written before the split lack it.
+MODEL_PREFIX = "model."
+NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
+TRAINING_OPTIONS = ("ar", "tar")  # this module's own: terms of the training loss
 
 
-def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:
-    """Drop whole words: every occurrence of a dropped id gets a zero vector, the kept ones are scaled by 1/(1-p).
-
-    AWD-LSTM's ``embedded_dropout`` (Merity et al. 2017 §4.3; Gal & Ghahramani 2016) masks rows of the embedding
-    matrix, one mask per batch; indexing a ``(V,)`` row mask with the ids is the same function and gradient without
-    copying the ``(V, E)`` matrix.
-
-    Args:
-        ids: ``(B, T)`` token ids.
-        embedded: ``(B, T, E)`` their embeddings.
-        p: probability of dropping a word type.
-        num_embeddings: V.
-    """
-    keep = torch.bernoulli(embedded.new_full((num_embeddings,), 1 - p)) / (1 - p)  # (V,) one draw per word type
-    return embedded * keep[ids].unsqueeze(-1)  # (B, T, E)
-
-
-def sequence_dropout(x: Tensor, p: float, locked: bool) -> Tensor:
-    """Dropout on ``(B, T, D)`` in training: one mask per sequence shared by every step (locked / variational,
-    Gal & Ghahramani 2016; AWD-LSTM's ``LockedDropout``) or, if not ``locked``, one per element (Zaremba et al.)."""
-    if p == 0:
-        return x
-    if locked:
-        return x * sequence_dropout_mask(x[:, 0], p).unsqueeze(1)  # (B, 1, D) over all steps
-    return F.dropout(x, p, training=True)
+def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A LanguageModel state dict with the network's tensors under ``model.``, whether or not they were written so."""
+    if not state or any(name.startswith(MODEL_PREFIX) for name in state):
+        return state
+    return {MODEL_PREFIX + name: tensor for name, tensor in state.items()}
 
 
 class LanguageModel(L.LightningModule):
-    """A recurrent LM from the zoo with a full-softmax or mixture-of-softmaxes output head.
+    """Trains a :class:`zoo.RecurrentLM` (``self.model``): carried state, losses, regularisers, logging, resume.
 
-    Dropout: ``dropout`` keeps its old meaning (Zaremba et al. 2014: the same rate on the embeddings, between layers
-    and before the head); each of ``input_dropout``, ``inter_layer_dropout``, ``output_dropout`` overrides it for its
-    own place when set (Melis et al. 2018 tune the three separately; AWD-LSTM's dropouti / dropouth / dropout).
+    Every argument but ``ar`` and ``tar`` is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
+    head and dropout settings). The checkpoint's weights are the network's under ``model.``; exports keep the network
+    alone (:mod:`checkpoints.export`).
 
     Args:
-        vocab_size: number of token ids (the CLI links it from the data module).
-        architecture: a zoo name (``lm-zoo models`` lists them).
-        embedding_size: input embedding width (ignored when ``input_embedding_ratio`` is set).
-        hidden_size: units per recurrent layer.
-        num_layers: stacked recurrent layers.
-        dropout: the default rate of ``input_dropout``, ``inter_layer_dropout`` and ``output_dropout`` (Zaremba et al.
-            2014: non-recurrent connections only).
-        tie_weights: share the input embedding and the softmax weights (Press & Wolf 2017; Inan et al. 2017); with the
-            softmax head and ``hidden_size != embedding_size`` a linear projection maps the last layer to the embedding
-            width (MoS needs none: its latent layer already produces embedding-width contexts).
-        init_range: if set, embeddings, softmax and recurrent weights start Uniform(-r, r) (Zaremba: 0.1 small,
-            0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this. MoS's prior
-            and latent layers keep PyTorch's initialisation, as in the reference code.
-        embedding_init_range: if set, the embedding and the output word vectors alone start Uniform(-r, r) with a
-            zero output bias, overriding ``init_range`` for them: AWD-LSTM and MoS use 0.1 there and leave the LSTM
-            at PyTorch's initialisation (``nn.Embedding``'s default N(0, 1) would give huge initial logits).
-        cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``) and the recurrent
-            regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
-            ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
-            here are the same as ``inter_layer_dropout`` / ``locked_dropout`` below.
-        head: ``"softmax"`` (full softmax), ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017), ``"nce"``
-            (trained by noise-contrastive estimation, Mnih & Teh 2012, output bias starting at -log V so that Z = 1)
-            or ``"sampled_softmax"`` (trained by a softmax over the target and the noise words, Jean et al. 2015).
-            The last two are full softmaxes everywhere but in ``training_step`` (``zoo/nce.py``) and need the
-            unigram counts of the training data: ``setup`` takes them from the data module's tokenizer (``counts``),
-            or call :meth:`set_noise_distribution`.
-        mos_components: K, the number of softmaxes mixed by the MoS head.
-        mos_dropout: dropout on the MoS component contexts (the reference's ``dropoutl``).
-        input_dropout: dropout on the embeddings fed to the stack (Melis; AWD ``dropouti``); ``None``: ``dropout``.
-        inter_layer_dropout: dropout between recurrent layers (Melis; AWD ``dropouth``); ``None``: ``dropout``.
-        output_dropout: dropout on the last layer's output before the head (Melis; AWD ``dropout``); ``None``:
-            ``dropout``.
-        embedding_dropout: drop whole words, i.e. rows of the embedding matrix, one mask per batch, the rest scaled
-            by 1/(1-p) (Merity et al. 2017; AWD ``dropoute``).
-        locked_dropout: one dropout mask per sequence, shared by every step, for input, inter-layer, output and MoS
-            dropout (Gal & Ghahramani 2016; AWD-LSTM), instead of a fresh mask per element.
-        input_embedding_ratio: Melis et al. 2018: embedding size = ratio x hidden size (rounded); a ratio >= 1 means
-            embedding size = hidden size and no projection. Replaces ``embedding_size`` when set.
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
         tar: temporal activation regularisation beta: ``tar * mean((raw_t - raw_{t-1}) ** 2)``, consecutive steps of
             the same stream (pairs across a reset are left out) (Merity et al. 2017 §4.6).
-        noise_samples: k, noise words per time step of the ``nce`` / ``sampled_softmax`` heads (400 in the GBW
-            recipes of Léonard et al. 2016).
-        noise_power: the noise distribution is the unigram distribution raised to this power (and renormalised).
-        noise_per_row: draw k noise words for every row and step instead of one set per step shared by the batch
-            (dpnn's ``rownoise``; the shared default is its ``batchnoise``).
-        noise_sampler: ``"alias"`` (Walker's alias table) or ``"multinomial"`` (``torch.multinomial``);
-            ``benchmarks/nce.py`` compares them.
-        sparse_gradients: row-sparse gradients for the vocabulary-sized matrices: the input embedding, and the output
-            layer of the ``nce`` / ``sampled_softmax`` heads, get only the rows a step touches instead of a dense
-            ``(V, D)`` gradient (dpnn's ``LookupTable`` / ``NCEModule`` updates). Needs SGD without momentum or
-            weight decay, or Adagrad, and a single process; gradient-norm clipping still works
-            (:mod:`lightning_modules.sparse_gradients`).
+
+    The ``nce`` / ``sampled_softmax`` heads take their noise distribution from the data module's tokenizer
+    (``counts``) in :meth:`setup`. ``sparse_gradients`` needs SGD without momentum or weight decay, or Adagrad, and a
+    single process; gradient-norm clipping still works (:mod:`lightning_modules.sparse_gradients`).
     """
 
     def __init__(
@@ -166,104 +104,40 @@ class LanguageModel(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.vocab_size = vocab_size
-        cell_options = dict(cell_options or {})
-        if "init_range" in cell_options:
-            raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
-        if head not in HEADS:
-            raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
-        if noise_samples < 1 or noise_power < 0 or noise_sampler not in SAMPLERS:
-            raise ConfigError(
-                f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
-                f"{noise_samples}, {noise_power} and {noise_sampler!r}"
-            )
-        if "dropout" in cell_options and inter_layer_dropout is not None:
-            raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
-        if input_embedding_ratio is not None:
-            if input_embedding_ratio <= 0:
-                raise ConfigError(f"input_embedding_ratio must be > 0, got {input_embedding_ratio}")
-            embedding_size = (
-                hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
-            )
-        self.input_dropout = dropout if input_dropout is None else input_dropout
-        self.output_dropout = dropout if output_dropout is None else output_dropout
-        self.embedding_dropout = embedding_dropout
-        self.locked_dropout = locked_dropout
-        for name, rate in [
-            ("dropout", dropout),
-            ("input_dropout", self.input_dropout),
-            ("output_dropout", self.output_dropout),
-            ("embedding_dropout", embedding_dropout),
-            ("mos_dropout", mos_dropout),
-        ]:
-            if not 0.0 <= rate < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {rate}")
         if ar < 0 or tar < 0:
             raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
         self.ar, self.tar = ar, tar
-        stack_options = {"dropout": dropout if inter_layer_dropout is None else inter_layer_dropout}
-        if locked_dropout:
-            stack_options["locked_dropout"] = True
-        stack_options.update(cell_options)  # the cell's own setting wins
-        self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
-        self.rnn = zoo.build(
-            architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options
-        )
-        # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
-        # state-dict keys are those of checkpoints written before heads existed.
-        self.projection: nn.Linear | None = None
-        self.decoder: SoftmaxHead | MixtureOfSoftmaxes
-        if head == "mos":
-            self.decoder = MixtureOfSoftmaxes(
-                hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
-            )
-        else:
-            # Tying needs the decoder's input width to equal the embedding width.
-            if tie_weights and hidden_size != embedding_size:
-                self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
-            context_size = embedding_size if tie_weights else hidden_size
-            if head == "softmax":
-                self.decoder = SoftmaxHead(context_size, vocab_size)
-            else:
-                self.decoder = NCEHead(
-                    context_size,
-                    vocab_size,
-                    noise_samples,
-                    head,
-                    noise_power,
-                    noise_per_row,
-                    noise_sampler,
-                    sparse_gradient=sparse_gradients,
-                )
-        output_layer = self.decoder.output_layer
-        word_init_range = init_range if embedding_init_range is None else embedding_init_range
-        if word_init_range is not None:
-            nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
-            nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
-            nn.init.zeros_(output_layer.bias)
-        if isinstance(self.decoder, NCEHead):
-            self.decoder.reset_bias()  # -log V, so that Z = 1 from the start, whatever the word vectors' init
-        if tie_weights:
-            output_layer.weight = self.embedding.weight
+        self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
         self._resume: dict[str, Any] | None = None  # what a checkpoint kept for resuming fit, used by on_train_start
         self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
 
-    # --------------------------------------------------------------------------------------------------- forward
-    def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
-        """Next-token scores.
+    @classmethod
+    def from_pretrained(cls, source: str | Path, revision: str | None = None, **overrides: Any) -> LanguageModel:
+        """A LightningModule around a trained network, e.g. to fine-tune it or to run ``Trainer.validate`` on it.
 
         Args:
-            inputs: ``(B, T)`` token ids.
-            state: the recurrent state after the previous window, or ``None``.
-            reset: ``(B, T)`` bool; zero stream b's state before step t.
+            source: what :func:`checkpoints.load` takes: a registered name, an export directory, a Hub repo id or a
+                ``.ckpt``.
+            revision: for a Hub repo: a branch, tag or commit.
+            overrides: constructor arguments to change (dropout rates, ``ar`` / ``tar``, ...); the network's shape
+                must stay that of the stored weights.
 
-        Returns:
-            ``(scores (B, T, V), state)``: logits for the softmax head, log-probabilities for MoS; either way
-            ``log_softmax(scores)`` is the model's log-probabilities.
+        Raises:
+            zoo.errors.LMZooError: the source cannot be loaded or the overrides change the weights' shapes.
         """
-        features, state, _, _ = self._run(inputs, state, reset)
-        return self.decoder(features), state
+        from checkpoints import load
+        from checkpoints.ckpt import load_weights
+
+        loaded = load(source, revision)
+        module = cls(**{**loaded.model.config, **overrides})
+        load_weights(module.model, loaded.model.state_dict(), loaded.source)
+        return module
+
+    # --------------------------------------------------------------------------------------------------- forward
+    def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
+        """Next-token scores ``(B, T, V)`` and the state: :meth:`zoo.RecurrentLM.forward`."""
+        return self.model(inputs, state, reset)
 
     def token_nll(
         self,
@@ -273,41 +147,8 @@ class LanguageModel(L.LightningModule):
         reset: Tensor | None = None,
         temperature: float = 1.0,
     ) -> tuple[Tensor, State]:
-        """Full-softmax negative log-likelihood of every target: what evaluation scores, whatever the training head.
-
-        Args:
-            inputs: ``(B, T)`` token ids.
-            targets: ``(B, T)`` next-token ids, ``-100`` where nothing is predicted.
-            state: the recurrent state after the previous window, or ``None``.
-            reset: ``(B, T)`` bool; zero stream b's state before step t.
-            temperature: the softmax temperature (scores divided by it before normalising).
-
-        Returns:
-            ``(nll (B, T) float32 nats, 0 where the target is -100; state)``.
-        """
-        features, state, _, _ = self._run(inputs, state, reset)
-        return self.decoder.token_nll(features, targets, temperature), state
-
-    def features(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
-        """The head's input ``(B, T, D)`` and the state: :meth:`token_nll` is ``self.decoder.token_nll`` of these.
-
-        They do not depend on the softmax temperature, so evaluation keeps them to score one pass at many temperatures.
-        """
-        features, state, _, _ = self._run(inputs, state, reset)
-        return features, state
-
-    def _run(self, inputs: Tensor, state: State | None, reset: Tensor | None) -> tuple[Tensor, State, Tensor, Tensor]:
-        """The head's input ``(B, T, D)`` and the state, with the last layer's output before and after output dropout
-        (for AR / TAR)."""
-        x = self.embedding(inputs)  # (B, T, E)
-        if self.training:
-            if self.embedding_dropout > 0:
-                x = embedding_dropout(inputs, x, self.embedding_dropout, self.vocab_size)
-            x = sequence_dropout(x, self.input_dropout, self.locked_dropout)
-        raw, state = self.rnn(x, state, reset)  # (B, T, H)
-        dropped = sequence_dropout(raw, self.output_dropout, self.locked_dropout) if self.training else raw
-        features = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
-        return features, state, raw, dropped
+        """Full-softmax nats of every target ``(B, T)`` and the state: :meth:`zoo.RecurrentLM.token_nll`."""
+        return self.model.token_nll(inputs, targets, state, reset, temperature)
 
     @staticmethod
     def nll(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -325,17 +166,17 @@ class LanguageModel(L.LightningModule):
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
-        features, state, raw, dropped = self._run(batch.inputs, state, batch.reset)
+        features, state, raw, dropped = self.model.run(batch.inputs, state, batch.reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words
-            total = self.decoder.token_nll(features, batch.targets).sum()
+            total = self.model.decoder.token_nll(features, batch.targets).sum()
             count = (batch.targets != IGNORE_INDEX).sum()
-        elif isinstance(self.decoder, NCEHead):
-            if not self.decoder.noise.ready:
+        elif isinstance(self.model.decoder, NCEHead):
+            if not self.model.decoder.noise.ready:
                 raise ConfigError(NO_NOISE)
-            total, count = self.decoder.training_loss(features, batch.targets)
+            total, count = self.model.decoder.training_loss(features, batch.targets)
         else:
-            total, count = self.nll(self.decoder(features), batch.targets)
+            total, count = self.nll(self.model.decoder(features), batch.targets)
         return total, count, raw, dropped
 
     def activation_regularization(self, dropped: Tensor) -> Tensor:
@@ -362,7 +203,7 @@ class LanguageModel(L.LightningModule):
                 f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
                 "lower the learning rate or set --trainer.gradient_clip_val, then resume from the last checkpoint"
             )
-        if not isinstance(self.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
+        if not isinstance(self.model.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)
         self.log("train_loss", loss, prog_bar=True, batch_size=int(count))
         # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
@@ -375,11 +216,11 @@ class LanguageModel(L.LightningModule):
             self.log("train_tar", tar, batch_size=int(count))
             loss = loss + tar
         # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
-        extra = self.rnn.regularization_loss()
+        extra = self.model.rnn.regularization_loss()
         if extra is not None:
             self.log("train_cell_loss", extra, batch_size=int(count))
             loss = loss + extra
-        for name, value in self.rnn.statistics().items():
+        for name, value in self.model.rnn.statistics().items():
             self.log(f"train_{name}", value, batch_size=int(count))
         return loss
 
@@ -397,7 +238,7 @@ class LanguageModel(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Before fitting an ``nce`` / ``sampled_softmax`` head, take its noise distribution from the data module's
         tokenizer (its ``counts``: the training count of every id)."""
-        if stage != "fit" or not isinstance(self.decoder, NCEHead) or self.decoder.noise.ready:
+        if stage != "fit" or not isinstance(self.model.decoder, NCEHead) or self.model.decoder.noise.ready:
             return
         tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
         counts = getattr(tokenizer, "counts", None)
@@ -406,17 +247,8 @@ class LanguageModel(L.LightningModule):
         self.set_noise_distribution(counts)
 
     def set_noise_distribution(self, counts: Sequence[int] | Tensor) -> None:
-        """Set the unigram training counts (one per id) the ``nce`` / ``sampled_softmax`` head draws noise from.
-
-        Args:
-            counts: ``(V,)`` counts; raised to ``noise_power`` and normalised.
-        """
-        if not isinstance(self.decoder, NCEHead):
-            raise ConfigError(f"the {self.hparams.head!r} head draws no noise words: only nce and sampled_softmax do")
-        try:
-            self.decoder.set_noise_distribution(counts)
-        except ValueError as error:
-            raise ConfigError(f"noise distribution: {error}") from None
+        """The ``nce`` / ``sampled_softmax`` head's unigram counts: :meth:`zoo.RecurrentLM.set_noise_distribution`."""
+        self.model.set_noise_distribution(counts)
 
     def on_train_epoch_start(self) -> None:
         self._state["train"] = None
@@ -458,12 +290,19 @@ class LanguageModel(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint whose vocabulary does not match this model's, with a line that says so; keep what it
-        holds for resuming ``fit`` until training starts (evaluation never uses it, older checkpoints lack it)."""
-        weights = checkpoint.get("state_dict", {}).get("embedding.weight")
-        if weights is not None and weights.size(0) != self.vocab_size:
+        holds for resuming ``fit`` until training starts (evaluation never uses it, older checkpoints lack it).
+
+        A checkpoint written before the network moved into ``self.model`` has its weights without the ``model.``
+        prefix; they are renamed here, before Lightning loads them, so old runs still resume and evaluate.
+        """
+        for key in ("state_dict", "current_model_state"):  # the weights, and the live ones beside an average
+            if key in checkpoint:
+                checkpoint[key] = with_model_prefix(checkpoint[key])
+        weights = checkpoint.get("state_dict", {}).get(MODEL_PREFIX + "embedding.weight")
+        if weights is not None and weights.size(0) != self.model.vocab_size:
             raise CheckpointError(
                 f"the checkpoint's model has a vocabulary of {weights.size(0)} tokens but this data has "
-                f"{self.vocab_size}: use the corpus and tokenizer it was trained with"
+                f"{self.model.vocab_size}: use the corpus and tokenizer it was trained with"
             )
         self._resume = checkpoint.get(RESUME_KEY)
 
@@ -555,48 +394,6 @@ class LanguageModel(L.LightningModule):
             )
 
     # ------------------------------------------------------------------------------------------------ sampling
-    @torch.no_grad()
-    def generate(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        stop_id: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """Sample continuations of a batch of prompts (nanoGPT's ``generate``, for a recurrent state).
-
-        Args:
-            prompt: ``(B, T)`` ids to condition on (T >= 1), e.g. the end-of-line id to start a sentence.
-            max_new_tokens: most tokens sampled per row.
-            temperature: divides the logits; < 1 is more conservative.
-            top_k: sample only among the k most likely tokens.
-            stop_id: a row stops after sampling this id (included in its output).
-            generator: for reproducible samples.
-
-        Returns:
-            The sampled ids of each row (without the prompt).
-        """
-        if temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {temperature}")
-        logits, state = self(prompt)
-        logits = logits[:, -1]  # (B, V)
-        samples: list[list[int]] = [[] for _ in range(prompt.size(0))]
-        done = [False] * prompt.size(0)
-        for _ in range(max_new_tokens):
-            logits = logits.float() / temperature
-            if top_k is not None and top_k < logits.size(-1):
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            token = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompt.device)  # (B, 1)
-            for row, value in enumerate(token.flatten().tolist()):  # one host copy per step
-                if not done[row]:
-                    samples[row].append(value)
-                    done[row] = value == stop_id
-            if all(done):
-                break
-            logits, state = self(token, state)
-            logits = logits[:, -1]
-        return samples
+    def generate(self, prompt: Tensor, max_new_tokens: int, **options: Any) -> list[list[int]]:
+        """Sample continuations of a batch of prompts: :meth:`zoo.RecurrentLM.generate`."""
+        return self.model.generate(prompt, max_new_tokens, **options)

@@ -32,15 +32,15 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from lightning_modules.language_model import LanguageModel
 from zoo.base import RecurrentStack, State, detach_state
 from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes
+from zoo.language_model import RecurrentLM
 
 #: Every dropout rate in the model, by the module that holds it; these modules switch their dropout on with
 #: ``self.training``. (tests/test_evaluation_procedures.py checks that no module has a ``*drop*`` rate missing here.)
 DROPOUT_RATES: dict[type[nn.Module], tuple[str, ...]] = {
-    LanguageModel: ("embedding_dropout", "input_dropout", "output_dropout"),
+    RecurrentLM: ("embedding_dropout", "input_dropout", "output_dropout"),
     RecurrentStack: ("dropout", "state_dropout", "weight_drop"),
     MixtureOfSoftmaxes: ("dropout",),
     nn.modules.dropout._DropoutNd: ("p",),  # any nn.Dropout a cell may use
@@ -80,13 +80,13 @@ def _rate_names(module: nn.Module) -> tuple[str, ...]:
     return tuple(name for kind, names in DROPOUT_RATES.items() if isinstance(module, kind) for name in names)
 
 
-def head_is_stochastic(model: LanguageModel) -> bool:
+def head_is_stochastic(model: RecurrentLM) -> bool:
     """Whether the output head itself samples dropout when MC dropout is on (MoS's ``dropoutl``)."""
     return any(float(getattr(m, name)) > 0 for m in model.decoder.modules() for name in _rate_names(m))
 
 
 @contextmanager
-def sampled_dropout(model: LanguageModel, scale: float = 1.0) -> Iterator[None]:
+def sampled_dropout(model: RecurrentLM, scale: float = 1.0) -> Iterator[None]:
     """Inside: every dropout of ``model`` is sampled at ``scale`` x its rate; everything else stays deterministic.
 
     Only the modules that hold a dropout rate (:data:`DROPOUT_RATES`) are put in training mode, not their children, so
@@ -115,7 +115,7 @@ def sampled_dropout(model: LanguageModel, scale: float = 1.0) -> Iterator[None]:
                 module.training = True
         word_rate = model.embedding_dropout
         if word_rate > 0:
-            model.embedding_dropout = 0.0  # LanguageModel._run would draw one (V,) mask for all rows
+            model.embedding_dropout = 0.0  # RecurrentLM.run would draw one (V,) mask for all rows
             hook = model.embedding.register_forward_hook(_per_row_word_dropout(word_rate, model.vocab_size))
         yield
     finally:
@@ -141,7 +141,7 @@ def _per_row_word_dropout(p: float, vocab_size: int) -> Callable[[nn.Module, tup
     return hook
 
 
-def shares_masks_across_rows(model: LanguageModel) -> bool:
+def shares_masks_across_rows(model: RecurrentLM) -> bool:
     """Whether a forward call draws a mask shared by all its rows that cannot be made per-row (DropConnect)."""
     return any(
         isinstance(m, RecurrentStack) and m.weight_drop > 0 and any(layer.recurrent_weights for layer in m.layers)
@@ -193,7 +193,7 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
 
 
 def replica_windows(
-    model: LanguageModel,
+    model: RecurrentLM,
     windows: Iterable[LMBatch],
     settings: MCDropout,
     seed: int,
@@ -204,7 +204,7 @@ def replica_windows(
     Every replica carries its own state from window to window; the masks are reproducible for a given ``seed``.
 
     Args:
-        call: ``(rows, state) -> (output, state)`` for one forward call, e.g. :meth:`LanguageModel.token_nll`.
+        call: ``(rows, state) -> (output, state)`` for one forward call, e.g. :meth:`RecurrentLM.token_nll`.
 
     Yields:
         Per window: ``[(rows, output)]`` per call in row order, and the window's targets ``(B, T)`` (on the model's
@@ -235,7 +235,7 @@ def replica_windows(
 
 @torch.no_grad()
 def replica_nll(
-    model: LanguageModel,
+    model: RecurrentLM,
     windows: Iterable[LMBatch],
     settings: MCDropout,
     temperature: float = 1.0,
@@ -251,7 +251,7 @@ def replica_nll(
 
 
 def mc_nll(
-    model: LanguageModel,
+    model: RecurrentLM,
     windows: Iterable[LMBatch],
     settings: MCDropout,
     temperature: float = 1.0,

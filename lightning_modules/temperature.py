@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from lightning_modules.language_model import LanguageModel
 from lightning_modules.mc_dropout import MCDropout, log_mean_exp_nll, replica_windows
 from zoo.base import State, detach_state
+from zoo.language_model import RecurrentLM
 
 #: Bracket of the search (the issue's choice; LAMB searches [0.8, 1]).
 TEMPERATURE_RANGE = (0.5, 2.0)
@@ -96,7 +96,7 @@ class FeatureCache:
     itself (MoS's ``dropoutl``): then scoring the cache at T equals re-running the seeded MC pass at T.
     """
 
-    def __init__(self, model: LanguageModel, mc: MCDropout | None) -> None:
+    def __init__(self, model: RecurrentLM, mc: MCDropout | None) -> None:
         self.model = model
         self.mc = mc
         self.windows: list[tuple[list[tuple[Tensor, Tensor]], Tensor]] = []  # [(features, targets) per call], targets
@@ -129,7 +129,7 @@ def total_nll(scored: Iterable[tuple[Tensor, Tensor]]) -> tuple[float, int]:
 
 @torch.no_grad()
 def collect_features(
-    model: LanguageModel,
+    model: RecurrentLM,
     windows: Iterable[LMBatch],
     mc: MCDropout | None = None,
     seed: int = 0,

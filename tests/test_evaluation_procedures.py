@@ -29,6 +29,7 @@ from lightning_modules.mc_dropout import DROPOUT_RATES, MCDropout, mc_nll, repli
 from lightning_modules.temperature import collect_features, golden_section_search, total_nll
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from zoo.base import detach_state
+from zoo.language_model import RecurrentLM
 
 DROPOUTS = {"input_dropout": 0.3, "inter_layer_dropout": 0.25, "output_dropout": 0.35}
 
@@ -49,9 +50,9 @@ def dm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TextDataModule:
     return TextDataModule(str(corpus), batch_size=4, bptt=6, eval_batch_size=3, eval_bptt=7)
 
 
-def _model(vocab: int, seed: int = 0, **options) -> LanguageModel:
+def _model(vocab: int, seed: int = 0, **options) -> RecurrentLM:
     torch.manual_seed(seed)
-    return LanguageModel(vocab, "lstm", **{"embedding_size": 8, "hidden_size": 12, "num_layers": 2, **options}).eval()
+    return RecurrentLM(vocab, "lstm", **{"embedding_size": 8, "hidden_size": 12, "num_layers": 2, **options}).eval()
 
 
 def _loss(scored: Iterator) -> float:
@@ -289,7 +290,7 @@ def test_word_dropout_is_drawn_per_row_under_mc() -> None:
 
 
 def test_every_dropout_rate_in_the_model_is_known_to_mc_dropout() -> None:
-    model = LanguageModel(
+    model = RecurrentLM(
         40,
         "lstm",
         embedding_size=8,

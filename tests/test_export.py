@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import pickle
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from lightning import LightningModule
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -23,6 +27,7 @@ from checkpoints.export import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, export_mod
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, write_word_corpus
+from zoo import RecurrentLM
 
 # A tied 1 x 8 LSTM trained for 8 steps with EMA weight averaging; PublishBest exports the best checkpoint.
 RUN_CONFIG = """
@@ -86,10 +91,40 @@ def _evaluate(capsys: pytest.CaptureFixture[str], source: str, *extra: str) -> d
     return json.loads(capsys.readouterr().out)
 
 
-def _logits(model: LanguageModel, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model: RecurrentLM | LanguageModel, ids: torch.Tensor) -> torch.Tensor:
     first, state = model(ids[:, :5])
     second, _ = model(ids[:, 5:], state)  # the carried state too
     return torch.cat([first, second], dim=1)
+
+
+def test_checkpoint_and_export_from_before_the_network_split_still_load(run: Path, tmp_path: Path) -> None:
+    """Checkpoints written when the LanguageModel held the network itself have no ``model.`` prefix, and format-1
+    exports hold the LanguageModel's settings (``ar`` / ``tar`` among them): both load, and both resume training."""
+    ckpt = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    for key in ("state_dict", "current_model_state"):
+        ckpt[key] = {name.removeprefix("model."): tensor for name, tensor in ckpt[key].items()}
+    old_ckpt = tmp_path / "old.ckpt"
+    torch.save(ckpt, old_ckpt)
+    new, old = checkpoints.load(run / "checkpoints" / "best.ckpt"), checkpoints.load(old_ckpt)
+    ids = torch.randint(0, new.tokenizer.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(_logits(new.model, ids), _logits(old.model, ids))
+    module = LanguageModel(**{**old.model.config, "ar": 0.5})
+    module.on_load_checkpoint(ckpt)  # what Lightning calls before loading the weights of a resumed run
+    module.load_state_dict(ckpt["state_dict"])
+    with torch.no_grad():
+        assert torch.equal(_logits(new.model, ids), _logits(module.eval(), ids))
+
+    old_export = Path(shutil.copytree(run / "export", tmp_path / "format1"))
+    _edit_config(old_export, lambda c: c.update(format_version=1, model={**c["model"], "ar": 0.0, "tar": 0.0}))
+    with torch.no_grad():
+        assert torch.equal(_logits(new.model, ids), _logits(checkpoints.load(old_export).model, ids))
+
+
+def test_the_network_imports_without_lightning() -> None:
+    code = "import sys, zoo; zoo.RecurrentLM(30, 'lstm', 4, 4, 1); print(any('lightning' in m for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 @pytest.mark.parametrize("command", ["export", "publish", "download"])
@@ -120,10 +155,10 @@ def test_weight_averaged_run_exports_the_averaged_weights(run: Path) -> None:
     ckpt = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
     assert "current_model_state" in ckpt  # EMAWeightAveraging ran
     stored = load_file(run / "export" / WEIGHTS_NAME)
-    for name, tensor in stored.items():
-        assert torch.equal(tensor, ckpt["state_dict"][name]), name
+    for name, tensor in stored.items():  # the export is the network: the LanguageModel's "model." tensors
+        assert torch.equal(tensor, ckpt["state_dict"]["model." + name]), name
     live = ckpt["current_model_state"]
-    assert any(not torch.equal(tensor, live[name]) for name, tensor in stored.items())
+    assert any(not torch.equal(tensor, live["model." + name]) for name, tensor in stored.items())
     config = json.loads((run / "export" / CONFIG_NAME).read_text())
     assert config["training"]["weight_averaged"] is True
     assert config["training"]["optimizers"][0]["class"] == "torch.optim.sgd.SGD"  # from PublishBest
@@ -132,10 +167,11 @@ def test_weight_averaged_run_exports_the_averaged_weights(run: Path) -> None:
 
 def test_config_records_model_tokenizer_recipe_and_version(run: Path) -> None:
     config = json.loads((run / "export" / CONFIG_NAME).read_text())
-    assert config["format"] == "lm-zoo" and config["format_version"] == 1 and config["lm_zoo_version"]
+    assert config["format"] == "lm-zoo" and config["format_version"] == 2 and config["lm_zoo_version"]
     assert config["architecture"] == "lstm" and config["head"] == "softmax"
     loaded = checkpoints.load(run / "checkpoints" / "best.ckpt")
-    assert config["model"] == {k: v for k, v in loaded.model.hparams.items() if not k.startswith("_")}
+    assert config["model"] == loaded.model.config
+    assert set(config["model"]) == set(inspect.signature(RecurrentLM).parameters)  # the network's, no ar / tar
     assert config["num_parameters"] == sum(p.numel() for p in loaded.model.parameters())  # tied counted once
     assert config["tokenizer"] == {"kind": "word", "vocab_size": 42, "file": VOCAB_NAME, "options": {}}
     assert config["training"]["data"]["bptt"] == 6 and "data_root" not in config["training"]["data"]
@@ -195,7 +231,7 @@ def test_model_card_holds_the_measured_results(run: Path) -> None:
 )
 def test_every_tokenizer_round_trips(kind: str, text: str, options: dict, tmp_path: Path) -> None:
     tokenizer = build_tokenizer(kind, text, **options)
-    model = LanguageModel(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()
+    model = RecurrentLM(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()
     export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
     loaded = load_export(tmp_path / "out")
     sample = text or "any text, even caf\u00e9\n"
@@ -215,6 +251,8 @@ CASES = [(name, "softmax", False) for name in zoo.names()] + [
 
 @pytest.mark.parametrize(("architecture", "head", "tie"), CASES, ids=[f"{a}-{h}{'-tied' * t}" for a, h, t in CASES])
 def test_every_architecture_and_head_round_trips(architecture: str, head: str, tie: bool, tmp_path: Path) -> None:
+    """Exported from the LightningModule; loaded back as the plain network (``RecurrentLM.from_pretrained``) and as
+    the LightningModule (``LanguageModel.from_pretrained``): the same logits, the carried state included."""
     tokenizer = build_tokenizer("word", "a b c d\ne f a\n")
     options = dict(zoo.preset(architecture, "tiny"))
     size, hidden = options.pop("input_size"), options.pop("hidden_size")
@@ -230,12 +268,17 @@ def test_every_architecture_and_head_round_trips(architecture: str, head: str, t
         mos_components=2,
         tie_weights=tie,
     ).eval()
-    export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
-    loaded = load_export(tmp_path / "out")
+    export_model(LoadedModel(model.model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
+    network, loaded_tokenizer = RecurrentLM.from_pretrained(tmp_path / "out")
+    module = LanguageModel.from_pretrained(tmp_path / "out").eval()
+    assert type(network) is RecurrentLM and not isinstance(network, LightningModule) and not network.training
+    assert loaded_tokenizer.state_dict() == tokenizer.state_dict()
     assert json.loads((tmp_path / "out" / CONFIG_NAME).read_text())["head"] == head
     ids = torch.randint(0, tokenizer.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(_logits(model, ids), _logits(loaded.model, ids))
+        expected = _logits(model, ids)
+        assert torch.equal(expected, _logits(network, ids))
+        assert torch.equal(expected, _logits(module, ids))
 
 
 # -------------------------------------------------------------------------------------------------- bad input

@@ -168,15 +168,15 @@ class Poison(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
         if self.where == "weights" and trainer.global_step == self.step:
-            self._poison(pl_module.decoder.output_layer.weight)
+            self._poison(pl_module.model.decoder.output_layer.weight)
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.where == "gradients" and trainer.global_step == self.step:
-            self._poison(pl_module.decoder.output_layer.weight.grad)
+            self._poison(pl_module.model.decoder.output_layer.weight.grad)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self.where == "updated" and trainer.global_step == self.step + 1:
-            self._poison(pl_module.decoder.output_layer.weight)
+            self._poison(pl_module.model.decoder.output_layer.weight)
 
 
 @pytest.mark.parametrize(

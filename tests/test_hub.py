@@ -132,7 +132,7 @@ def test_publish_to_a_branch_and_replace_stale_files(export: Path, hub: FakeHub,
     from datamodules.tokenizers import ByteTokenizer
     from lightning_modules import LanguageModel
 
-    model = LanguageModel(vocab_size=256, embedding_size=4, hidden_size=4, num_layers=1)
+    model = LanguageModel(vocab_size=256, embedding_size=4, hidden_size=4, num_layers=1).model
     byte_export = export_model(LoadedModel(model, ByteTokenizer(), {"corpus": "enwik8"}), tmp_path / "bytes", [])
     assert cli.main(["publish", str(byte_export), "--repo-id", "carol/tiny", "--revision", "dev"]) == 0
     assert VOCAB_NAME not in repo.commits[repo.branches["dev"]]

@@ -110,7 +110,7 @@ def test_generate_is_reproducible_stops_at_eos_and_top_k_1_is_greedy() -> None:
 def test_nan_loss_stops_training_with_the_step() -> None:
     model = _tiny_model()
     with torch.no_grad():
-        model.decoder.bias.fill_(float("nan"))
+        model.model.decoder.bias.fill_(float("nan"))
     batch = next(iter(StreamWindows(torch.randint(0, 23, (50,)), batch_size=2, bptt=5, start_id=0)))
     with pytest.raises(TrainingDivergedError, match="loss became nan at step 0"):
         model.training_step(batch, 0)
@@ -129,12 +129,12 @@ def test_zaremba_schedule() -> None:
 
 def test_tied_weights_share_storage_with_projection_when_sizes_differ() -> None:
     model = LanguageModel(50, "lstm", embedding_size=8, hidden_size=12, num_layers=1, tie_weights=True)
-    assert model.decoder.weight is model.embedding.weight
-    assert model.projection is not None and model.projection.weight.shape == (8, 12)
+    assert model.model.decoder.weight is model.model.embedding.weight
+    assert model.model.projection is not None and model.model.projection.weight.shape == (8, 12)
     logits, _ = model(torch.randint(0, 50, (2, 3)))
     assert logits.shape == (2, 3, 50)
     same = LanguageModel(50, "lstm", embedding_size=8, hidden_size=8, num_layers=1, tie_weights=True)
-    assert same.projection is None
+    assert same.model.projection is None
 
 
 def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

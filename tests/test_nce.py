@@ -195,13 +195,13 @@ def test_fresh_model_is_self_normalised(head: str) -> None:
     assert log_partition.abs().max() < 0.03
     assert abs(float(log_partition.mean())) < 0.03
     assert unnormalised.mean() == pytest.approx(math.log(vocab), abs=0.03)  # a zero bias: Z = V, not 1
-    torch.testing.assert_close(model.decoder.bias, torch.full((vocab,), -math.log(vocab)))
+    torch.testing.assert_close(model.model.decoder.bias, torch.full((vocab,), -math.log(vocab)))
 
 
 def test_bias_stays_minus_log_v_when_tied_and_with_default_init() -> None:
     model = LanguageModel(50, embedding_size=6, hidden_size=8, num_layers=1, head="nce", tie_weights=True)
-    assert model.decoder.weight is model.embedding.weight and model.projection is not None
-    torch.testing.assert_close(model.decoder.bias, torch.full((50,), -math.log(50)))
+    assert model.model.decoder.weight is model.model.embedding.weight and model.model.projection is not None
+    torch.testing.assert_close(model.model.decoder.bias, torch.full((50,), -math.log(50)))
 
 
 # ------------------------------------------------------------------------------------ chunked full softmax
@@ -249,7 +249,7 @@ def test_fit_takes_the_noise_distribution_from_the_data_module(tmp_path: Path, m
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=5)
     trainer.fit(model, dm)
     counts = torch.tensor(dm.tokenizer.counts, dtype=torch.float64)
-    torch.testing.assert_close(model.decoder.noise.probs.double(), counts / counts.sum(), atol=1e-7, rtol=0)
+    torch.testing.assert_close(model.model.decoder.noise.probs.double(), counts / counts.sum(), atol=1e-7, rtol=0)
     metrics = trainer.callback_metrics
     assert "val_ppl" in metrics and "train_ppl" not in metrics  # the NCE loss is no perplexity
     # Validation is the full softmax: the same number as evaluate's.

@@ -11,9 +11,9 @@ from torch import Tensor
 
 from datamodules.streams import IGNORE_INDEX, LMBatch, StreamWindows
 from lightning_modules import LanguageModel
-from lightning_modules.language_model import embedding_dropout
 from tests.conftest import write_word_corpus
 from zoo.errors import ConfigError
+from zoo.language_model import embedding_dropout
 
 V = 13
 
@@ -54,7 +54,7 @@ def test_embedding_dropout_zeroes_whole_words_and_scales_the_rest() -> None:
 
 def test_model_embedding_dropout_and_locked_dropout_masks() -> None:
     model = _model(embedding_dropout=0.5, input_dropout=0.5, output_dropout=0.5, locked_dropout=True).train()
-    stack_inputs, head_inputs = _capture(model.rnn), _capture(model.decoder)
+    stack_inputs, head_inputs = _capture(model.model.rnn), _capture(model.model.decoder)
     batch = _batch(bptt=20)
     model(batch.inputs)
     x, y = stack_inputs[-1], head_inputs[-1]
@@ -71,12 +71,16 @@ def test_model_embedding_dropout_and_locked_dropout_masks() -> None:
         where = dropped_words[batch.inputs == word]
         assert where.all() or not where.any()
     # The stack's inter-layer dropout is locked too.
-    assert model.rnn.locked_dropout
+    assert model.model.rnn.locked_dropout
 
 
 def test_ar_and_tar_equal_their_formulas() -> None:
     model = _model(dropout=0.3, ar=2.0, tar=1.0, cell_options={"weight_drop": 0.5}).train()
-    raws, dropped, logits = _capture(model.rnn, output=True), _capture(model.decoder), _capture(model.decoder, True)
+    raws, dropped, logits = (
+        _capture(model.model.rnn, output=True),
+        _capture(model.model.decoder),
+        _capture(model.model.decoder, True),
+    )
     batch = _batch()
     loss = model.training_step(batch, 0)
     raw, out = raws[-1], dropped[-1]  # the last layer's output before / after output dropout
@@ -128,12 +132,12 @@ def test_every_dropout_is_off_in_eval(head: str) -> None:
 
 def test_dropout_keeps_zarembas_meaning_and_the_specific_rates_override_it() -> None:
     model = _model(dropout=0.3)
-    assert (model.input_dropout, model.rnn.dropout, model.output_dropout) == (0.3, 0.3, 0.3)
-    assert not model.rnn.locked_dropout
+    assert (model.model.input_dropout, model.model.rnn.dropout, model.model.output_dropout) == (0.3, 0.3, 0.3)
+    assert not model.model.rnn.locked_dropout
     model = _model(dropout=0.3, input_dropout=0.1, inter_layer_dropout=0.0, output_dropout=0.2)
-    assert (model.input_dropout, model.rnn.dropout, model.output_dropout) == (0.1, 0.0, 0.2)
+    assert (model.model.input_dropout, model.model.rnn.dropout, model.model.output_dropout) == (0.1, 0.0, 0.2)
     model = _model(dropout=0.3, locked_dropout=True, cell_options={"dropout": 0.25, "locked_dropout": False})
-    assert (model.rnn.dropout, model.rnn.locked_dropout) == (0.25, False)  # the stack's own settings win
+    assert (model.model.rnn.dropout, model.model.rnn.locked_dropout) == (0.25, False)  # the stack's own settings win
     with pytest.raises(ConfigError, match="inter-layer dropout once"):
         _model(inter_layer_dropout=0.1, cell_options={"dropout": 0.2})
     with pytest.raises(ConfigError, match="unknown head"):
@@ -144,32 +148,33 @@ def test_dropout_keeps_zarembas_meaning_and_the_specific_rates_override_it() -> 
 
 def test_input_embedding_ratio() -> None:
     model = _model(hidden_size=20, input_embedding_ratio=0.5, tie_weights=True)
-    assert model.embedding.weight.shape == (V, 10)
-    assert model.projection is not None and model.projection.weight.shape == (10, 20)
-    assert model.decoder.weight is model.embedding.weight
+    assert model.model.embedding.weight.shape == (V, 10)
+    assert model.model.projection is not None and model.model.projection.weight.shape == (10, 20)
+    assert model.model.decoder.weight is model.model.embedding.weight
     model = _model(hidden_size=20, input_embedding_ratio=1.5, tie_weights=True)  # >= 1: sizes equal, no projection
-    assert model.embedding.weight.shape == (V, 20) and model.projection is None
+    assert model.model.embedding.weight.shape == (V, 20) and model.model.projection is None
     assert model(torch.zeros(1, 3, dtype=torch.long))[0].shape == (1, 3, V)
 
 
-def test_softmax_checkpoint_keys_are_unchanged() -> None:
-    keys = set(_model(tie_weights=True).state_dict())
+def test_softmax_network_keys_are_unchanged() -> None:
+    # The network's names (what exports store) are those of checkpoints written before heads existed.
+    keys = set(_model(tie_weights=True).model.state_dict())
     assert {"embedding.weight", "decoder.weight", "decoder.bias"} <= keys
     assert not any(k.startswith("decoder.") and k.count(".") > 1 for k in keys)
 
 
 def test_mos_model_is_tied_and_scored_by_the_softmax_code_path() -> None:
     model = _model(head="mos", mos_components=3, tie_weights=True, hidden_size=10).eval()
-    assert model.decoder.decoder.weight is model.embedding.weight
-    assert model.projection is None  # the latent layer maps the hidden size to K x embedding size
+    assert model.model.decoder.decoder.weight is model.model.embedding.weight
+    assert model.model.projection is None  # the latent layer maps the hidden size to K x embedding size
     batch = _batch()
     targets = batch.targets.clone()
     targets[0, 2] = IGNORE_INDEX
     batch = LMBatch(batch.inputs, targets, None)
     with torch.no_grad():
-        head_inputs = _capture(model.decoder)
+        head_inputs = _capture(model.model.decoder)
         total, count, _, _ = model._window(batch, "val")  # what validation, test and `evaluate` sum
-        log_p = model.decoder(head_inputs[-1])  # the head's log-probabilities
+        log_p = model.model.decoder(head_inputs[-1])  # the head's log-probabilities
     picked = log_p.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     expected = -picked[targets != IGNORE_INDEX].sum()
     assert int(count) == targets.numel() - 1
@@ -205,9 +210,9 @@ def test_mos_model_trains(one_thread: None) -> None:
 
 def test_embedding_init_range_leaves_the_recurrent_weights_at_pytorch_defaults() -> None:
     model = _model(hidden_size=100, embedding_init_range=0.01, tie_weights=True, cell_options={"forget_bias": None})
-    assert float(model.embedding.weight.abs().max()) <= 0.01
-    assert float(model.decoder.bias.abs().max()) == 0
-    recurrent = model.rnn.layers[0].rnn.weight_hh_l0
+    assert float(model.model.embedding.weight.abs().max()) <= 0.01
+    assert float(model.model.decoder.bias.abs().max()) == 0
+    recurrent = model.model.rnn.layers[0].rnn.weight_hh_l0
     assert 0.05 < float(recurrent.abs().max()) <= 0.1  # nn.LSTM's U(-1/sqrt(H), 1/sqrt(H))
 
 

@@ -96,14 +96,18 @@ def test_training_with_sparse_gradients_equals_dense_training(tmp_path: Path, ti
     dense, _ = _fit(tmp_path / "dense", sparse=False, tie=tie)
     sparse, dm = _fit(tmp_path / "sparse", sparse=True, tie=tie)
     batch = next(iter(dm.train_dataloader()))
-    sparse.decoder.training_loss(sparse.features(batch.inputs)[0], batch.targets)[0].backward()
-    assert sparse.embedding.weight.grad.is_sparse and sparse.decoder.weight.grad.is_sparse  # the path under test
+    sparse.model.decoder.training_loss(sparse.model.features(batch.inputs)[0], batch.targets)[0].backward()
+    assert (
+        sparse.model.embedding.weight.grad.is_sparse and sparse.model.decoder.weight.grad.is_sparse
+    )  # the path under test
     weights = dict(sparse.named_parameters())
     for name, expected in dense.named_parameters():
         torch.testing.assert_close(weights[name], expected, atol=1e-6, rtol=0, msg=name)
     L.seed_everything(0, verbose=False)
     initial = LanguageModel(**dense.hparams)  # the weights both runs started from
-    assert (dense.decoder.weight - initial.decoder.weight).abs().max() > 1e-3  # it trained: not two untouched models
+    assert (
+        dense.model.decoder.weight - initial.model.decoder.weight
+    ).abs().max() > 1e-3  # it trained: not two untouched models
 
 
 def test_dynamic_evaluation_of_a_sparse_model_equals_the_dense_one(tmp_path: Path) -> None:

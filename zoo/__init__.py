@@ -30,7 +30,18 @@ from zoo.on_lstm import ONLSTM
 from zoo.rnn import TanhRNN
 from zoo.skip_rnn import SkipLSTM
 
-__all__ = ["Architecture", "State", "build", "describe", "detach_state", "get", "mask_state", "names", "preset"]
+__all__ = [
+    "Architecture",
+    "RecurrentLM",
+    "State",
+    "build",
+    "describe",
+    "detach_state",
+    "get",
+    "mask_state",
+    "names",
+    "preset",
+]
 
 
 @dataclass(frozen=True)
@@ -275,3 +286,7 @@ def build(name: str, input_size: int, hidden_size: int, num_layers: int = 1, **o
             f"{', '.join(arch.options())}"
         )
     return arch.cls(input_size, hidden_size, num_layers, **options)
+
+
+# Last: the language model builds its stack through ``build`` above.
+from zoo.language_model import RecurrentLM  # noqa: E402

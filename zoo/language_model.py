@@ -1,0 +1,386 @@
+"""The recurrent language model as a plain ``nn.Module``: embedding -> zoo stack -> output head. No Lightning.
+
+::
+
+    ids (B, T) ──► embedding ──► embedding_dropout (whole words) ──► input_dropout ──► stack ──► output_dropout
+               ──► [projection to the embedding width, when tied] ──► head: softmax | MoS | NCE | sampled softmax
+
+Use it on its own (``RecurrentLM.from_pretrained("ptb-lstm-small")``, ``model.generate(...)``, ``model.token_nll``)
+or through :class:`lightning_modules.LanguageModel`, which wraps it with the training loop. Its ``state_dict`` is what
+an export's ``model.safetensors`` holds (:mod:`checkpoints.export`); the submodule names ``embedding``, ``rnn``,
+``projection`` and ``decoder`` are pytorch/examples' ``word_language_model`` names, kept so exports and checkpoints
+written before this class existed load unchanged.
+
+Dropouts act only in training mode; evaluation (``model.eval()``) is deterministic. The recurrent regularisers
+(``state_dropout``, ``weight_drop``) live inside the stack (``cell_options``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import zoo
+from zoo.base import State, sequence_dropout_mask
+from zoo.errors import ConfigError
+from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
+from zoo.nce import SAMPLERS, NCEHead
+
+if TYPE_CHECKING:
+    from datamodules.tokenizers import Tokenizer
+
+HEADS = ("softmax", "mos", "nce", "sampled_softmax")
+IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.streams uses the same value)
+
+
+def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:
+    """Drop whole words: every occurrence of a dropped id gets a zero vector, the kept ones are scaled by 1/(1-p).
+
+    AWD-LSTM's ``embedded_dropout`` (Merity et al. 2017 §4.3; Gal & Ghahramani 2016) masks rows of the embedding
+    matrix, one mask per batch; indexing a ``(V,)`` row mask with the ids is the same function and gradient without
+    copying the ``(V, E)`` matrix.
+
+    Args:
+        ids: ``(B, T)`` token ids.
+        embedded: ``(B, T, E)`` their embeddings.
+        p: probability of dropping a word type.
+        num_embeddings: V.
+    """
+    keep = torch.bernoulli(embedded.new_full((num_embeddings,), 1 - p)) / (1 - p)  # (V,) one draw per word type
+    return embedded * keep[ids].unsqueeze(-1)  # (B, T, E)
+
+
+def sequence_dropout(x: Tensor, p: float, locked: bool) -> Tensor:
+    """Dropout on ``(B, T, D)`` in training: one mask per sequence shared by every step (locked / variational,
+    Gal & Ghahramani 2016; AWD-LSTM's ``LockedDropout``) or, if not ``locked``, one per element (Zaremba et al.)."""
+    if p == 0:
+        return x
+    if locked:
+        return x * sequence_dropout_mask(x[:, 0], p).unsqueeze(1)  # (B, 1, D) over all steps
+    return F.dropout(x, p, training=True)
+
+
+class RecurrentLM(nn.Module):
+    """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes or sampled (NCE) output head.
+
+    Dropout: ``dropout`` is Zaremba et al.'s single rate on the embeddings, between layers and before the head; each
+    of ``input_dropout``, ``inter_layer_dropout``, ``output_dropout`` overrides it for its own place when set (Melis et
+    al. 2018 tune the three separately; AWD-LSTM's dropouti / dropouth / dropout).
+
+    Args:
+        vocab_size: number of token ids.
+        architecture: a zoo name (``lm-zoo models`` lists them).
+        embedding_size: input embedding width (ignored when ``input_embedding_ratio`` is set).
+        hidden_size: units per recurrent layer.
+        num_layers: stacked recurrent layers.
+        dropout: the default rate of ``input_dropout``, ``inter_layer_dropout`` and ``output_dropout`` (Zaremba et al.
+            2014: non-recurrent connections only).
+        tie_weights: share the input embedding and the softmax weights (Press & Wolf 2017; Inan et al. 2017); with the
+            softmax head and ``hidden_size != embedding_size`` a linear projection maps the last layer to the embedding
+            width (MoS needs none: its latent layer already produces embedding-width contexts).
+        init_range: if set, embeddings, softmax and recurrent weights start Uniform(-r, r) (Zaremba: 0.1 small,
+            0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this. MoS's prior
+            and latent layers keep PyTorch's initialisation, as in the reference code.
+        cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``) and the recurrent
+            regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
+            ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
+            here are the same as ``inter_layer_dropout`` / ``locked_dropout`` below.
+        head: ``"softmax"`` (full softmax), ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017), ``"nce"``
+            (trained by noise-contrastive estimation, Mnih & Teh 2012, output bias starting at -log V so that Z = 1)
+            or ``"sampled_softmax"`` (trained by a softmax over the target and the noise words, Jean et al. 2015).
+            The last two are full softmaxes everywhere but in training (``zoo/nce.py``) and need the unigram counts
+            of the training data (:meth:`set_noise_distribution`).
+        mos_components: K, the number of softmaxes mixed by the MoS head.
+        mos_dropout: dropout on the MoS component contexts (the reference's ``dropoutl``).
+        input_dropout: dropout on the embeddings fed to the stack (Melis; AWD ``dropouti``); ``None``: ``dropout``.
+        inter_layer_dropout: dropout between recurrent layers (Melis; AWD ``dropouth``); ``None``: ``dropout``.
+        output_dropout: dropout on the last layer's output before the head (Melis; AWD ``dropout``); ``None``:
+            ``dropout``.
+        embedding_dropout: drop whole words, i.e. rows of the embedding matrix, one mask per batch, the rest scaled
+            by 1/(1-p) (Merity et al. 2017; AWD ``dropoute``).
+        locked_dropout: one dropout mask per sequence, shared by every step, for input, inter-layer, output and MoS
+            dropout (Gal & Ghahramani 2016; AWD-LSTM), instead of a fresh mask per element.
+        input_embedding_ratio: Melis et al. 2018: embedding size = ratio x hidden size (rounded); a ratio >= 1 means
+            embedding size = hidden size and no projection. Replaces ``embedding_size`` when set.
+        embedding_init_range: if set, the embedding and the output word vectors alone start Uniform(-r, r) with a
+            zero output bias, overriding ``init_range`` for them: AWD-LSTM and MoS use 0.1 there and leave the LSTM
+            at PyTorch's initialisation (``nn.Embedding``'s default N(0, 1) would give huge initial logits).
+        noise_samples: k, noise words per time step of the ``nce`` / ``sampled_softmax`` heads (400 in the GBW
+            recipes of Léonard et al. 2016).
+        noise_power: the noise distribution is the unigram distribution raised to this power (and renormalised).
+        noise_per_row: draw k noise words for every row and step instead of one set per step shared by the batch
+            (dpnn's ``rownoise``; the shared default is its ``batchnoise``).
+        noise_sampler: ``"alias"`` (Walker's alias table) or ``"multinomial"`` (``torch.multinomial``).
+        sparse_gradients: row-sparse gradients for the vocabulary-sized matrices: the input embedding, and the output
+            layer of the ``nce`` / ``sampled_softmax`` heads, get only the rows a step touches instead of a dense
+            ``(V, D)`` gradient (dpnn's ``LookupTable`` / ``NCEModule`` updates).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 10000,
+        architecture: str = "lstm",
+        embedding_size: int = 200,
+        hidden_size: int = 200,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        tie_weights: bool = False,
+        init_range: float | None = None,
+        cell_options: dict[str, Any] | None = None,
+        head: str = "softmax",
+        mos_components: int = 15,
+        mos_dropout: float = 0.0,
+        input_dropout: float | None = None,
+        inter_layer_dropout: float | None = None,
+        output_dropout: float | None = None,
+        embedding_dropout: float = 0.0,
+        locked_dropout: bool = False,
+        input_embedding_ratio: float | None = None,
+        embedding_init_range: float | None = None,
+        noise_samples: int = 100,
+        noise_power: float = 1.0,
+        noise_per_row: bool = False,
+        noise_sampler: str = "alias",
+        sparse_gradients: bool = False,
+    ) -> None:
+        super().__init__()
+        # Every constructor argument as given: what an export's config.json stores to rebuild this model.
+        self.config: dict[str, Any] = {
+            name: value for name, value in locals().items() if name not in ("self", "__class__")
+        }
+        self.config["cell_options"] = dict(cell_options or {})
+        self.vocab_size = vocab_size
+        self.head = head
+        cell_options = dict(cell_options or {})
+        if "init_range" in cell_options:
+            raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
+        if head not in HEADS:
+            raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
+        if noise_samples < 1 or noise_power < 0 or noise_sampler not in SAMPLERS:
+            raise ConfigError(
+                f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
+                f"{noise_samples}, {noise_power} and {noise_sampler!r}"
+            )
+        if "dropout" in cell_options and inter_layer_dropout is not None:
+            raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
+        if input_embedding_ratio is not None:
+            if input_embedding_ratio <= 0:
+                raise ConfigError(f"input_embedding_ratio must be > 0, got {input_embedding_ratio}")
+            embedding_size = (
+                hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
+            )
+        self.input_dropout = dropout if input_dropout is None else input_dropout
+        self.output_dropout = dropout if output_dropout is None else output_dropout
+        self.embedding_dropout = embedding_dropout
+        self.locked_dropout = locked_dropout
+        for name, rate in [
+            ("dropout", dropout),
+            ("input_dropout", self.input_dropout),
+            ("output_dropout", self.output_dropout),
+            ("embedding_dropout", embedding_dropout),
+            ("mos_dropout", mos_dropout),
+        ]:
+            if not 0.0 <= rate < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {rate}")
+        stack_options = {"dropout": dropout if inter_layer_dropout is None else inter_layer_dropout}
+        if locked_dropout:
+            stack_options["locked_dropout"] = True
+        stack_options.update(cell_options)  # the cell's own setting wins
+        self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
+        self.rnn = zoo.build(
+            architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options
+        )
+        # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
+        # state-dict keys are those of checkpoints written before heads existed.
+        self.projection: nn.Linear | None = None
+        self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead
+        if head == "mos":
+            self.decoder = MixtureOfSoftmaxes(
+                hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
+            )
+        else:
+            # Tying needs the decoder's input width to equal the embedding width.
+            if tie_weights and hidden_size != embedding_size:
+                self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
+            context_size = embedding_size if tie_weights else hidden_size
+            if head == "softmax":
+                self.decoder = SoftmaxHead(context_size, vocab_size)
+            else:
+                self.decoder = NCEHead(
+                    context_size,
+                    vocab_size,
+                    noise_samples,
+                    head,
+                    noise_power,
+                    noise_per_row,
+                    noise_sampler,
+                    sparse_gradient=sparse_gradients,
+                )
+        output_layer = self.decoder.output_layer
+        word_init_range = init_range if embedding_init_range is None else embedding_init_range
+        if word_init_range is not None:
+            nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
+            nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
+            nn.init.zeros_(output_layer.bias)
+        if isinstance(self.decoder, NCEHead):
+            self.decoder.reset_bias()  # -log V, so that Z = 1 from the start, whatever the word vectors' init
+        if tie_weights:
+            output_layer.weight = self.embedding.weight
+
+    # --------------------------------------------------------------------------------------------------- forward
+    def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
+        """Next-token scores.
+
+        Args:
+            inputs: ``(B, T)`` token ids.
+            state: the recurrent state after the previous window, or ``None`` (zeros).
+            reset: ``(B, T)`` bool; zero stream b's state before step t.
+
+        Returns:
+            ``(scores (B, T, V), state)``: logits for the softmax head, log-probabilities for MoS; either way
+            ``log_softmax(scores)`` is the model's log-probabilities.
+        """
+        features, state, _, _ = self.run(inputs, state, reset)
+        return self.decoder(features), state
+
+    def token_nll(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        state: State | None = None,
+        reset: Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, State]:
+        """Full-softmax negative log-likelihood of every target: what evaluation scores, whatever the training head.
+
+        Args:
+            inputs: ``(B, T)`` token ids.
+            targets: ``(B, T)`` next-token ids, ``-100`` where nothing is predicted.
+            state: the recurrent state after the previous window, or ``None``.
+            reset: ``(B, T)`` bool; zero stream b's state before step t.
+            temperature: the softmax temperature (scores divided by it before normalising).
+
+        Returns:
+            ``(nll (B, T) float32 nats, 0 where the target is -100; state)``.
+        """
+        features, state, _, _ = self.run(inputs, state, reset)
+        return self.decoder.token_nll(features, targets, temperature), state
+
+    def features(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
+        """The head's input ``(B, T, D)`` and the state: :meth:`token_nll` is ``self.decoder.token_nll`` of these.
+
+        They do not depend on the softmax temperature, so evaluation keeps them to score one pass at many temperatures.
+        """
+        features, state, _, _ = self.run(inputs, state, reset)
+        return features, state
+
+    def run(self, inputs: Tensor, state: State | None, reset: Tensor | None) -> tuple[Tensor, State, Tensor, Tensor]:
+        """The head's input ``(B, T, D)`` and the state, with the last layer's output ``(B, T, H)`` before and after
+        output dropout (what AR / TAR regularise, Merity et al. 2017 §4.6)."""
+        x = self.embedding(inputs)  # (B, T, E)
+        if self.training:
+            if self.embedding_dropout > 0:
+                x = embedding_dropout(inputs, x, self.embedding_dropout, self.vocab_size)
+            x = sequence_dropout(x, self.input_dropout, self.locked_dropout)
+        raw, state = self.rnn(x, state, reset)  # (B, T, H)
+        dropped = sequence_dropout(raw, self.output_dropout, self.locked_dropout) if self.training else raw
+        features = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
+        return features, state, raw, dropped
+
+    def set_noise_distribution(self, counts: Sequence[int] | Tensor) -> None:
+        """Set the unigram training counts (one per id) the ``nce`` / ``sampled_softmax`` head draws noise from.
+
+        Args:
+            counts: ``(V,)`` counts; raised to ``noise_power`` and normalised.
+        """
+        if not isinstance(self.decoder, NCEHead):
+            raise ConfigError(f"the {self.head!r} head draws no noise words: only nce and sampled_softmax do")
+        try:
+            self.decoder.set_noise_distribution(counts)
+        except ValueError as error:
+            raise ConfigError(f"noise distribution: {error}") from None
+
+    def num_parameters(self) -> int:
+        """Trainable numbers, tied weights counted once."""
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+
+    # ------------------------------------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        stop_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """Sample continuations of a batch of prompts (nanoGPT's ``generate``, for a recurrent state).
+
+        Args:
+            prompt: ``(B, T)`` ids to condition on (T >= 1), e.g. the end-of-line id to start a sentence.
+            max_new_tokens: most tokens sampled per row.
+            temperature: divides the logits; < 1 is more conservative.
+            top_k: sample only among the k most likely tokens.
+            stop_id: a row stops after sampling this id (included in its output).
+            generator: for reproducible samples.
+
+        Returns:
+            The sampled ids of each row (without the prompt).
+        """
+        if temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {temperature}")
+        logits, state = self(prompt)
+        logits = logits[:, -1]  # (B, V)
+        samples: list[list[int]] = [[] for _ in range(prompt.size(0))]
+        done = [False] * prompt.size(0)
+        for _ in range(max_new_tokens):
+            logits = logits.float() / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            token = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompt.device)  # (B, 1)
+            for row, value in enumerate(token.flatten().tolist()):  # one host copy per step
+                if not done[row]:
+                    samples[row].append(value)
+                    done[row] = value == stop_id
+            if all(done):
+                break
+            logits, state = self(token, state)
+            logits = logits[:, -1]
+        return samples
+
+    # --------------------------------------------------------------------------------------------- pretrained
+    @classmethod
+    def from_pretrained(
+        cls, source: str | Path, revision: str | None = None, *, endpoint: str | None = None
+    ) -> tuple[RecurrentLM, Tokenizer]:
+        """Load a trained model and its tokenizer, in eval mode.
+
+        ``huggingface_hub.PyTorchModelHubMixin`` is not used: it rebuilds a model from a flat ``config.json`` and
+        fetches only the weights, while an lm-zoo model also needs its tokenizer file, accepts registry names served
+        from the bundled ``pretrained/`` directory (hash-checked) and ``.ckpt`` files, and refuses pickled weights;
+        :func:`checkpoints.load` does all of that, and this is that loader without the rest of its record.
+
+        Args:
+            source: a registered name (``lm-zoo models --pretrained``), an export directory, a Hub repo id
+                ``owner/name`` or a ``.ckpt`` written by ``lm-zoo fit``.
+            revision: for a Hub repo: a branch, tag or commit.
+            endpoint: for a Hub repo: the Hub's URL (default ``$HF_ENDPOINT`` or huggingface.co).
+
+        Returns:
+            ``(model, tokenizer)``; ``tokenizer.encode`` / ``decode`` map text to ids and back.
+
+        Raises:
+            zoo.errors.LMZooError: the source cannot be loaded; the message says why and what to do.
+        """
+        from checkpoints import load  # the loaders are another package; the network itself never needs them
+
+        loaded = load(source, revision, endpoint=endpoint)
+        return loaded.model, loaded.tokenizer
