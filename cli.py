@@ -42,6 +42,7 @@ COMMANDS = {
     "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
     "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",
     "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
+    "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their README table",
 }
 SPLITS = ("train", "valid", "test")
 SOURCE_HELP = "a .ckpt written by lm-zoo fit, a directory written by lm-zoo export, a Hub repo id or a registered name"
@@ -206,18 +207,9 @@ def cmd_generate(argv: Sequence[str]) -> None:
     import checkpoints
 
     loaded = checkpoints.load(args.source, args.revision)
-    tokenizer, model = loaded.tokenizer, loaded.model.to(args.device)
-    # Every sample starts at the beginning of a line: the end-of-line token is its context, then the prompt. A sentence
-    # model (GBW) starts from <S> with a zero state and a row stops at </S>, so each line is one independent sentence.
-    sentences = tokenizer.bos_id != tokenizer.eos_id
-    temperature = args.temperature if args.temperature is not None else (0.7 if sentences else 1.0)
-    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
-    prompt = torch.tensor([prompt_ids] * args.num_samples, device=args.device)
-    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
-    samples = model.generate(
-        prompt, args.max_tokens, temperature, args.top_k, stop_id=tokenizer.eos_id, generator=generator
+    texts, temperature = loaded.sample(
+        args.prompt, args.num_samples, args.max_tokens, args.temperature, args.top_k, args.seed, args.device
     )
-    texts = [tokenizer.decode(prompt_ids[1:] + ids).rstrip("\n") for ids in samples]
     if args.json:
         print(
             json.dumps(
@@ -354,13 +346,17 @@ def cmd_download(argv: Sequence[str]) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
-    from checkpoints import hub, registry
+    from checkpoints import hub, registered_directory, registry
 
-    resolved = registry.resolve(args.model, args.revision)
-    if resolved is None:
+    entry = registry.lookup(args.model) if "/" not in args.model else None
+    if entry is not None:
+        repo_id, revision = entry.repo_id, args.revision or entry.revision
+        path = registered_directory(entry, args.revision, endpoint=args.endpoint)
+    elif "/" in args.model:
+        repo_id, revision = args.model, args.revision
+        path = hub.download(repo_id, revision, endpoint=args.endpoint)
+    else:
         raise ConfigError(f"{args.model!r} is no registered model (lm-zoo models --pretrained) and no owner/name")
-    repo_id, revision = resolved
-    path = hub.download(repo_id, revision, endpoint=args.endpoint)
     print(json.dumps({"repo_id": repo_id, "revision": revision, "path": str(path)}) if args.json else path)
 
 
@@ -371,6 +367,13 @@ def cmd_tune(argv: Sequence[str]) -> None:
     tune(argv)
 
 
+def cmd_bundle(argv: Sequence[str]) -> None:
+    """``lm-zoo bundle``: the shipped pretrained models (:mod:`checkpoints.bundle`)."""
+    from checkpoints.bundle import cmd_bundle as bundle
+
+    bundle(argv)
+
+
 HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "evaluate": cmd_evaluate,
     "generate": cmd_generate,
@@ -379,6 +382,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "publish": cmd_publish,
     "download": cmd_download,
     "tune": cmd_tune,
+    "bundle": cmd_bundle,
 }
 
 

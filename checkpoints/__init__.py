@@ -34,15 +34,53 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
         return load_export(path) if path.is_dir() else load_checkpoint(path)
     if path.suffix == ".ckpt":
         return load_checkpoint(path)  # says it does not exist
-    resolved = registry.resolve(text, revision)
-    if resolved is None:
+    entry = registry.lookup(text) if "/" not in text else None
+    if entry is not None:
+        return load_registered(entry, revision, endpoint=endpoint)
+    if "/" not in text:
         raise CheckpointError(
             f"cannot load {text!r}: it is no file or directory, no Hub repo id (owner/name) and no registered model "
             "(lm-zoo models --pretrained lists them)"
         )
-    repo_id, revision = resolved
-    directory = hub.download(repo_id, revision, endpoint=endpoint)
-    return load_export(directory, source=f"{repo_id}@{revision}" if revision else repo_id)
+    directory = hub.download(text, revision, endpoint=endpoint)
+    return load_export(directory, source=f"{text}@{revision}" if revision else text)
+
+
+def registered_directory(
+    entry: registry.RegistryEntry, revision: str | None = None, *, endpoint: str | None = None
+) -> Path:
+    """Where a registered model's export is: its bundled copy when this checkout has one (and no other revision is
+    asked for), else a Hub download of its pinned revision; either way checked against the registry's hashes.
+
+    Raises:
+        CheckpointError: a bundled or downloaded file does not match the registry (naming it), or the model is not
+            bundled here and the Hub does not serve it.
+    """
+    if revision in (None, entry.revision):
+        directory = registry.bundled(entry)
+        if directory is not None:
+            return directory
+    try:
+        directory = hub.download(entry.repo_id, revision or entry.revision, endpoint=endpoint)
+    except CheckpointError as err:
+        if not entry.files:
+            raise
+        raise CheckpointError(
+            f"{entry.name} is not bundled with this installation (no {registry.bundle_root() / entry.name}) and the "
+            f"Hub did not serve {entry.repo_id}@{revision or entry.revision}: {err}; clone the lm-zoo repository, "
+            "which ships it under pretrained/"
+        ) from None
+    if revision in (None, entry.revision):  # the pinned revision: the files the registry's numbers were measured on
+        registry.verify_files(entry, directory, f"{entry.repo_id}@{entry.revision}")
+    return directory
+
+
+def load_registered(
+    entry: registry.RegistryEntry, revision: str | None = None, *, endpoint: str | None = None
+) -> LoadedModel:
+    """Load a registered model (:func:`registered_directory` says from where)."""
+    directory = registered_directory(entry, revision, endpoint=endpoint)
+    return load_export(directory, source=entry.name)
 
 
 __all__ = ["LMZooError", "LoadedModel", "export", "export_model", "load", "load_checkpoint", "load_export"]

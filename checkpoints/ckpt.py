@@ -65,6 +65,45 @@ class LoadedModel:
         datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
         return datamodule
 
+    def sample(
+        self,
+        prompt: str = "",
+        num_samples: int = 5,
+        max_tokens: int = 100,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        device: str = "cpu",
+    ) -> tuple[list[str], float]:
+        """Sample text continuing ``prompt`` (``lm-zoo generate``).
+
+        Every sample starts at the beginning of a line: the end-of-line token is its context, then the prompt. A
+        sentence model (GBW) starts from <S> with a zero state and a row stops at </S>, so each sample is one
+        independent sentence.
+
+        Args:
+            prompt: text to continue.
+            num_samples: how many samples.
+            max_tokens: most tokens per sample (a sample ends at the end-of-line / end-of-sentence token).
+            temperature: softmax temperature; ``None``: 0.7 for sentence models (as Léonard 2016 samples), else 1.
+            top_k: sample among the k most likely tokens only.
+            seed: for reproducible samples.
+            device: where to run the model.
+
+        Returns:
+            ``(texts, temperature)``: the samples with their prompt, and the temperature used.
+        """
+        tokenizer, model = self.tokenizer, self.model.to(device)
+        sentences = tokenizer.bos_id != tokenizer.eos_id
+        temperature = temperature if temperature is not None else (0.7 if sentences else 1.0)
+        prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+        prompt_batch = torch.tensor([prompt_ids] * num_samples, device=device)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        samples = model.generate(
+            prompt_batch, max_tokens, temperature, top_k, stop_id=tokenizer.eos_id, generator=generator
+        )
+        return [tokenizer.decode(prompt_ids[1:] + ids).rstrip("\n") for ids in samples], temperature
+
 
 def data_module_class(class_path: str | None, where: str) -> type[LightningDataModule]:
     """The data module class a model records in its data settings (``class_path``); ``None`` (models saved before

@@ -24,6 +24,7 @@ included; its tensor names are the same, so a format-1 export loads as it is (th
 from __future__ import annotations
 
 import base64
+import copy
 import importlib.metadata
 import json
 import shutil
@@ -45,7 +46,10 @@ WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"
 SENTENCEPIECE_NAME = "tokenizer.model"
 CARD_NAME = "README.md"
-EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME)
+CURVE_NAME = "learning_curve.png"  # the run's learning curve, when the export was built from one (checkpoints.bundle)
+EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, CURVE_NAME)
+# How the weights may be stored; the loaded model computes in float32 either way.
+STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
@@ -113,7 +117,9 @@ def result_record(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in RESULT_KEYS + PROCEDURE_KEYS if k in result}
 
 
-def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any]) -> dict:
+def build_config(
+    loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any], dtype: str = "float32"
+) -> dict:
     """The ``config.json`` of ``loaded``."""
     settings = loaded.model.config
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
@@ -125,6 +131,7 @@ def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokeniz
         "head": settings["head"],  # a summary: "model" holds every option, the head's included
         "model": settings,
         "num_parameters": loaded.model.num_parameters(),
+        "dtype": dtype,
         "tokenizer": tokenizer_entry,
         "training": training,
         "results": [result_record(r) for r in results],
@@ -132,7 +139,14 @@ def build_config(loaded: LoadedModel, results: Sequence[dict[str, Any]], tokeniz
     return _jsonable(config, "the model's settings")
 
 
-def export_model(loaded: LoadedModel, out_dir: str | Path, results: Sequence[dict[str, Any]] | None = None) -> Path:
+def export_model(
+    loaded: LoadedModel,
+    out_dir: str | Path,
+    results: Sequence[dict[str, Any]] | None = None,
+    dtype: str = "float32",
+    curve: Path | None = None,
+    repo_id: str | None = None,
+) -> Path:
     """Write ``loaded`` as an export directory.
 
     Args:
@@ -140,6 +154,10 @@ def export_model(loaded: LoadedModel, out_dir: str | Path, results: Sequence[dic
             weight-averaged checkpoint exports the averaged weights.
         out_dir: created if needed; a previous export there is replaced.
         results: ``lm-zoo evaluate`` results for the model card; ``None`` keeps those ``loaded`` came with.
+        dtype: ``float32``, or ``float16`` for half the size (loading casts back to float32; results measured on
+            the float32 weights are then no longer those of the stored ones: measure the export itself).
+        curve: a learning-curve PNG to ship as ``learning_curve.png`` (the card shows it).
+        repo_id: the Hub repo the card's examples name (``lm-zoo publish`` renders it so anyway).
 
     Returns:
         The directory.
@@ -158,13 +176,21 @@ def export_model(loaded: LoadedModel, out_dir: str | Path, results: Sequence[dic
         raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
     out.mkdir(parents=True, exist_ok=True)
     for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
-        (out / name).unlink(missing_ok=True)
+        if not (name == CURVE_NAME and curve is not None and curve.resolve() == (out / name).resolve()):
+            (out / name).unlink(missing_ok=True)
+    if dtype not in STORED_DTYPES:
+        raise CheckpointError(f"cannot store weights as {dtype!r}: choose one of {', '.join(STORED_DTYPES)}")
     results = loaded.results if results is None else results
     tokenizer_entry = _write_tokenizer(loaded.tokenizer, out)
-    config = build_config(loaded, results, tokenizer_entry)
+    config = build_config(loaded, results, tokenizer_entry, dtype)
+    if curve is not None and curve.resolve() != (out / CURVE_NAME).resolve():
+        shutil.copyfile(curve, out / CURVE_NAME)
+    network = loaded.model.cpu()
+    if network.embedding.weight.dtype != STORED_DTYPES[dtype]:
+        network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
     # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
-    save_model(loaded.model.cpu(), str(out / WEIGHTS_NAME), metadata={"format": "pt"})
-    (out / CARD_NAME).write_text(render_card(config), encoding="utf-8")
+    save_model(network, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    (out / CARD_NAME).write_text(render_card(config, repo_id), encoding="utf-8")
     shutil.copymode(out / CARD_NAME, out / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return out

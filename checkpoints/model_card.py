@@ -12,6 +12,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from checkpoints.export import CURVE_NAME
 from datamodules.corpora import CORPORA
 
 # `lm-zoo publish` re-renders a card that still has this line (to name the repo id); deleting it keeps your edits.
@@ -86,6 +87,47 @@ def _corpus(config: dict[str, Any]) -> str:
     return corpus if corpus in CORPORA else corpus.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _run_section(run: dict[str, Any] | None) -> list[str]:
+    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, samples, curve."""
+    if not run:
+        return []
+    minutes = (run.get("wall_time_s") or 0) / 60
+    lines = [
+        "",
+        "## How it was made",
+        "",
+        f"Registered in lm-zoo as `{run.get('name')}`. Trained from `{run.get('config_file')}` with",
+        "",
+        "```",
+        str(run.get("command")),
+        "```",
+        "",
+        "| seed | lm-zoo commit | torch | hardware | wall time | tokens/s | epochs | steps | training tokens |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        f"| {run.get('seed')} | `{run.get('commit')}` | {run.get('torch_version')} | {run.get('hardware')} | "
+        f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} | {run.get('epochs')} | {run.get('steps') or 0:,} | "
+        f"{run.get('tokens') or 0:,} |",
+        "",
+        "Wall time is the span of the run's TensorBoard events (summed over the runs of a resumed training); tokens/s "
+        "counts batch size x BPTT per step.",
+        "",
+        f"![learning curve]({CURVE_NAME})",
+    ]
+    if run.get("notes"):
+        lines += ["", str(run["notes"])]
+    samples = run.get("samples")
+    if samples:
+        lines += [
+            "",
+            "## Samples",
+            "",
+            f"Seed {samples.get('seed')}, temperature {samples.get('temperature')}, starting at a new line:",
+            "",
+        ]
+        lines += [f"{i}. {text.replace(chr(10), ' ')}" for i, text in enumerate(samples.get("texts", []), 1)]
+    return lines
+
+
 def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
     """The model card of an export.
 
@@ -141,6 +183,7 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         ]
     else:
         lines.append("No results were measured for this export.")
+    lines += _run_section(training.get("run"))
     lines += [
         "",
         "## Use",

@@ -1,28 +1,36 @@
-"""The registry of published models: short names for Hub repos, pinned to a revision, with their measured results.
+"""The registry of pretrained models: short names for exports bundled under ``pretrained/`` and published on the Hub.
 
 ``checkpoints/registry.json`` (or the file ``$LM_ZOO_REGISTRY`` names)::
 
     {
-      "format_version": 1,
+      "format_version": 2,
       "models": {
         "ptb-lstm-small": {
-          "repo_id": "owner/ptb-lstm-small",
-          "revision": "v1",                      # a tag or commit, so the numbers below stay true
+          "repo_id": "lm-zoo/ptb-lstm-small",        # where `lm-zoo bundle --publish` puts it on the Hub
+          "revision": "v1",                          # a tag, so the numbers below stay true
           "dataset": "ptb",
           "architecture": "lstm",
           "description": "Zaremba et al. 2014 small, 2 x 200",   # optional
-          "results": {"test": {"ppl": 112.38, "eval_batch_size": 1, "bptt": 35}}
+          "num_parameters": 4653200,                 # optional: the network's, tied weights once
+          "size_bytes": 18623456,                    # optional: the export's files together
+          "files": {"config.json": "<sha256>", ...},  # optional: every file of the export and its sha256
+          "results": {"test": {"ppl": 112.38, "eval_batch_size": 1, "bptt": 35, "tokens": 82430}},
+          "training": {"command": "lm-zoo fit --config configs/ptb/lstm-small.yaml", ...}   # optional
         }
       }
     }
 
 A result holds ``ppl`` (word level) and/or ``bpc`` (character level) with the eval batch size and BPTT it was measured
-at. ``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME`` and ``checkpoints.load(NAME)``
-accept a short name. ``lm-zoo publish --json`` prints the entry for a new model.
+at. ``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)`` and
+``RecurrentLM.from_pretrained(NAME)`` accept a short name. A model with ``files`` is served from its bundled export
+``pretrained/<name>/`` (``$LM_ZOO_PRETRAINED`` overrides the folder) when that exists and every hash matches, and from
+the Hub otherwise, where the downloaded files must match the same hashes. Format-1 registries (no ``files``) still
+load. ``lm-zoo bundle`` writes the bundle and its entry (:mod:`checkpoints.bundle`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,14 +39,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zoo.errors import ConfigError
+from zoo.errors import CheckpointError, ConfigError
 
-REGISTRY_VERSION = 1
+REGISTRY_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 DEFAULT_PATH = Path(__file__).with_name("registry.json")
+# The bundled exports, beside the packages in a source checkout (a pip-installed lm-zoo has none: it uses the Hub).
+DEFAULT_BUNDLE_ROOT = Path(__file__).resolve().parent.parent / "pretrained"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # no "/": a short name is never mistaken for a repo id
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
-_OPTIONAL = {"description"}
+_OPTIONAL = {"description", "num_parameters", "size_bytes", "files", "training"}
+SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _METRICS = ("ppl", "bpc")
 
 
@@ -53,6 +65,10 @@ class RegistryEntry:
     architecture: str
     results: dict[str, dict[str, float | int]] = field(default_factory=dict)
     description: str = ""
+    num_parameters: int | None = None
+    size_bytes: int | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON (with its name)."""
@@ -98,8 +114,11 @@ def parse_registry(data: Any, where: str) -> dict[str, RegistryEntry]:
     """
     if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
         raise ConfigError(f'{where}: a registry is an object with "format_version" and "models"')
-    if data.get("format_version") != REGISTRY_VERSION:
-        raise ConfigError(f"{where}: registry format {data.get('format_version')!r} is not {REGISTRY_VERSION}")
+    if data.get("format_version") not in READABLE_VERSIONS:
+        raise ConfigError(
+            f"{where}: registry format {data.get('format_version')!r} is not one this lm-zoo reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}): upgrade lm-zoo"
+        )
     entries = {}
     for name, entry in data["models"].items():
         at = f"{where}: model {name!r}"
@@ -117,6 +136,16 @@ def parse_registry(data: Any, where: str) -> dict[str, RegistryEntry]:
             raise ConfigError(f"{at}: description must be a string")
         if not REPO_ID_PATTERN.match(entry["repo_id"]):
             raise ConfigError(f"{at}: repo_id {entry['repo_id']!r} is not owner/name")
+        for key in ("num_parameters", "size_bytes"):
+            if key in entry and not _positive_int(entry[key]):
+                raise ConfigError(f"{at}: {key} must be a positive integer")
+        files = entry.get("files", {})
+        if not isinstance(files, dict) or not all(
+            isinstance(f, str) and isinstance(h, str) and SHA256_PATTERN.match(h) for f, h in files.items()
+        ):
+            raise ConfigError(f"{at}: files must map each file name to its sha256 (64 lower-case hex digits)")
+        if not isinstance(entry.get("training", {}), dict):
+            raise ConfigError(f"{at}: training must be an object")
         results = _check_results(entry["results"], at)
         entries[name] = RegistryEntry(name=name, **{**entry, "results": results})
     return entries
@@ -143,26 +172,74 @@ def lookup(name: str) -> RegistryEntry | None:
     return load_registry().get(name)
 
 
-def resolve(name: str, revision: str | None = None) -> tuple[str, str | None] | None:
-    """``(repo_id, revision)`` for a Hub id (it has a "/") or a registered short name; ``None`` for neither.
+def sha256(path: Path) -> str:
+    """The file's sha256, hex."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
-    A registered model's pinned revision is used unless ``revision`` is given.
+
+def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
+    """Check that ``directory`` holds exactly the files the entry lists, each with its registered sha256.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, extra (an export file the registry does not list) or
+            different, and what to do.
     """
-    if "/" in name:
-        return name, revision
-    entry = lookup(name)
-    return None if entry is None else (entry.repo_id, revision or entry.revision)
+    from checkpoints.export import EXPORT_FILES
+
+    for file, expected in sorted(entry.files.items()):
+        path = directory / file
+        if not path.is_file():
+            raise CheckpointError(f"{where} has no {file}, which the registry lists for {entry.name}: {_RESTORE}")
+        if sha256(path) != expected:
+            raise CheckpointError(
+                f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
+                f"or damaged; {_RESTORE}"
+            )
+    extra = sorted(p.name for p in directory.iterdir() if p.name in EXPORT_FILES and p.name not in entry.files)
+    if extra:
+        raise CheckpointError(
+            f"{where} holds {extra[0]}, which the registry does not list for {entry.name}: {_RESTORE}"
+        )
+
+
+_RESTORE = "restore it (git checkout -- pretrained/, or lm-zoo download again) or update checkpoints/registry.json"
+
+
+def bundle_root() -> Path:
+    """``$LM_ZOO_PRETRAINED`` if set, else the ``pretrained/`` folder of this source checkout."""
+    return Path(os.environ["LM_ZOO_PRETRAINED"]) if os.environ.get("LM_ZOO_PRETRAINED") else DEFAULT_BUNDLE_ROOT
+
+
+def bundled(entry: RegistryEntry) -> Path | None:
+    """The entry's bundled export directory, checked against its hashes; ``None`` when there is none here.
+
+    Raises:
+        CheckpointError: the bundle is there but a file is missing or differs from the registry.
+    """
+    directory = bundle_root() / entry.name
+    if not entry.files or not directory.is_dir():
+        return None
+    verify_files(entry, directory, str(directory))
+    return directory
 
 
 def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) -> RegistryEntry:
-    """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``."""
+    """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``.
+
+    Per split it keeps the result at eval batch size 1 when there is one (the papers' convention), else the first.
+    """
     results: dict[str, dict[str, float | int]] = {}
-    for result in config.get("results", []):
+    for result in sorted(config.get("results", []), key=lambda r: r["eval_batch_size"] != 1, reverse=True):
         metric = "bpc" if "bpc" in result and result.get("tokenizer") != "sentencepiece" else "ppl"
-        results[result["split"]] = {
-            metric: round(result[metric], 4),
+        results[result["split"]] = {  # a later (batch-1) result replaces an earlier one of the same split
+            metric: result[metric],
             "eval_batch_size": result["eval_batch_size"],
             "bptt": result["bptt"],
+            **({"tokens": result["tokens"]} if "tokens" in result else {}),
         }
     corpus = Path(str(config.get("training", {}).get("data", {}).get("corpus", "unknown"))).name
     model = config.get("model", {})
@@ -175,3 +252,14 @@ def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) ->
         results=results,
         description=f"{model.get('num_layers')} x {model.get('hidden_size')} {config.get('architecture')} on {corpus}",
     )
+
+
+def write_entry(entry: RegistryEntry, path: str | Path | None = None) -> None:
+    """Add or replace ``entry`` in the registry file (default :func:`registry_path`), keeping names sorted."""
+    path = Path(path) if path is not None else registry_path()
+    load_registry(path)  # refuses to rewrite a malformed registry
+    data = json.loads(path.read_text(encoding="utf-8"))
+    fields = {k: v for k, v in entry.to_json().items() if k != "name" and (k in _REQUIRED or v not in (None, {}, ""))}
+    models = {**data["models"], entry.name: fields}
+    data = {"format_version": REGISTRY_VERSION, "models": dict(sorted(models.items()))}
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

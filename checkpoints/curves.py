@@ -1,0 +1,132 @@
+"""The learning curve of a run, read from its TensorBoard event files and drawn to a PNG for the model card.
+
+Drawn with Pillow (which tensorboard already requires), not matplotlib: two line plots with labelled axes need no
+plotting library, and lm-zoo should not pull one in for a maintainer's picture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zoo.errors import CheckpointError
+
+CURVE_NAME = "learning_curve.png"
+TRAIN_TAG, VALID_TAG = "train_loss", "val_ppl"
+
+
+@dataclass
+class RunLog:
+    """What a run's TensorBoard events say, over every directory of a run resumed in several (``--ckpt_path last``).
+
+    Attributes:
+        train_loss: ``(step, loss)`` of the logged training windows.
+        valid_ppl: ``(step, perplexity)`` after each validation.
+        wall_time: seconds between each directory's first and last event, summed (time between resumptions is left
+            out).
+        steps: training steps run (Lightning logs a step's index, from 0).
+    """
+
+    train_loss: list[tuple[int, float]] = field(default_factory=list)
+    valid_ppl: list[tuple[int, float]] = field(default_factory=list)
+    wall_time: float = 0.0
+    steps: int = 0
+
+
+def read_run(directories: Sequence[Path]) -> RunLog:
+    """Read the training loss and validation perplexity logged in ``directories`` (TensorBoard log dirs).
+
+    Raises:
+        CheckpointError: a directory holds no events with a training loss.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = RunLog()
+    for directory in directories:
+        events = EventAccumulator(str(directory), size_guidance={"scalars": 0})  # 0: keep every point
+        events.Reload()
+        tags = events.Tags().get("scalars", [])
+        if TRAIN_TAG not in tags:
+            raise CheckpointError(f"{directory} holds no TensorBoard events with {TRAIN_TAG}: pass the run's log dir")
+        train = events.Scalars(TRAIN_TAG)
+        valid = events.Scalars(VALID_TAG) if VALID_TAG in tags else []
+        log.train_loss += [(e.step, e.value) for e in train]
+        log.valid_ppl += [(e.step, e.value) for e in valid]
+        times = [e.wall_time for e in train + valid]
+        log.wall_time += max(times) - min(times)
+        log.steps = max([log.steps] + [e.step + 1 for e in train + valid])
+    log.train_loss.sort()
+    log.valid_ppl.sort()
+    return log
+
+
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` round values spanning [low, high]."""
+    if high <= low:
+        return [low]
+    raw = (high - low) / count
+    step = 10 ** math.floor(math.log10(raw))
+    step *= next(m for m in (1, 2, 5, 10) if raw <= m * step)
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) / step) + 1)]
+
+
+def _label(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:g}k"
+    return f"{value:g}"
+
+
+def render(log: RunLog, tokens_per_step: int, out: Path, title: str) -> Path:
+    """Draw the training loss and the validation perplexity against training tokens, side by side, to ``out``."""
+    from PIL import Image, ImageDraw
+
+    width, height, margin = 1000, 380, 60
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((margin, 8), title, fill="black")
+    panels = [
+        ("training loss (nats per token)", log.train_loss, (31, 119, 180)),
+        ("validation perplexity", log.valid_ppl, (214, 39, 40)),
+    ]
+    panel_width = (width - 3 * margin) // 2
+    for index, (name, points, colour) in enumerate(panels):
+        left, top = margin + index * (panel_width + margin), 46
+        right, bottom = left + panel_width, height - 45
+        draw.rectangle((left, top, right, bottom), outline="black")
+        draw.text((left, top - 14), name, fill="black")
+        draw.text((right - 90, bottom + 22), "training tokens", fill="black")
+        if not points:
+            draw.text((left + 10, top + 10), "not logged", fill="black")
+            continue
+        xs = [step * tokens_per_step for step, _ in points]
+        ys = [value for _, value in points]
+        x_low, x_high = 0.0, max(xs) or 1.0
+        y_low, y_high = min(ys), max(ys)
+        pad = (y_high - y_low) * 0.05 or 1.0
+        y_low, y_high = y_low - pad, y_high + pad
+
+        def at(x: float, y: float, box: tuple[int, int, int, int] = (left, top, right, bottom)) -> tuple[float, float]:
+            x0, y0, x1, y1 = box
+            return x0 + (x - x_low) / (x_high - x_low) * (x1 - x0), y1 - (y - y_low) / (y_high - y_low) * (y1 - y0)
+
+        for tick in _ticks(x_low, x_high):
+            x, _ = at(tick, y_low)
+            draw.line((x, bottom, x, bottom + 4), fill="black")
+            draw.text((x - 10, bottom + 6), _label(tick), fill="black")
+        for tick in _ticks(y_low, y_high):
+            _, y = at(x_low, tick)
+            draw.line((left - 4, y, left, y), fill="black")
+            draw.line((left + 1, y, right - 1, y), fill=(230, 230, 230))
+            draw.text((left - 44, y - 6), _label(round(tick, 6)), fill="black")
+        coordinates = [at(x, y) for x, y in zip(xs, ys, strict=True)]
+        if len(coordinates) > 1:
+            draw.line(coordinates, fill=colour, width=2)
+        for x, y in coordinates if len(coordinates) < 40 else []:
+            draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=colour)
+    image.save(out, format="PNG", optimize=True)
+    return out
