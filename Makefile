@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo publish-pretrained clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,12 @@ demo: setup
 	$(BIN)/lm-zoo fit --config configs/synthetic/xml-lstm.yaml
 	$(BIN)/lm-zoo evaluate $(DEMO)/checkpoints/best.ckpt --split test
 	$(BIN)/lm-zoo generate $(DEMO)/checkpoints/best.ckpt --num-samples 5 --temperature 0.7 --seed 1
+	@echo "and a word model lm-zoo ships (pretrained/ptb-lstm-small, trained on Penn Treebank):"
+	$(BIN)/lm-zoo generate ptb-lstm-small --prompt "the stock market" --num-samples 3 --max-tokens 30 --seed 1
+
+# Maintainers: every bundled model (pretrained/) to its registered Hub repo id, tagged with its revision. Needs HF_TOKEN.
+publish-pretrained: setup
+	$(BIN)/lm-zoo bundle publish
 
 clean:
 	rm -rf $(VENV) runs

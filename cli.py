@@ -260,11 +260,14 @@ def _print_registry(as_json: bool) -> None:
         print(f"no pretrained models are registered yet ({registry.registry_path()})")
     for entry in entries.values():
         scores = "; ".join(
-            ", ".join(f"{split} {metric} {value}" for metric, value in result.items() if metric in ("ppl", "bpc"))
+            ", ".join(f"{split} {metric} {value:.6g}" for metric, value in result.items() if metric in ("ppl", "bpc"))
             + f" (eval batch {result['eval_batch_size']}, bptt {result['bptt']})"
             for split, result in entry.results.items()
         )
-        print(f"{entry.name:<20} {entry.repo_id}@{entry.revision}  {entry.dataset} {entry.architecture}  {scores}")
+        size = f"{entry.num_parameters:,} parameters, " if entry.num_parameters else ""
+        size += f"{entry.size_bytes / 1e6:.1f} MB" if entry.size_bytes else "not bundled"
+        where = f"{entry.repo_id}@{entry.revision}"
+        print(f"{entry.name:<20} {entry.dataset} {entry.architecture} ({size})  {scores}  [{where}]")
 
 
 def cmd_export(argv: Sequence[str]) -> None:

@@ -113,6 +113,14 @@ def _run_section(run: dict[str, Any] | None) -> list[str]:
         "",
         f"![learning curve]({CURVE_NAME})",
     ]
+    xml = run.get("xml_nesting")
+    if xml:
+        lines += [
+            "",
+            f"Nesting, measured on {xml['samples']} sampled documents (seed {xml['seed']}, temperature "
+            f"{xml['temperature']}, at most {xml['max_tokens']} characters each): {xml['matched']:,} of "
+            f"{xml['closing_tags']:,} closing tags ({xml['fraction']:.1%}) close the innermost open tag.",
+        ]
     if run.get("notes"):
         lines += ["", str(run["notes"])]
     samples = run.get("samples")

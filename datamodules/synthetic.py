@@ -8,6 +8,7 @@ given, so a seed fixes the text exactly, on any machine and Python run.
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 
@@ -54,6 +55,34 @@ def xml_document(rng: random.Random) -> str:
             open_tags.append(_tag_name(rng))
             parts.append(f"<{open_tags[-1]}>")
     return "".join(parts)
+
+
+XML_TAG = re.compile(r"<(/?)([a-z]+)>")
+
+
+def xml_closing_tags_matched(text: str) -> tuple[int, int]:
+    """How many closing tags of ``text`` close the most recently opened tag, and how many closing tags there are.
+
+    What a model of the XML task must learn (Jozefowicz et al. 2015 §3.5): to close a tag it has to remember which
+    tags are open and copy the innermost one's name. A wrong closing tag still closes the innermost tag, so one
+    mistake is counted once; a closing tag with no tag open counts as wrong.
+
+    Args:
+        text: generated documents (e.g. samples of a model), each tag ``<name>`` or ``</name>``.
+
+    Returns:
+        ``(matched, closing)``.
+    """
+    open_tags: list[str] = []
+    matched = closing = 0
+    for slash, name in XML_TAG.findall(text):
+        if not slash:
+            open_tags.append(name)
+            continue
+        closing += 1
+        if open_tags:
+            matched += open_tags.pop() == name
+    return matched, closing
 
 
 def _operand(rng: random.Random) -> int:

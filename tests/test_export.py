@@ -403,7 +403,8 @@ def test_shipped_registry_is_valid() -> None:
 
 def test_models_pretrained_prints_the_registry(registry_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["models", "--pretrained", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"name": "ptb-tiny", "description": "", **ENTRY}]
+    unset = {"num_parameters": None, "size_bytes": None, "files": {}, "training": {}}  # a format-1 entry has none
+    assert json.loads(capsys.readouterr().out) == [{"name": "ptb-tiny", "description": "", **ENTRY, **unset}]
     assert cli.main(["models", "--pretrained"]) == 0
     out = capsys.readouterr().out
     assert "ptb-tiny" in out and "alice/ptb-tiny@v1" in out and "test ppl 112.38 (eval batch 1, bptt 35)" in out
@@ -421,6 +422,7 @@ def test_models_pretrained_prints_the_registry(registry_file: Path, capsys: pyte
         ({"results": {"test": {"eval_batch_size": 1, "bptt": 35}}}, "needs a positive ppl or bpc"),
         ({"results": {"dev": {"ppl": 80.0, "eval_batch_size": 1, "bptt": 35}}}, "train/valid/test"),
         ({"paper": "x"}, "unknown ['paper']"),
+        ({"files": {"config.json": "abc"}}, "files must map each file name to its sha256"),
     ],
 )
 def test_registry_validation(

@@ -4,7 +4,13 @@ import re
 import pytest
 
 from datamodules import corpora, synthetic
-from datamodules.synthetic import SYNTHETIC_TASKS, arithmetic_example, generate_splits, xml_document
+from datamodules.synthetic import (
+    SYNTHETIC_TASKS,
+    arithmetic_example,
+    generate_splits,
+    xml_closing_tags_matched,
+    xml_document,
+)
 from zoo.errors import DataError
 
 TAG = re.compile(r"<(/?)([^<>]*)>")
@@ -152,3 +158,14 @@ def test_resolve_synthetic_corpus_rejects_unknown_options(tmp_path, monkeypatch)
     assert "\n" not in str(err.value)
     with pytest.raises(DataError, match="positive"):
         corpora.resolve_corpus("synthetic-arithmetic", options={"train_chars": -5})
+
+
+def test_closing_tags_are_matched_against_the_innermost_open_tag():
+    rng = random.Random(5)
+    documents = [xml_document(rng) for _ in range(200)]
+    matched, closing = xml_closing_tags_matched("".join(documents))
+    assert matched == closing == sum(d.count("</") for d in documents)  # generated text nests perfectly
+    # A wrong name still closes the innermost tag (one mistake counts once); a close with nothing open is wrong; an
+    # unfinished tag ("<ab") and text between tags are not tags.
+    assert xml_closing_tags_matched("<ab><cd></ab></ab>") == (1, 2)
+    assert xml_closing_tags_matched("</x><ab>zz<cd></cd><ab") == (1, 2)
