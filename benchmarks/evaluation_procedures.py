@@ -35,7 +35,6 @@ from lightning_modules.dynamic_evaluation import (  # noqa: E402
     mean_squared_gradients,
 )
 from lightning_modules.evaluation import deterministic_nll  # noqa: E402
-from lightning_modules.language_model import LanguageModel  # noqa: E402
 from lightning_modules.mc_dropout import MCDropout, mc_nll  # noqa: E402
 from lightning_modules.temperature import (  # noqa: E402
     TEMPERATURE_TOLERANCE,
@@ -45,6 +44,7 @@ from lightning_modules.temperature import (  # noqa: E402
     golden_section_search,
     total_nll,
 )
+from zoo.language_model import RecurrentLM  # noqa: E402
 
 
 def timed(run: Callable[[], object]) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
         datamodule.load_state_dict({"tokenizer": loaded.tokenizer.state_dict()})
     else:
         torch.manual_seed(0)
-        model = LanguageModel(datamodule.vocab_size, "lstm", embedding_size=200, hidden_size=200, dropout=0.3)
+        model = RecurrentLM(datamodule.vocab_size, "lstm", embedding_size=200, hidden_size=200, dropout=0.3)
     model.eval().to(args.device)
     ids = torch.as_tensor(datamodule.encoded("valid")[: args.tokens].astype("int64"))
     eos = datamodule.tokenizer.eos_id

@@ -53,6 +53,7 @@ from datamodules.streams import IGNORE_INDEX  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 from lightning_modules.sparse_gradients import clip_grad_norm  # noqa: E402
 from zoo.heads import SoftmaxHead  # noqa: E402
+from zoo.language_model import RecurrentLM  # noqa: E402
 from zoo.nce import NCEHead, UnigramNoise  # noqa: E402
 
 GBW_VOCAB = 793_471
@@ -321,7 +322,7 @@ def step_benchmark(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------- 3. evaluation
 def eval_worker(config: dict[str, Any]) -> dict[str, Any]:
     """Score the test shard (or its first ``eval_tokens`` predicted tokens) at one batch size, as ``evaluate`` does:
-    ``LanguageModel.token_nll`` over the GBW data module's multi-sequence windows, state carried, reset per sentence."""
+    ``RecurrentLM.token_nll`` over the GBW data module's multi-sequence windows, state carried, reset per sentence."""
     device = torch.device(config["device"])
     data = GBWDataModule(
         config["data"],
@@ -333,7 +334,7 @@ def eval_worker(config: dict[str, Any]) -> dict[str, Any]:
     vocab = max(data.vocab_size, config["eval_vocab"])  # ids past the sample's vocabulary never occur
     torch.manual_seed(0)
     hidden = config["hidden"]
-    model = LanguageModel(vocab, "lstm", hidden, hidden, 2, init_range=0.1).to(device).eval()
+    model = RecurrentLM(vocab, "lstm", hidden, hidden, 2, init_range=0.1).to(device).eval()
     model.decoder.chunk_logits = config["chunk_logits"]
     stream = data.stream("test", config["batch"], config["bptt"])
     total, tokens = torch.zeros((), dtype=torch.float64, device=device), 0

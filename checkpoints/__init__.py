@@ -70,7 +70,7 @@ def registered_directory(
             f"Hub did not serve {entry.repo_id}@{revision or entry.revision}: {err}; clone the lm-zoo repository, "
             "which ships it under pretrained/"
         ) from None
-    if revision in (None, entry.revision):  # the pinned revision: the files the registry's numbers were measured on
+    if entry.files and revision in (None, entry.revision):  # the files the registry's numbers were measured on
         registry.verify_files(entry, directory, f"{entry.repo_id}@{entry.revision}")
     return directory
 
@@ -78,9 +78,11 @@ def registered_directory(
 def load_registered(
     entry: registry.RegistryEntry, revision: str | None = None, *, endpoint: str | None = None
 ) -> LoadedModel:
-    """Load a registered model (:func:`registered_directory` says from where)."""
+    """Load a registered model (:func:`registered_directory` says from where); its ``source`` is the name when the
+    bundle served it, else the Hub repo and revision."""
     directory = registered_directory(entry, revision, endpoint=endpoint)
-    return load_export(directory, source=entry.name)
+    bundled = directory == registry.bundle_root() / entry.name
+    return load_export(directory, source=entry.name if bundled else f"{entry.repo_id}@{revision or entry.revision}")
 
 
 __all__ = ["LMZooError", "LoadedModel", "export", "export_model", "load", "load_checkpoint", "load_export"]

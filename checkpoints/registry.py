@@ -137,17 +137,19 @@ def parse_registry(data: Any, where: str) -> dict[str, RegistryEntry]:
         if not REPO_ID_PATTERN.match(entry["repo_id"]):
             raise ConfigError(f"{at}: repo_id {entry['repo_id']!r} is not owner/name")
         for key in ("num_parameters", "size_bytes"):
-            if key in entry and not _positive_int(entry[key]):
+            if entry.get(key) is not None and not _positive_int(entry[key]):
                 raise ConfigError(f"{at}: {key} must be a positive integer")
-        files = entry.get("files", {})
+        files = entry.get("files") or {}
         if not isinstance(files, dict) or not all(
             isinstance(f, str) and isinstance(h, str) and SHA256_PATTERN.match(h) for f, h in files.items()
         ):
             raise ConfigError(f"{at}: files must map each file name to its sha256 (64 lower-case hex digits)")
-        if not isinstance(entry.get("training", {}), dict):
+        if not isinstance(entry.get("training") or {}, dict):
             raise ConfigError(f"{at}: training must be an object")
         results = _check_results(entry["results"], at)
-        entries[name] = RegistryEntry(name=name, **{**entry, "results": results})
+        entries[name] = RegistryEntry(
+            name=name, **{**entry, "results": results, "files": files, "training": entry.get("training") or {}}
+        )
     return entries
 
 

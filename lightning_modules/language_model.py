@@ -1,4 +1,5 @@
-"""The recurrent language model as a LightningModule: embedding -> zoo stack -> output head (softmax | MoS | NCE).
+"""The training loop of a recurrent language model: a LightningModule around :class:`zoo.RecurrentLM` (the network
+itself, embedding -> zoo stack -> output head, a plain ``nn.Module`` in ``zoo/language_model.py``).
 
 Stateful truncated BPTT (Lightning 2 removed its TBPTT hook): the recurrent state is carried on the module from one
 training window to the next and detached at every window, as pytorch/examples' ``repackage_hidden`` does; each stage
@@ -394,6 +395,6 @@ class LanguageModel(L.LightningModule):
             )
 
     # ------------------------------------------------------------------------------------------------ sampling
-    def generate(self, prompt: Tensor, max_new_tokens: int, **options: Any) -> list[list[int]]:
-        """Sample continuations of a batch of prompts: :meth:`zoo.RecurrentLM.generate`."""
-        return self.model.generate(prompt, max_new_tokens, **options)
+    def generate(self, prompt: Tensor, max_new_tokens: int, *options: Any, **named: Any) -> list[list[int]]:
+        """Sample continuations of a batch of prompts: :meth:`zoo.RecurrentLM.generate`, which takes the options."""
+        return self.model.generate(prompt, max_new_tokens, *options, **named)

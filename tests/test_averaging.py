@@ -262,7 +262,7 @@ def test_lm_zoo_fit_saves_the_uniform_average(tmp_path: Path, monkeypatch: pytes
             torch.testing.assert_close(weights[key].double(), expected, rtol=1e-5, atol=1e-6, msg=key)
             torch.testing.assert_close(ckpt["current_model_state"][key], after[step - 1][key], rtol=0, atol=0)
         # The tied embedding and decoder stay one tensor in the average.
-        assert torch.equal(weights["embedding.weight"], weights["decoder.weight"])
+        assert torch.equal(weights["model.embedding.weight"], weights["model.decoder.weight"])
     assert saved_after_switch > 0
 
 

@@ -216,7 +216,7 @@ def test_model_card_holds_the_measured_results(run: Path) -> None:
         assert entry.metric_value == pytest.approx(result["ppl"], abs=1e-4)
         assert entry.metric_args["eval_batch_size"] == result["eval_batch_size"] == 2
         assert entry.metric_args["bptt"] == result["bptt"] == 5
-    assert "lm-zoo evaluate" in card.text and "checkpoints.load" in card.text
+    assert "lm-zoo evaluate" in card.text and "RecurrentLM.from_pretrained" in card.text
 
 
 @pytest.mark.parametrize(

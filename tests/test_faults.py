@@ -185,7 +185,7 @@ class Poison(L.Callback):
         ("weights", "training loss became nan at step 5 (epoch 0)", 4),
         ("gradients", "a gradient became NaN or infinite at step 5 (epoch 0)", 4),
         # Poisoned after step 5's update: the step-6 checkpoint is refused, the step-4 one stays.
-        ("updated", "the weights became NaN or infinite by step 6 (epoch 0; decoder.weight)", 4),
+        ("updated", "the weights became NaN or infinite by step 6 (epoch 0; model.decoder.weight)", 4),
     ],
 )
 def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(

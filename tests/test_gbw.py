@@ -396,7 +396,7 @@ def test_word_models_keep_temperature_1_and_start_at_eos(tmp_path: Path, capsys:
 
     tokenizer = build_tokenizer("word", "a b c\nb c\n")
     model = LanguageModel(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()
-    export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "word", results=[])
+    export_model(LoadedModel(model.model, tokenizer, {"corpus": "somewhere"}), tmp_path / "word", results=[])
     assert cli.main(["generate", str(tmp_path / "word"), "--num-samples", "2", "--seed", "0", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["temperature"] == 1.0
