@@ -167,7 +167,7 @@ def build(
         "steps": log.steps,
         "tokens": log.steps * tokens_per_step,
         "tokens_per_s": round(log.steps * tokens_per_step / log.wall_time, 1) if log.wall_time else None,
-        "epochs": (source.training.get("epoch") or 0) + 1,
+        "epochs": log.epochs,
         "notes": notes,
     }
     out.mkdir(parents=True, exist_ok=True)

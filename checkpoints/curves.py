@@ -27,12 +27,14 @@ class RunLog:
         wall_time: seconds between each directory's first and last event, summed (time between resumptions is left
             out).
         steps: training steps run (Lightning logs a step's index, from 0).
+        epochs: epochs begun (Lightning logs the epoch index with the training loss).
     """
 
     train_loss: list[tuple[int, float]] = field(default_factory=list)
     valid_ppl: list[tuple[int, float]] = field(default_factory=list)
     wall_time: float = 0.0
     steps: int = 0
+    epochs: int = 0
 
 
 def read_run(directories: Sequence[Path]) -> RunLog:
@@ -57,6 +59,8 @@ def read_run(directories: Sequence[Path]) -> RunLog:
         times = [e.wall_time for e in train + valid]
         log.wall_time += max(times) - min(times)
         log.steps = max([log.steps] + [e.step + 1 for e in train + valid])
+        if "epoch" in tags:
+            log.epochs = max([log.epochs] + [int(e.value) + 1 for e in events.Scalars("epoch")])
     log.train_loss.sort()
     log.valid_ppl.sort()
     return log

@@ -80,7 +80,7 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     # How it was made, on the card and in config.json.
     made = config["training"]["run"]
     assert (made["commit"], made["command"], made["seed"]) == ("abc123", "lm-zoo fit --config run.yaml", 1)
-    assert made["steps"] == 8 and made["tokens"] == 8 * 4 * 6 and made["wall_time_s"] > 0
+    assert (made["steps"], made["epochs"], made["tokens"]) == (8, 1, 8 * 4 * 6) and made["wall_time_s"] > 0
     assert len(made["samples"]["texts"]) == 3
     card = (directory / CARD_NAME).read_text()
     for fragment in ("## How it was made", "abc123", f"![learning curve]({CURVE_NAME})", "## Samples", "lm-zoo/tiny"):
