@@ -74,6 +74,8 @@ class LanguageModel(L.LightningModule):
     single process; gradient-norm clipping still works (:mod:`lightning_modules.sparse_gradients`).
     """
 
+    # The network's arguments are spelled out again (not **kwargs) so that LightningCLI can type-check, default and
+    # save `model.init_args` one by one; tests/test_language_model.py holds the two signatures equal.
     def __init__(
         self,
         vocab_size: int = 10000,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from datamodules.streams import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation import evaluate
 from tests.conftest import quiet_trainer, write_word_corpus
+from zoo import RecurrentLM
 from zoo.errors import ConfigError, TrainingDivergedError
 
 
@@ -155,3 +157,14 @@ def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatc
     metrics = trainer.callback_metrics
     assert {"val_loss", "val_ppl", "train_loss"} <= set(metrics)
     assert float(metrics["val_ppl"]) == pytest.approx(math.exp(float(metrics["val_loss"])), rel=1e-5)
+
+
+def test_the_lightning_module_takes_every_network_argument_with_the_same_default() -> None:
+    network = inspect.signature(RecurrentLM).parameters
+    module = inspect.signature(LanguageModel).parameters
+    assert {name: p.default for name, p in network.items()} == {
+        name: p.default for name, p in module.items() if name not in ("ar", "tar")
+    }
+    assert {name: p.annotation for name, p in network.items()} == {
+        name: p.annotation for name, p in module.items() if name not in ("ar", "tar")
+    }
