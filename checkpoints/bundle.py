@@ -30,7 +30,8 @@ import torch
 from checkpoints import registry
 from checkpoints.ckpt import LoadedModel, load_checkpoint
 from checkpoints.curves import read_run, render
-from checkpoints.export import CURVE_NAME, EXPORT_FILES, export_model, lm_zoo_version, load_export, measure
+from checkpoints.export import CONFIG_NAME, CURVE_NAME, EXPORT_FILES, export_model, lm_zoo_version, load_export, measure
+from datamodules.corpora import _sha256_file
 from zoo.errors import CheckpointError, ConfigError
 
 SAMPLE_SEED = 1
@@ -204,9 +205,9 @@ def build(
         export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id)
     finally:
         curve.unlink(missing_ok=True)
-    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
     entry = registry.entry_for(config, name, repo_id, revision)
-    files = {f: registry.sha256(out / f) for f in EXPORT_FILES if (out / f).is_file()}
+    files = {f: _sha256_file(out / f) for f in EXPORT_FILES if (out / f).is_file()}
     entry = replace(
         entry,
         description=description or entry.description,

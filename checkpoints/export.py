@@ -174,17 +174,17 @@ def export_model(
         raise CheckpointError(f"--out {out} is a file: choose a directory")
     if out.is_dir() and any(out.iterdir()) and not _is_export(out):
         raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
-        if not (name == CURVE_NAME and curve is not None and curve.resolve() == (out / name).resolve()):
-            (out / name).unlink(missing_ok=True)
     if dtype not in STORED_DTYPES:
         raise CheckpointError(f"cannot store weights as {dtype!r}: choose one of {', '.join(STORED_DTYPES)}")
+    curve_png = curve.read_bytes() if curve is not None else None  # before clearing: it may be this export's own
+    out.mkdir(parents=True, exist_ok=True)
+    for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
+        (out / name).unlink(missing_ok=True)
     results = loaded.results if results is None else results
     tokenizer_entry = _write_tokenizer(loaded.tokenizer, out)
     config = build_config(loaded, results, tokenizer_entry, dtype)
-    if curve is not None and curve.resolve() != (out / CURVE_NAME).resolve():
-        shutil.copyfile(curve, out / CURVE_NAME)
+    if curve_png is not None:
+        (out / CURVE_NAME).write_bytes(curve_png)
     network = loaded.model.cpu()
     if network.embedding.weight.dtype != STORED_DTYPES[dtype]:
         network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision

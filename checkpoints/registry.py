@@ -6,7 +6,7 @@
       "format_version": 2,
       "models": {
         "ptb-lstm-small": {
-          "repo_id": "lm-zoo/ptb-lstm-small",        # where `lm-zoo bundle --publish` puts it on the Hub
+          "repo_id": "lm-zoo/ptb-lstm-small",        # where `lm-zoo bundle publish` puts it on the Hub
           "revision": "v1",                          # a tag, so the numbers below stay true
           "dataset": "ptb",
           "architecture": "lstm",
@@ -30,7 +30,6 @@ load. ``lm-zoo bundle`` writes the bundle and its entry (:mod:`checkpoints.bundl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datamodules.corpora import _sha256_file  # the corpora's checksum, as datamodules.gbw uses it
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -174,15 +174,6 @@ def lookup(name: str) -> RegistryEntry | None:
     return load_registry().get(name)
 
 
-def sha256(path: Path) -> str:
-    """The file's sha256, hex."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
     """Check that ``directory`` holds exactly the files the entry lists, each with its registered sha256.
 
@@ -196,7 +187,7 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         path = directory / file
         if not path.is_file():
             raise CheckpointError(f"{where} has no {file}, which the registry lists for {entry.name}: {_RESTORE}")
-        if sha256(path) != expected:
+        if _sha256_file(path) != expected:
             raise CheckpointError(
                 f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
                 f"or damaged; {_RESTORE}"
