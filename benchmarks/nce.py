@@ -15,6 +15,9 @@ Three measurements, each printed with its ratio:
    activations and temporaries: the accounting of the Torch blog's memory figure ("not counting parameters and their
    gradients"). Each (head, H) runs in its own process: on CPU the peak is the resident-set high-water mark (reset
    through ``/proc/self/clear_refs`` just before the step), on CUDA ``torch.cuda.max_memory_allocated``.
+   ``--heads ... adaptive`` adds the adaptive softmax (Grave et al. 2017, ``zoo.heads.AdaptiveSoftmaxHead``), e.g.
+   at WikiText-2's vocabulary: ``--only step --vocab 33278 --hidden 650 --batch 20 --bptt 35 --heads softmax
+   adaptive``.
 3. **Evaluation.** The chunked full softmax (``SoftmaxHead.token_nll``) of an untrained 2 x H LSTM over the GBW
    sample's test shard (``news.en.heldout-00013``) through ``GBWDataModule``'s multi-sequence windows (state reset at
    every sentence), vocabulary from shards 10-11 (count >= 3) padded with never-seen ids up to ``--eval-vocab``
@@ -52,7 +55,7 @@ from datamodules.gbw import GBWDataModule  # noqa: E402
 from datamodules.streams import IGNORE_INDEX  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 from lightning_modules.sparse_gradients import clip_grad_norm  # noqa: E402
-from zoo.heads import SoftmaxHead  # noqa: E402
+from zoo.heads import AdaptiveSoftmaxHead, SoftmaxHead  # noqa: E402
 from zoo.language_model import RecurrentLM  # noqa: E402
 from zoo.nce import NCEHead, UnigramNoise  # noqa: E402
 
@@ -172,15 +175,17 @@ def sampler_benchmark(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------- 2. training step
 def step_worker(config: dict[str, Any]) -> dict[str, Any]:
     """One (head, hidden) configuration: peak memory of a step, of a step without the output layer's gradient, then
-    the median time of full steps. ``head`` is ``softmax``, ``nce`` or ``sampled_softmax``, ``/sparse`` appended for
-    the row-sparse output gradient."""
+    the median time of full steps. ``head`` is ``softmax``, ``nce``, ``sampled_softmax`` (``/sparse`` appended for
+    the row-sparse output gradient) or ``adaptive`` (Grave et al.'s adaptive softmax, default cutoffs)."""
     device = torch.device(config["device"])
     vocab, hidden, batch, bptt = config["vocab"], config["hidden"], config["batch"], config["bptt"]
     torch.manual_seed(0)
     rnn = zoo.build("lstm", hidden, hidden, config["layers"]).to(device)
     objective, _, sparse = config["head"].partition("/")
     if objective == "softmax":
-        head: SoftmaxHead = SoftmaxHead(hidden, vocab).to(device)
+        head: SoftmaxHead | AdaptiveSoftmaxHead = SoftmaxHead(hidden, vocab).to(device)
+    elif objective == "adaptive":
+        head = AdaptiveSoftmaxHead(hidden, vocab).to(device)
     else:
         head = NCEHead(
             hidden, vocab, config["k"], objective, sampler=config["sampler"], sparse_gradient=sparse == "sparse"
@@ -200,7 +205,7 @@ def step_worker(config: dict[str, Any]) -> dict[str, Any]:
     def step() -> None:
         clear_gradients()
         features, _ = rnn(inputs)  # (B, T, H)
-        if isinstance(head, NCEHead):
+        if isinstance(head, NCEHead | AdaptiveSoftmaxHead):
             total, count = head.training_loss(features, targets)
         else:
             total, count = LanguageModel.nll(head(features), targets)  # the LanguageModel's softmax loss
@@ -421,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
         "--heads",
         nargs="+",
         default=["softmax", "nce", "nce/sparse"],
-        choices=["softmax", "nce", "nce/sparse", "sampled_softmax", "sampled_softmax/sparse"],
+        choices=["softmax", "nce", "nce/sparse", "sampled_softmax", "sampled_softmax/sparse", "adaptive"],
         help="objectives to time (softmax first); /sparse: row-sparse output-layer gradient",
     )
     parser.add_argument("--clip", type=float, default=0.2, help="gradient-norm clip of the step (recipe: 10 / 50)")

@@ -36,6 +36,7 @@ from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from zoo.base import State, detach_state
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from zoo.heads import AdaptiveSoftmaxHead
 from zoo.language_model import RecurrentLM
 from zoo.nce import NCEHead
 
@@ -104,6 +105,8 @@ class LanguageModel(L.LightningModule):
         noise_per_row: bool = False,
         noise_sampler: str = "alias",
         sparse_gradients: bool = False,
+        adaptive_cutoffs: list[int] | None = None,
+        adaptive_div_value: float = 4.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -177,6 +180,8 @@ class LanguageModel(L.LightningModule):
         elif isinstance(self.model.decoder, NCEHead):
             if not self.model.decoder.noise.ready:
                 raise ConfigError(NO_NOISE)
+            total, count = self.model.decoder.training_loss(features, batch.targets)
+        elif isinstance(self.model.decoder, AdaptiveSoftmaxHead):  # exact nats, each target's own cluster only
             total, count = self.model.decoder.training_loss(features, batch.targets)
         else:
             total, count = self.nll(self.model.decoder(features), batch.targets)

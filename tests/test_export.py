@@ -246,6 +246,7 @@ CASES = [(name, "softmax", False) for name in zoo.names()] + [
     ("gru", "softmax", True),
     ("lstm", "nce", False),  # the noise distribution is not exported: a loaded model scores with the full softmax
     ("lstm", "sampled_softmax", True),
+    ("lstm", "adaptive", False),
 ]
 
 

@@ -1,11 +1,14 @@
-"""Output heads: the Mixture of Softmaxes against its formula written out plainly, its normalisation, K = 1."""
+"""Output heads: the Mixture of Softmaxes and the adaptive softmax against their formulas written out plainly, their
+normalisation, K = 1, and the adaptive head's training loss against its evaluation nats."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
+from zoo.errors import ConfigError
+from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead, default_adaptive_cutoffs
+from zoo.language_model import RecurrentLM
 
 B, T, H, E, V, K = 2, 3, 5, 4, 7, 3
 
@@ -84,10 +87,11 @@ def test_bad_options() -> None:
         MixtureOfSoftmaxes(H, E, V, dropout=1.0)
 
 
-@pytest.mark.parametrize("head_name", ["softmax", "mos"])
+@pytest.mark.parametrize("head_name", ["softmax", "mos", "adaptive"])
 def test_token_nll_is_minus_the_tempered_log_probability_of_each_target(head_name: str) -> None:
     torch.manual_seed(1)
-    head = (_mos() if head_name == "mos" else SoftmaxHead(H, V).double()).eval()
+    heads = {"mos": _mos, "softmax": lambda: SoftmaxHead(H, V).double(), "adaptive": _adaptive}
+    head = heads[head_name]().eval()
     h = torch.randn(B, T, H, dtype=torch.double)
     targets = torch.randint(0, V, (B, T))
     targets[0, 1] = -100
@@ -102,3 +106,86 @@ def test_token_nll_is_minus_the_tempered_log_probability_of_each_target(head_nam
                 tempered = scores[b, t] / temperature
                 expected = torch.logsumexp(tempered, 0) - tempered[targets[b, t]]
                 assert nll[b, t].item() == pytest.approx(expected.item(), abs=1e-9)
+
+
+# --------------------------------------------------------------------------------------------- adaptive softmax
+CUTOFFS = [3, 5]  # V = 7: head words 0-2, cluster 1 = words 3-4, cluster 2 = words 5-6
+
+
+def _adaptive(div_value: float = 2.0) -> AdaptiveSoftmaxHead:
+    torch.manual_seed(0)
+    head = AdaptiveSoftmaxHead(H, V, CUTOFFS, div_value=div_value).double()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return head
+
+
+def test_adaptive_softmax_equals_the_formula_written_out() -> None:
+    """Grave et al. 2017 eq. (6)-(7): log p(w) = log p_head(w) for a head word, log p_head(c) + log p_c(w) for a word
+    of tail cluster c, where the head scores the 3 frequent words and one entry per cluster, and cluster c's words are
+    scored from a projection of h to H / div_value**c dimensions."""
+    head = _adaptive(div_value=2.0).eval()
+    h = torch.randn(B, T, H, dtype=torch.double)
+    W_head = head.adaptive.head.weight  # (3 + 2, H): the shortlist, then one row per cluster
+    expected = torch.empty(B, T, V, dtype=torch.double)
+    for b in range(B):
+        for t in range(T):
+            x = h[b, t]
+            head_logits = W_head @ x
+            head_p = torch.exp(head_logits) / torch.exp(head_logits).sum()  # (5,)
+            p = torch.empty(V, dtype=torch.double)
+            p[:3] = head_p[:3]
+            for c, (start, stop) in enumerate([(3, 5), (5, 7)]):
+                projection, words = head.adaptive.tail[c][0].weight, head.adaptive.tail[c][1].weight  # no biases
+                assert projection.shape == (H // 2 ** (c + 1), H)  # H / div_value**(c+1), at least 1
+                logits = words @ (projection @ x)  # (stop - start,)
+                p[start:stop] = head_p[3 + c] * torch.exp(logits) / torch.exp(logits).sum()
+            expected[b, t] = torch.log(p)
+    with torch.no_grad():
+        actual = head(h)
+    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=0)
+    torch.testing.assert_close(actual.logsumexp(-1), torch.zeros(B, T, dtype=torch.double), atol=1e-9, rtol=0)
+
+
+def test_adaptive_training_loss_is_the_evaluation_nats_of_the_predicted_targets() -> None:
+    head = _adaptive()
+    h = torch.randn(B, T, H, dtype=torch.double, requires_grad=True)
+    targets = torch.tensor([[0, 4, -100], [6, 2, 5]])
+    total, count = head.training_loss(h, targets)
+    assert count.item() == 5
+    torch.testing.assert_close(total, head.token_nll(h, targets).sum().double(), atol=1e-6, rtol=0)
+    log_p = head(h)
+    by_hand = -sum(log_p[b, t, targets[b, t]] for b in range(B) for t in range(T) if targets[b, t] >= 0)
+    torch.testing.assert_close(total, by_hand, atol=1e-9, rtol=0)
+    total.backward()  # the loss reaches the input through the head and the chosen tails
+    assert h.grad is not None and h.grad[0, 2].abs().sum() == 0 and h.grad[0, 1].abs().sum() > 0
+    nothing, none = head.training_loss(h, torch.full((B, T), -100))
+    assert nothing.item() == 0 and none.item() == 0
+
+
+def test_adaptive_head_in_the_language_model_trains_on_its_exact_nats() -> None:
+    """The LanguageModel's training step uses the adaptive loss; with no dropout it is the evaluation's nats."""
+    from datamodules.streams import LMBatch
+    from lightning_modules import LanguageModel
+
+    model = LanguageModel(vocab_size=40, embedding_size=6, hidden_size=16, num_layers=1, head="adaptive")
+    assert model.model.decoder.adaptive.cutoffs[:-1] == default_adaptive_cutoffs(40) == [2, 10]
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    batch = LMBatch(ids[:, :-1], ids[:, 1:])
+    total, count, _, _ = model._window(batch, "train")
+    nll, _ = model.model.token_nll(ids[:, :-1], ids[:, 1:])
+    torch.testing.assert_close(total, nll.sum(), atol=1e-5, rtol=0)
+    assert count.item() == 10
+
+
+def test_adaptive_head_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="tie_weights false"):
+        RecurrentLM(vocab_size=40, head="adaptive", tie_weights=True)
+    for cutoffs in ([10, 5], [0, 5], [5, 39], []):
+        with pytest.raises(ConfigError, match="cutoffs must be increasing ids between 1 and 38"):
+            RecurrentLM(vocab_size=40, head="adaptive", adaptive_cutoffs=cutoffs)
+    with pytest.raises(ConfigError, match="narrower than 1: lower adaptive_div_value"):
+        RecurrentLM(vocab_size=40, hidden_size=15, head="adaptive")  # 15 / 4^2 < 1
+    assert default_adaptive_cutoffs(33278) == [2079, 8319]
+    assert default_adaptive_cutoffs(4) == [1, 2]

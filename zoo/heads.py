@@ -231,3 +231,117 @@ class MixtureOfSoftmaxes(nn.Module):
         contexts = contexts.view(B, T, self.components, self.context_size)  # (B, T, K, E)
         log_probs = torch.log_softmax(_at_least_float32(self.decoder(contexts)), dim=-1)  # (B, T, K, V)
         return torch.logsumexp(log_prior.unsqueeze(-1) + log_probs, dim=2)  # (B, T, V)
+
+
+def default_adaptive_cutoffs(vocab_size: int) -> list[int]:
+    """Cluster boundaries when none are given: the most frequent 1/16 of the vocabulary in the head, the next 3/16 in
+    a first tail cluster and the rest in a second (WikiText-2's 33,278 words: 2,079 | 6,240 | 24,959).
+
+    Grave et al. 2017 §5 choose the boundaries so that the head holds the words that make up most of the text (Zipf's
+    law puts ~90% of WikiText's tokens in its most frequent ~4k words); fixed fractions of a frequency-sorted vocabulary
+    give that for the corpora lm-zoo ships without a per-corpus table. lm-zoo's vocabularies are sorted by frequency
+    (``datamodules.tokenizers``), which the adaptive softmax needs.
+    """
+    cutoffs = sorted({max(1, vocab_size // 16), max(2, vocab_size // 4)})
+    return [c for c in cutoffs if c < vocab_size - 1] or [max(1, vocab_size // 2)]
+
+
+class AdaptiveSoftmaxHead(nn.Module):
+    """The adaptive softmax (Grave et al. 2017, "Efficient softmax approximation for GPUs", arXiv:1609.04309).
+
+    The frequent words sit in a head softmax that also holds one entry per tail cluster; the rare words of cluster c
+    are scored only when the head predicts c, through a projection to ``D / div_value**c`` dimensions::
+
+        log p(w) = log p_head(w)                                  w in the head
+        log p(w) = log p_head(cluster(w)) + log p_cluster(w)      otherwise
+
+    This is an exact, normalised distribution (not a sampled approximation): training, evaluation and sampling all
+    use it, and training costs a fraction of the full softmax because most tokens never reach a tail. It wraps
+    ``torch.nn.AdaptiveLogSoftmaxWithLoss``, whose training loss only scores each target's own cluster; what the
+    wrapper adds is the lm-zoo head contract: ``(B, T)`` ids with ``-100`` for nothing to predict, ``forward`` as full
+    ``(B, T, V)`` log-probabilities for sampling, a temperature, and rows in slices so that scoring never holds more
+    than ``chunk_logits`` log-probabilities.
+
+    The token ids must be sorted by frequency, most frequent first (lm-zoo's vocabularies are). No weight tying: each
+    cluster has its own output matrix (Baevski & Auli 2019's adaptive inputs would tie them; not implemented).
+
+    Args:
+        input_size: width D of the vectors it scores.
+        vocab_size: V.
+        cutoffs: increasing ids where each tail cluster starts, all in ``(0, V - 1)``; ``None``:
+            :func:`default_adaptive_cutoffs`.
+        div_value: each cluster's projection is ``div_value`` times narrower than the previous one's (4 in the paper).
+        chunk_logits: most log-probabilities held at once by :meth:`token_nll` at a temperature other than 1.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        vocab_size: int,
+        cutoffs: list[int] | None = None,
+        div_value: float = 4.0,
+        chunk_logits: int = CHUNK_LOGITS,
+    ) -> None:
+        super().__init__()
+        cutoffs = default_adaptive_cutoffs(vocab_size) if cutoffs is None else list(cutoffs)
+        if cutoffs != sorted(set(cutoffs)) or not cutoffs or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size - 1:
+            raise ValueError(
+                f"adaptive softmax cutoffs must be increasing ids between 1 and {vocab_size - 2}, got {cutoffs}"
+            )
+        if input_size // div_value ** len(cutoffs) < 1:  # torch would build a 0-wide projection and say nothing
+            raise ValueError(
+                f"adaptive softmax: the last cluster's projection, {input_size} / {div_value}^{len(cutoffs)}, is "
+                "narrower than 1: lower adaptive_div_value or give fewer cutoffs"
+            )
+        self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(input_size, vocab_size, cutoffs, div_value=div_value)
+        self.vocab_size = vocab_size
+        self.chunk_logits = chunk_logits
+
+    @property
+    def output_layer(self) -> None:
+        """No single ``(V, D)`` word-vector matrix: nothing to tie to the embedding or to initialise as one."""
+        return None
+
+    @property
+    def context_size(self) -> int:
+        return self.adaptive.in_features
+
+    def forward(self, h: Tensor) -> Tensor:
+        """Full log-probabilities ``(B, T, V)`` (``logsumexp`` over V is 0), for sampling and inspection."""
+        flat = h.reshape(-1, h.size(-1))  # (B*T, D)
+        return self.adaptive.log_prob(_at_least_float32(flat)).view(*h.shape[:-1], self.vocab_size)
+
+    def training_loss(self, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Summed negative log-likelihood of the predicted targets, scoring only each target's own cluster.
+
+        Returns:
+            ``(summed nats, number of predicted positions)``: unlike NCE, these are the model's true nats.
+        """
+        predicted = targets.reshape(-1) != -100
+        rows = h.reshape(-1, h.size(-1))[predicted]  # (N, D)
+        if rows.size(0) == 0:
+            return h.sum() * 0.0, predicted.sum()
+        target_log_probs = self.adaptive(_at_least_float32(rows), targets.reshape(-1)[predicted]).output  # (N,)
+        return -target_log_probs.sum(), predicted.sum()
+
+    def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+        """Negative log-likelihood of each target, ``(B, T)`` float32 (or float64) nats, 0 where the target is -100.
+
+        At temperature 1 only each target's cluster is scored; otherwise the full distribution is tempered
+        (``p ** (1 / temperature)`` renormalised, as for the other heads) in row slices of at most ``chunk_logits``.
+        """
+        nll = torch.zeros(targets.shape, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        predicted = targets != -100
+        rows, wanted = _at_least_float32(h[predicted]), targets[predicted]  # (N, D), (N,)
+        if rows.size(0) == 0:
+            return nll
+        if temperature == 1.0:
+            nll[predicted] = -self.adaptive(rows, wanted).output.to(nll.dtype)
+            return nll
+        step = max(1, self.chunk_logits // self.vocab_size)
+        pieces = [
+            scores_nll(self.adaptive.log_prob(rows[i : i + step])[None], wanted[None, i : i + step], temperature)[0]
+            for i in range(0, rows.size(0), step)
+        ]
+        nll[predicted] = torch.cat(pieces).to(nll.dtype)
+        return nll

@@ -3,7 +3,7 @@
 ::
 
     ids (B, T) ──► embedding ──► embedding_dropout (whole words) ──► input_dropout ──► stack ──► output_dropout
-               ──► [projection to the embedding width, when tied] ──► head: softmax | MoS | NCE | sampled softmax
+               ──► [projection to the embedding width, when tied] ──► head: softmax | MoS | NCE | sampled | adaptive
 
 Use it on its own (``RecurrentLM.from_pretrained("ptb-lstm-small")``, ``model.generate(...)``, ``model.token_nll``)
 or through :class:`lightning_modules.LanguageModel`, which wraps it with the training loop. Its ``state_dict`` is what
@@ -28,13 +28,13 @@ from torch import Tensor, nn
 import zoo
 from zoo.base import State, sequence_dropout_mask
 from zoo.errors import ConfigError
-from zoo.heads import MixtureOfSoftmaxes, SoftmaxHead
+from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
 from zoo.nce import SAMPLERS, NCEHead
 
 if TYPE_CHECKING:
     from datamodules.tokenizers import Tokenizer
 
-HEADS = ("softmax", "mos", "nce", "sampled_softmax")
+HEADS = ("softmax", "mos", "nce", "sampled_softmax", "adaptive")
 IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.streams uses the same value)
 
 
@@ -66,7 +66,7 @@ def sequence_dropout(x: Tensor, p: float, locked: bool) -> Tensor:
 
 
 class RecurrentLM(nn.Module):
-    """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes or sampled (NCE) output head.
+    """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes, sampled (NCE) or adaptive softmax head.
 
     Dropout: ``dropout`` is Zaremba et al.'s single rate on the embeddings, between layers and before the head; each
     of ``input_dropout``, ``inter_layer_dropout``, ``output_dropout`` overrides it for its own place when set (Melis et
@@ -94,7 +94,9 @@ class RecurrentLM(nn.Module):
             (trained by noise-contrastive estimation, Mnih & Teh 2012, output bias starting at -log V so that Z = 1)
             or ``"sampled_softmax"`` (trained by a softmax over the target and the noise words, Jean et al. 2015).
             The last two are full softmaxes everywhere but in training (``zoo/nce.py``) and need the unigram counts
-            of the training data (:meth:`set_noise_distribution`).
+            of the training data (:meth:`set_noise_distribution`). ``"adaptive"``: the adaptive softmax (Grave et al.
+            2017, ``zoo.heads.AdaptiveSoftmaxHead``), exact probabilities everywhere at a fraction of the full
+            softmax's training cost for large vocabularies; no ``tie_weights``.
         mos_components: K, the number of softmaxes mixed by the MoS head.
         mos_dropout: dropout on the MoS component contexts (the reference's ``dropoutl``).
         input_dropout: dropout on the embeddings fed to the stack (Melis; AWD ``dropouti``); ``None``: ``dropout``.
@@ -119,6 +121,9 @@ class RecurrentLM(nn.Module):
         sparse_gradients: row-sparse gradients for the vocabulary-sized matrices: the input embedding, and the output
             layer of the ``nce`` / ``sampled_softmax`` heads, get only the rows a step touches instead of a dense
             ``(V, D)`` gradient (dpnn's ``LookupTable`` / ``NCEModule`` updates).
+        adaptive_cutoffs: the ``adaptive`` head's cluster boundaries (ids, increasing); ``None``: 1/16 and 1/4 of the
+            vocabulary (``zoo.heads.default_adaptive_cutoffs``).
+        adaptive_div_value: each tail cluster's projection is this many times narrower than the previous one's.
     """
 
     def __init__(
@@ -147,6 +152,8 @@ class RecurrentLM(nn.Module):
         noise_per_row: bool = False,
         noise_sampler: str = "alias",
         sparse_gradients: bool = False,
+        adaptive_cutoffs: list[int] | None = None,
+        adaptive_div_value: float = 4.0,
     ) -> None:
         super().__init__()
         # Every constructor argument as given: what an export's config.json stores to rebuild this model.
@@ -165,6 +172,11 @@ class RecurrentLM(nn.Module):
             raise ConfigError(
                 f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
                 f"{noise_samples}, {noise_power} and {noise_sampler!r}"
+            )
+        if head == "adaptive" and tie_weights:
+            raise ConfigError(
+                "the adaptive head has one output matrix per frequency cluster, none of which can be tied to the "
+                "embedding: set tie_weights false, or choose the softmax head"
             )
         if "dropout" in cell_options and inter_layer_dropout is not None:
             raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
@@ -198,7 +210,7 @@ class RecurrentLM(nn.Module):
         # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
         # state-dict keys are those of checkpoints written before heads existed.
         self.projection: nn.Linear | None = None
-        self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead
+        self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead | AdaptiveSoftmaxHead
         if head == "mos":
             self.decoder = MixtureOfSoftmaxes(
                 hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
@@ -210,6 +222,11 @@ class RecurrentLM(nn.Module):
             context_size = embedding_size if tie_weights else hidden_size
             if head == "softmax":
                 self.decoder = SoftmaxHead(context_size, vocab_size)
+            elif head == "adaptive":
+                try:
+                    self.decoder = AdaptiveSoftmaxHead(context_size, vocab_size, adaptive_cutoffs, adaptive_div_value)
+                except ValueError as error:
+                    raise ConfigError(str(error)) from None
             else:
                 self.decoder = NCEHead(
                     context_size,
@@ -221,12 +238,13 @@ class RecurrentLM(nn.Module):
                     noise_sampler,
                     sparse_gradient=sparse_gradients,
                 )
-        output_layer = self.decoder.output_layer
+        output_layer = self.decoder.output_layer  # None for the adaptive head, which keeps PyTorch's initialisation
         word_init_range = init_range if embedding_init_range is None else embedding_init_range
         if word_init_range is not None:
             nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
-            nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
-            nn.init.zeros_(output_layer.bias)
+            if output_layer is not None:
+                nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
+                nn.init.zeros_(output_layer.bias)
         if isinstance(self.decoder, NCEHead):
             self.decoder.reset_bias()  # -log V, so that Z = 1 from the start, whatever the word vectors' init
         if tie_weights:
