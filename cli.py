@@ -9,12 +9,16 @@ its subcommands with others (``run=False`` disables them all).
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
+import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
@@ -55,6 +59,75 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of lm-zoo's own subcommands: a bad argument is one line (``main`` prints it), not usage plus an
+    error; ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}; {self.prog} --help lists the options")
+
+
+def device_argument(text: str) -> str:
+    """``--device``: a device PyTorch knows and this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no device: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: PyTorch sees no CUDA GPU on this machine: use --device cpu")
+    return text
+
+
+class LMZooArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with its errors raised as one line (:class:`zoo.errors.ConfigError`, which ``main``
+    prints) instead of 70-80 lines of usage before a multi-line report; ``--help`` still prints the usage.
+
+    jsonargparse's own inner parsers are made with ``exit_on_error=False`` and catch their ``ArgumentError``s while
+    trying alternatives (union types, subclasses); only the error that would end the program is turned into ours.
+    """
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        raise ConfigError(parser_message(self, message)) from ex
+
+
+# Lines of jsonargparse's reports that say how it searched rather than what is wrong.
+_PARSER_NOISE = re.compile(
+    r"^(Does not validate against any of the Union subtypes|Subtypes:|Errors:|Expected a <class 'NoneType'>|"
+    r"Given value type:|Given value:|Problem with given class_path)"
+)
+
+
+def parser_message(parser: argparse.ArgumentParser, message: str) -> str:
+    """One line from a jsonargparse error report, naming the option, with a "did you mean" for a misspelt one."""
+    unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)
+    key = re.match(r'Parser key "([^"]+)"', message)
+    if unknown and key:
+        class_path, option = unknown.groups()
+        module, _, name = class_path.rpartition(".")
+        accepted = list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+        near = difflib.get_close_matches(option, accepted, n=1)
+        hint = f" (did you mean --{key[1]}.init_args.{near[0]}?)" if near else ""
+        return f"--{key[1]}.init_args.{option}: {name} has no option {option!r}{hint}"
+    extra = re.match(r"unrecognized arguments: (--[\w.]+)", message)
+    if extra:
+        options = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+        near = difflib.get_close_matches(extra[1], options, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        return f"{message}{hint}; lm-zoo {parser.prog.split()[-1]} --help lists the options"
+    # A value's problem: the innermost report, under the option's full name (a class's options are under init_args).
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    key = ".init_args.".join(keys) if "Problem with given class_path" in message else keys[0] if keys else None
+    lines = [re.sub(r'^Parser key "[^"]+":\s*', "", line.strip().removeprefix("- ")) for line in message.splitlines()]
+    lines = [line for line in lines if line and not _PARSER_NOISE.match(line)]
+    text = "; ".join(lines) or message.strip()
+    text = re.sub(r"Expected a <class '([\w.]+)'>\. Got value: ([^;]*)", r"expected \1, got '\2'", text)
+    text = re.sub(r"<class '([\w.]+)'>", r"\1", text)
+    text = text[:1].lower() + text[1:]
+    return text if key is None else f"--{key}: {text}"
+
+
 class LMZooCLI(LightningCLI):
     """LightningCLI with the vocabulary linked from the data, ``best.ckpt`` (``checkpoint.*``) and ``last.ckpt``
     (``last_checkpoint.*``) callbacks, atomic checkpoint writes, and a ``--ckpt_path last`` that finds the last
@@ -92,10 +165,29 @@ class LMZooCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
+        file is said in one line (:func:`checkpoints.ckpt.unreadable`) instead of ``torch.load``'s traceback."""
+        try:
+            super()._parse_ckpt_path()
+        except LMZooError:
+            raise
+        except Exception as err:
+            from checkpoints.ckpt import unreadable
+
+            subcommand = self.config.get("subcommand")
+            raise unreadable(self.config[subcommand].get("ckpt_path"), err) from None
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own."""
         from checkpoints.writing import AtomicCheckpointIO
 
+        accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator") or "auto")
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--trainer.accelerator {accelerator}: PyTorch sees no CUDA GPU on this machine: use "
+                "--trainer.accelerator cpu (or auto, which picks a GPU where there is one)"
+            )
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
@@ -110,22 +202,41 @@ class LMZooCLI(LightningCLI):
         """``--ckpt_path last`` without a ``checkpoint.dirpath``: Lightning would look only in this run's new
         ``version_N/checkpoints`` directory and start afresh; take the newest ``last*.ckpt`` of the earlier versions."""
         config = self.config_init[self.subcommand]
-        if config.get("ckpt_path") != "last" or any(c.dirpath for c in self.trainer.checkpoint_callbacks):
+        if config.get("ckpt_path") != "last":
             return
-        found = latest_last_checkpoint(self.trainer)
-        if found is not None:
-            config["ckpt_path"] = str(found)
+        directories = [Path(c.dirpath) for c in self.trainer.checkpoint_callbacks if c.dirpath]
+        if directories:  # Lightning finds last.ckpt there itself, but starts afresh with a warning if there is none
+            found = max(
+                (p for d in directories for p in d.glob("last*.ckpt") if p.is_file()),
+                key=lambda p: p.stat().st_mtime,
+                default=None,
+            )
+        else:
+            found = latest_last_checkpoint(self.trainer)
+            if found is not None:
+                config["ckpt_path"] = str(found)
+        if found is None:
+            where = ", ".join(map(str, directories)) or f"{versions_root(self.trainer)}/*/checkpoints"
+            raise ConfigError(
+                f"--ckpt_path last: nothing to resume, no last.ckpt from an earlier run of this config (looked in "
+                f"{where}): leave out --ckpt_path to start a new run"
+            )
 
 
 def latest_last_checkpoint(trainer: Trainer) -> Path | None:
     """The newest ``last*.ckpt`` under the first logger's version directories (``<save_dir>/<name>/*/checkpoints``),
     where checkpoints go when ``checkpoint.dirpath`` is not set; ``None`` if there is none (or no logger)."""
+    root = versions_root(trainer)
+    found = [] if root is None else [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def versions_root(trainer: Trainer) -> Path | None:
+    """Where the first logger's ``version_N`` directories are (``None`` without a logger)."""
     if not trainer.loggers:
         return None
     logger = trainer.loggers[0]
-    root = Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
-    found = [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
-    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
 
 
 def run_lightning(argv: Sequence[str] | None) -> None:
@@ -136,20 +247,48 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     from datamodules import GBWDataModule, TextDataModule  # noqa: F401
     from lightning_modules import LanguageModel, ZarembaDecay  # noqa: F401
 
+    check_config_files(sys.argv[2:] if argv is None else argv[1:])
     LMZooCLI(
         LanguageModel,
         LightningDataModule,  # any data module: TextDataModule, GBWDataModule (which is no TextDataModule)
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=LMZooArgumentParser,
         args=None if argv is None else list(argv),
     )
+
+
+def check_config_files(args: Sequence[str]) -> None:
+    """Every ``--config FILE`` that exists parses as YAML, or one line naming the file, line and column.
+
+    jsonargparse reports a YAML error without the file's name (``in "<unicode string>"``); a tab in the indentation,
+    the usual cause, gets said in words.
+    """
+    import yaml
+
+    paths = [b for a, b in zip(args, args[1:], strict=False) if a == "--config"]
+    paths += [a.removeprefix("--config=") for a in args if a.startswith("--config=")]
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue  # the parser says that the file does not exist
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            lines = text.splitlines()
+            tab = mark is not None and mark.line < len(lines) and "\t" in lines[mark.line]
+            hint = ": YAML indents with spaces, not tabs" if tab else ""
+            raise ConfigError(f"{path}{where}: not valid YAML ({problem}){hint}") from None
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
     """``lm-zoo evaluate SOURCE``: score a split with the full softmax (deterministic, MC dropout or dynamic)."""
     from lightning_modules.evaluation import add_procedure_arguments
 
-    parser = argparse.ArgumentParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
+    parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--split", choices=("train", "valid", "test"), default="test")
@@ -157,7 +296,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device_argument, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
@@ -180,7 +319,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 
 def cmd_generate(argv: Sequence[str]) -> None:
     """``lm-zoo generate SOURCE``: sample text, one sample per line."""
-    parser = argparse.ArgumentParser(prog="lm-zoo generate", description=COMMANDS["generate"])
+    parser = CommandParser(prog="lm-zoo generate", description=COMMANDS["generate"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line / sentence)")
@@ -196,7 +335,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_argument, default="cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
@@ -229,7 +368,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
 def cmd_models(argv: Sequence[str]) -> None:
     """``lm-zoo models``: the architectures in the zoo, or (``--pretrained``) the registry of published models."""
-    parser = argparse.ArgumentParser(prog="lm-zoo models", description=COMMANDS["models"])
+    parser = CommandParser(prog="lm-zoo models", description=COMMANDS["models"])
     parser.add_argument("--pretrained", action="store_true", help="the published models ($LM_ZOO_REGISTRY overrides)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -272,7 +411,7 @@ def _print_registry(as_json: bool) -> None:
 
 def cmd_export(argv: Sequence[str]) -> None:
     """``lm-zoo export SOURCE --out DIR``: the shareable format, with the results measured for its model card."""
-    parser = argparse.ArgumentParser(prog="lm-zoo export", description=COMMANDS["export"])
+    parser = CommandParser(prog="lm-zoo export", description=COMMANDS["export"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
     splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
@@ -282,7 +421,7 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
     parser.add_argument("--bptt", type=int, help="eval BPTT (default: the training run's)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device_argument, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -311,7 +450,7 @@ def _read_result(path: str) -> dict:
 
 def cmd_publish(argv: Sequence[str]) -> None:
     """``lm-zoo publish DIR --repo-id owner/name``: create the repo if needed, upload, print the URL."""
-    parser = argparse.ArgumentParser(prog="lm-zoo publish", description=COMMANDS["publish"])
+    parser = CommandParser(prog="lm-zoo publish", description=COMMANDS["publish"])
     parser.add_argument("directory", help="a directory written by lm-zoo export")
     parser.add_argument("--repo-id", required=True, help="owner/name on the Hub (HF_TOKEN: a token with write access)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
@@ -342,7 +481,7 @@ def cmd_publish(argv: Sequence[str]) -> None:
 
 def cmd_download(argv: Sequence[str]) -> None:
     """``lm-zoo download ID``: a repo id or registered short name into the Hugging Face cache; prints the path."""
-    parser = argparse.ArgumentParser(prog="lm-zoo download", description=COMMANDS["download"])
+    parser = CommandParser(prog="lm-zoo download", description=COMMANDS["download"])
     parser.add_argument("model", help="owner/name, or a short name from lm-zoo models --pretrained")
     parser.add_argument("--revision", help="branch, tag or commit (default main, or the registry's pinned revision)")
     parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")

@@ -286,9 +286,9 @@ def write_table(readme: Path) -> None:
 
 def cmd_bundle(argv: Sequence[str]) -> None:
     """``lm-zoo bundle build|publish|table``."""
-    import argparse
+    from cli import CommandParser
 
-    parser = argparse.ArgumentParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
+    parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
     commands = parser.add_subparsers(dest="action", required=True)
     build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
     build_parser.add_argument("name")

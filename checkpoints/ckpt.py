@@ -209,16 +209,26 @@ def network_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {name[len(MODEL_PREFIX) :]: tensor for name, tensor in state.items() if name.startswith(MODEL_PREFIX)}
 
 
+def unreadable(path: Path | str, err: BaseException) -> CheckpointError:
+    """The one line for a file ``torch.load`` could not read: its first line of reason, never PyTorch's advice to
+    retry with ``weights_only=False`` (lm-zoo never unpickles arbitrary objects)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    reason = next((line for line in lines if "weights_only" not in line and not line.startswith("(")), "")
+    reason = reason or type(err).__name__
+    if len(reason) > 160:
+        reason = reason[:160].rsplit(" ", 1)[0] + " ..."
+    return CheckpointError(
+        f"{path} is not a readable checkpoint ({reason.rstrip('.')}); it may be truncated or not a .ckpt: "
+        "use another checkpoint (e.g. last.ckpt) or train again"
+    )
+
+
 def _read_ckpt(path: Path) -> dict[str, Any]:
     try:
         # weights_only: a checkpoint holds tensors and plain data; nothing in it needs unpickling arbitrary objects.
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # corrupt bytes make torch.load raise nearly anything (pickle errors, IndexError, ...)
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint ({reason[:200]}); it may be truncated or not a .ckpt: "
-            "use another checkpoint (e.g. last.ckpt) or train again"
-        ) from None
+        raise unreadable(path, err) from None
 
 
 def _find_tokenizer(ckpt: dict[str, Any], path: Path) -> Tokenizer:

@@ -26,7 +26,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from zoo.errors import ConfigError
+from zoo.errors import CheckpointError, ConfigError
 
 DEFAULT_INTERVAL = timedelta(minutes=30)
 
@@ -66,6 +66,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             temporary.unlink(missing_ok=True)
             raise
         _fsync_directory(path.parent)  # the rename itself reaches the disk
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Lightning's reader (``fit --ckpt_path``), with a missing, truncated or foreign local file said in one line
+        instead of a traceback."""
+        if fsspec.utils.get_protocol(str(path)) != "file":
+            return super().load_checkpoint(path, map_location, weights_only)
+        from checkpoints.ckpt import unreadable
+
+        if not Path(path).is_file():
+            raise CheckpointError(f"checkpoint {path} does not exist: check --ckpt_path (or use --ckpt_path last)")
+        try:
+            return super().load_checkpoint(path, map_location, weights_only)
+        except Exception as err:
+            raise unreadable(path, err) from None
 
     def write_to(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into the open temporary file (streamed: no in-memory copy of the whole file)."""

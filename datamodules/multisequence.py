@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from datamodules.streams import IGNORE_INDEX, LMBatch, ResumableStream
+from zoo.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class MultiSequenceWindows(ResumableStream):
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
-            raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
+            raise ConfigError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.ids = ids

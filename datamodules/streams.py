@@ -38,6 +38,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from zoo.errors import ConfigError
+
 IGNORE_INDEX = -100
 
 
@@ -177,7 +179,7 @@ class StreamWindows(ResumableStream):
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
-            raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
+            raise ConfigError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
         ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))  # a writable int64 copy of a (memory-mapped) array
         stream = torch.cat([torch.tensor([start_id]), ids])  # (N + 1,)
         num_pairs = ids.numel()

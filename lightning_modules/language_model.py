@@ -306,11 +306,21 @@ class LanguageModel(L.LightningModule):
         for key in ("state_dict", "current_model_state"):  # the weights, and the live ones beside an average
             if key in checkpoint:
                 checkpoint[key] = with_model_prefix(checkpoint[key])
-        weights = checkpoint.get("state_dict", {}).get(MODEL_PREFIX + "embedding.weight")
+        stored = checkpoint.get("state_dict", {})
+        weights = stored.get(MODEL_PREFIX + "embedding.weight")
         if weights is not None and weights.size(0) != self.model.vocab_size:
             raise CheckpointError(
                 f"the checkpoint's model has a vocabulary of {weights.size(0)} tokens but this data has "
                 f"{self.model.vocab_size}: use the corpus and tokenizer it was trained with"
+            )
+        expected = self.state_dict()
+        different = [name for name in stored if name in expected and stored[name].shape != expected[name].shape]
+        if different:  # e.g. --model.init_args.hidden_size changed on resume: say so before Lightning's traceback
+            name = different[0]
+            raise CheckpointError(
+                f"the checkpoint's {name} has shape {tuple(stored[name].shape)} but this model's is "
+                f"{tuple(expected[name].shape)} ({len(different)} tensors differ): use the model settings it was "
+                "trained with (its run's config.yaml), or start a new run without --ckpt_path"
             )
         self._resume = checkpoint.get(RESUME_KEY)
 

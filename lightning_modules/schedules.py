@@ -39,7 +39,7 @@ class ZarembaDecay(LambdaLR):
         self, optimizer: Optimizer, constant_epochs: int = 4, decay: float = 0.5, last_epoch: int = -1
     ) -> None:
         if not 0 < decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
+            raise ConfigError(f"ZarembaDecay's decay must be in (0, 1], got {decay}")
         self.constant_epochs = constant_epochs
         self.decay = decay
         super().__init__(optimizer, self._factor, last_epoch)

@@ -26,6 +26,7 @@ from torch import Tensor
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from lightning_modules.mc_dropout import MCDropout, log_mean_exp_nll, replica_windows
 from zoo.base import State, detach_state
+from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
 
 #: Bracket of the search (the issue's choice; LAMB searches [0.8, 1]).
@@ -65,7 +66,7 @@ def golden_section_search(
     Returns the best point evaluated (an optimum at an end of the range comes back within ``tolerance`` of it).
     """
     if not 0 < low < high:
-        raise ValueError(f"need 0 < low < high, got [{low}, {high}]")
+        raise ConfigError(f"the temperature search needs 0 < low < high, got [{low}, {high}]")
     evaluations: list[tuple[float, float]] = []
 
     def f(x: float) -> float:

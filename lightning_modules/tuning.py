@@ -261,7 +261,9 @@ class Objective:
 
 # --------------------------------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from cli import CommandParser
+
+    parser = CommandParser(
         prog="lm-zoo tune",
         description="search hyperparameters with Optuna; writes the best trial's config for lm-zoo fit --config",
     )

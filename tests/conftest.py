@@ -28,6 +28,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: st
     err = capsys.readouterr().err
     assert code == expected_code, err
     assert "Traceback" not in err
+    assert "usage:" not in err, err  # the usage is for --help, not for a mistake
     last = err.strip().splitlines()[-1]
     assert last.startswith("lm-zoo: error: "), err
     for fragment in fragments:

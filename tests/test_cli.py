@@ -210,3 +210,80 @@ def test_a_closed_pipe_ends_quietly() -> None:
     stderr = process.stderr.read().decode()
     assert process.wait() == 141, stderr
     assert stderr == ""
+
+
+# ---------------------------------------------------------------------------- bad input: one line, never usage
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        (["--data.init_args.batch_size", "0"], ["batch_size and bptt must be >= 1", "got 0"]),
+        (["--data.init_args.bptt", "-5"], ["batch_size and bptt must be >= 1", "-5"]),
+        (["--model.init_args.hiden_size", "3"], ["hiden_size", "did you mean --model.init_args.hidden_size?"]),
+        (["--data.init_args.batchsize", "3"], ["did you mean --data.init_args.batch_size?"]),
+        (["--trainer.max_steps", "abc"], ["--trainer.max_steps: expected int, got 'abc'"]),
+        (["--model.init_args.dropout", "abc"], ["--model.init_args.dropout: expected float, got 'abc'"]),
+        (["--trainer.bogus", "3"], ["unrecognized arguments: --trainer.bogus", "lm-zoo fit --help"]),
+        (
+            ["--model.init_args.cell_options", "{rounds: -1}", "--model.init_args.architecture", "mogrifier"],
+            ["mogrifier", "rounds must be >= 0"],
+        ),
+    ],
+)
+def test_bad_options_get_one_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str], override: list[str], fragments: list[str]
+) -> None:
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    one_line_error(capsys, cli.main(["fit", "--config", str(config), *override]), *fragments)
+
+
+def test_bad_config_files_get_one_line(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, cli.main(["fit", "--config", "nothere.yaml"]), "--config: file does not exist", "nothere")
+    (workdir / "tab.yaml").write_text("trainer:\n\tmax_epochs: 1\n")
+    one_line_error(capsys, cli.main(["fit", "--config", "tab.yaml"]), "tab.yaml, line 2, column 1", "not tabs")
+    (workdir / "open.yaml").write_text("trainer:\n  max_epochs: [1\n")
+    one_line_error(capsys, cli.main(["fit", "--config=open.yaml"]), "open.yaml, line 3", "not valid YAML")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_asked_for_where_there_is_none(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(workdir, workdir / "corpus")
+    code = cli.main(["fit", "--config", str(config), "--trainer.accelerator", "gpu"])
+    one_line_error(capsys, code, "--trainer.accelerator gpu", "no CUDA GPU", "--trainer.accelerator cpu")
+    for command in ("evaluate", "generate", "export"):
+        code = cli.main([command, str(trained), "--device", "cuda", *(["--out", "x"] if command == "export" else [])])
+        one_line_error(capsys, code, "--device", "no CUDA GPU", "--device cpu")
+
+
+def test_resuming_from_nothing_or_the_wrong_thing(
+    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fresh = _config(workdir, workdir / "corpus", name="fresh")
+    one_line_error(capsys, cli.main(["fit", "--config", str(fresh), "--ckpt_path", "last"]), "nothing to resume")
+    config = _config(workdir, workdir / "corpus")
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(workdir / "missing.ckpt")])
+    one_line_error(capsys, code, "missing.ckpt does not exist")
+    truncated = workdir / "truncated.ckpt"
+    truncated.write_bytes(trained.read_bytes()[:3000])
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(truncated)])
+    last = one_line_error(capsys, code, "truncated.ckpt is not a readable checkpoint")
+    assert "weights_only" not in last  # PyTorch's advice to unpickle anything is never passed on
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", "last", "--model.init_args.hidden_size", "12"])
+    one_line_error(capsys, code, "has shape", "(32, 8)", "(48, 8)", "config.yaml")
+
+
+def test_plain_commands_get_one_line_not_usage(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, cli.main(["evaluate"]), "required: source", "lm-zoo evaluate --help")
+    one_line_error(capsys, cli.main(["evaluate", str(trained), "--split", "tset"]), "invalid choice: 'tset'")
+    one_line_error(capsys, cli.main(["generate", str(trained), "--num-samples", "x"]), "--num-samples")
+
+
+def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
+    """Through the installed ``lm-zoo`` in a process of its own: what a user's shell sees."""
+    script = Path(sys.executable).with_name("lm-zoo")
+    result = subprocess.run(
+        [str(script), "fit", "--config", "nothere.yaml"], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"lm-zoo: error: --config: file does not exist: '{tmp_path}/nothere.yaml'"
+    ]

@@ -285,7 +285,10 @@ def build(name: str, input_size: int, hidden_size: int, num_layers: int = 1, **o
             f"architecture {name!r} has no option {', '.join(map(repr, unknown))}: its options are "
             f"{', '.join(arch.options())}"
         )
-    return arch.cls(input_size, hidden_size, num_layers, **options)
+    try:
+        return arch.cls(input_size, hidden_size, num_layers, **options)
+    except ValueError as error:  # a cell's own check of an option's value: the user's input, so one line
+        raise ConfigError(f"architecture {name!r}: {error}") from None
 
 
 # Last: the language model builds its stack through ``build`` above.

@@ -211,22 +211,19 @@ class RecurrentLM(nn.Module):
         # state-dict keys are those of checkpoints written before heads existed.
         self.projection: nn.Linear | None = None
         self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead | AdaptiveSoftmaxHead
-        if head == "mos":
-            self.decoder = MixtureOfSoftmaxes(
-                hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
-            )
-        else:
-            # Tying needs the decoder's input width to equal the embedding width.
-            if tie_weights and hidden_size != embedding_size:
-                self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
-            context_size = embedding_size if tie_weights else hidden_size
-            if head == "softmax":
+        # Tying needs the decoder's input width to equal the embedding width (MoS's contexts already have it).
+        if tie_weights and head != "mos" and hidden_size != embedding_size:
+            self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
+        context_size = embedding_size if tie_weights else hidden_size
+        try:  # the heads check their own options' values: the user's input, so one line
+            if head == "mos":
+                self.decoder = MixtureOfSoftmaxes(
+                    hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
+                )
+            elif head == "softmax":
                 self.decoder = SoftmaxHead(context_size, vocab_size)
             elif head == "adaptive":
-                try:
-                    self.decoder = AdaptiveSoftmaxHead(context_size, vocab_size, adaptive_cutoffs, adaptive_div_value)
-                except ValueError as error:
-                    raise ConfigError(str(error)) from None
+                self.decoder = AdaptiveSoftmaxHead(context_size, vocab_size, adaptive_cutoffs, adaptive_div_value)
             else:
                 self.decoder = NCEHead(
                     context_size,
@@ -238,6 +235,8 @@ class RecurrentLM(nn.Module):
                     noise_sampler,
                     sparse_gradient=sparse_gradients,
                 )
+        except ValueError as error:
+            raise ConfigError(f"{head} head: {error}") from None
         output_layer = self.decoder.output_layer  # None for the adaptive head, which keeps PyTorch's initialisation
         word_init_range = init_range if embedding_init_range is None else embedding_init_range
         if word_init_range is not None:
