@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import inspect
 import json
@@ -27,7 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zoo
-from zoo.errors import ConfigError, LMZooError
+from zoo.errors import ConfigError, DataError, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     from checkpoints.hub import Published
@@ -528,15 +529,45 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
 }
 
 
-def _lm_zoo_error(err: BaseException) -> LMZooError | None:
-    """Our error, also when jsonargparse or Lightning re-raised it wrapped in one of theirs."""
-    seen: set[int] = set()
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
     current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, LMZooError):
-            return current
-        seen.add(id(current))
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
         current = current.__cause__ or current.__context__
+    return chain
+
+
+# errno values that say something about the user's paths (permissions, a file where a directory should be, a full
+# disk), not about lm-zoo: these become one line too.
+_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def user_error(err: BaseException) -> LMZooError | None:
+    """The one-line error for ``err``, or ``None`` for a bug (which keeps its traceback).
+
+    This is the one place where exceptions become messages: lm-zoo's own errors (also when jsonargparse or Lightning
+    re-raised them wrapped in one of theirs), Lightning's verdicts on a configuration, and operating-system errors
+    about the user's paths.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    chain = _chain(err)
+    ours = next((e for e in chain if isinstance(e, LMZooError)), None)
+    if ours is not None:
+        return ours
+    for current in chain:
+        if isinstance(current, MisconfigurationException):
+            text = " ".join(str(current).split())
+            return ConfigError(f"Lightning: {text}")
+        if isinstance(current, OSError) and current.filename and current.errno in _PATH_ERRNOS:
+            from datamodules.corpora import cache_root
+
+            path = Path(current.filename)
+            cache = cache_root()
+            hint = "set LM_ZOO_CACHE to a writable directory" if path.is_relative_to(cache) else "check the path"
+            return DataError(f"{path}: {current.strerror.lower()}: {hint}")
     return None
 
 
@@ -564,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
     except Exception as err:
-        ours = _lm_zoo_error(err)
+        ours = user_error(err)
         if ours is None or debug:
             raise
         print(f"lm-zoo: error: {ours}", file=sys.stderr)

@@ -342,7 +342,7 @@ class Corpus:
         return data
 
     def read_text(self, split: str) -> str:
-        """Return one split decoded as strict UTF-8.
+        """Return one split decoded as strict UTF-8, without the byte-order mark an editor may have put first.
 
         Args:
             split: ``"train"``, ``"valid"`` or ``"test"``.
@@ -352,13 +352,16 @@ class Corpus:
         """
         data = self.read_bytes(split)
         try:
-            return data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             s = self._split(split)
             raise DataError(
                 f"{s.path} is not valid UTF-8 at byte offset {s.start + e.start}; use `tokenizer: byte`, "
                 f"or convert it, e.g. iconv -f latin1 -t utf-8 {s.path.name} > {s.path.stem}.utf8{s.path.suffix}"
             ) from None
+        # A byte-order mark that an editor put at the start of a file is not text: it would become a word (or a
+        # character) of its own, glued to the first one.
+        return text.removeprefix("\ufeff") if self._split(split).start == 0 else text
 
     def fingerprint(self, split: str) -> str:
         """Return the sha256 hex digest of one split's bytes, for use as a cache key.

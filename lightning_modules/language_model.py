@@ -48,7 +48,7 @@ NO_NOISE = (
 # The state-dict prefix of the wrapped network (``self.model``); checkpoints written before the split lack it.
 MODEL_PREFIX = "model."
 NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
-TRAINING_OPTIONS = ("ar", "tar")  # this module's own: terms of the training loss
+TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold")  # this module's own: the training loss and its guard
 
 
 def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -69,6 +69,10 @@ class LanguageModel(L.LightningModule):
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
         tar: temporal activation regularisation beta: ``tar * mean((raw_t - raw_{t-1}) ** 2)``, consecutive steps of
             the same stream (pairs across a reset are left out) (Merity et al. 2017 §4.6).
+        divergence_threshold: stop training with one line when a window's mean training loss exceeds this many nats
+            (Lightning's ``EarlyStopping`` has the same guard, but only at validation, by when a diverged run has
+            spent an epoch at a fraction of its speed). ``None``: 10 x ln(vocab_size), ten times what a model that
+            predicts every token uniformly scores; ``0`` turns it off. A non-finite loss always stops training.
 
     The ``nce`` / ``sampled_softmax`` heads take their noise distribution from the data module's tokenizer
     (``counts``) in :meth:`setup`. ``sparse_gradients`` needs SGD without momentum or weight decay, or Adagrad, and a
@@ -99,6 +103,7 @@ class LanguageModel(L.LightningModule):
         input_embedding_ratio: float | None = None,
         ar: float = 0.0,
         tar: float = 0.0,
+        divergence_threshold: float | None = None,
         embedding_init_range: float | None = None,
         noise_samples: int = 100,
         noise_power: float = 1.0,
@@ -112,7 +117,12 @@ class LanguageModel(L.LightningModule):
         self.save_hyperparameters()
         if ar < 0 or tar < 0:
             raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
+        if divergence_threshold is not None and divergence_threshold < 0:
+            raise ConfigError(f"divergence_threshold must be >= 0 (0: off), got {divergence_threshold}")
         self.ar, self.tar = ar, tar
+        self.divergence_threshold = (
+            10 * math.log(max(vocab_size, 2)) if divergence_threshold is None else divergence_threshold
+        )
         self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
         self._resume: dict[str, Any] | None = None  # what a checkpoint kept for resuming fit, used by on_train_start
@@ -206,10 +216,13 @@ class LanguageModel(L.LightningModule):
     def training_step(self, batch: LMBatch, batch_idx: int) -> Tensor:
         total, count, raw, dropped = self._window(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted token
-        if not torch.isfinite(loss):
+        value = loss.item()  # one host copy for both checks
+        if not math.isfinite(value) or 0 < self.divergence_threshold < value:
+            limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
             raise TrainingDivergedError(
-                f"training loss became {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
-                "lower the learning rate or set --trainer.gradient_clip_val, then resume from the last checkpoint"
+                f"training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
+                f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
+                "the last checkpoint"
             )
         if not isinstance(self.model.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)

@@ -195,6 +195,29 @@ def test_nan_loss_exits_1_naming_the_step(workdir: Path, capsys: pytest.CaptureF
     one_line_error(capsys, code, "training loss became", "at step 0", expected_code=1)
 
 
+def test_a_loss_that_explodes_without_becoming_nan_is_stopped(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """lr 1e30 sends the loss to ~1e15 and the steps to a crawl, but never to NaN: 10 x ln V stops it at once."""
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    code = cli.main(["fit", "--config", str(config), "--optimizer.init_args.lr", "1e30"])
+    last = one_line_error(capsys, code, "training loss became", "divergence_threshold 37.38", expected_code=1)
+    assert "nan" not in last and "inf" not in last
+    # The guard can be turned off; the same run then ends normally (its loss stays finite in 8 steps).
+    code = cli.main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--optimizer.init_args.lr",
+            "1e30",
+            "--model.init_args.divergence_threshold",
+            "0",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+
+
 def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
     one_line_error(capsys, cli.main(["trian"]), "unknown command 'trian'")
 

@@ -455,6 +455,20 @@ def test_non_utf8_reports_byte_offset(tmp_path):
         ranged.read_text("train")
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    bom = "\ufeff".encode()
+    directory = write_dir(tmp_path / "d", {"train.txt": bom + b"the cat\n", "valid.txt": b"a\n", "test.txt": b"b\n"})
+    corpus = resolve_corpus(str(directory))
+    assert corpus.read_text("train") == "the cat\n"
+    from datamodules.tokenizers import build_tokenizer
+
+    assert build_tokenizer("word", corpus.read_text("train")).symbols[2:] == ["the", "cat"]
+    # Only at the start of a file: a split that starts later keeps the character (a zero-width no-break space).
+    (directory / "later.txt").write_bytes(b"a\n" + bom + b"b\n")
+    ranged = Corpus("r", {"train": Split(directory / "later.txt", 2, None)}, "char", "char")
+    assert ranged.read_text("train") == "\ufeffb\n"
+
+
 def test_byte_ranges(tmp_path):
     path = tmp_path / "one"
     path.write_bytes(b"0123456789")

@@ -13,6 +13,7 @@ from datamodules import TextDataModule
 from datamodules.streams import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation import evaluate
+from lightning_modules.language_model import TRAINING_OPTIONS
 from tests.conftest import quiet_trainer, write_word_corpus
 from zoo import RecurrentLM
 from zoo.errors import ConfigError, TrainingDivergedError
@@ -163,8 +164,8 @@ def test_the_lightning_module_takes_every_network_argument_with_the_same_default
     network = inspect.signature(RecurrentLM).parameters
     module = inspect.signature(LanguageModel).parameters
     assert {name: p.default for name, p in network.items()} == {
-        name: p.default for name, p in module.items() if name not in ("ar", "tar")
+        name: p.default for name, p in module.items() if name not in TRAINING_OPTIONS
     }
     assert {name: p.annotation for name, p in network.items()} == {
-        name: p.annotation for name, p in module.items() if name not in ("ar", "tar")
+        name: p.annotation for name, p in module.items() if name not in TRAINING_OPTIONS
     }
