@@ -347,6 +347,15 @@ def cmd_generate(argv: Sequence[str]) -> None:
     import checkpoints
 
     loaded = checkpoints.load(args.source, args.revision)
+    unknown = loaded.tokenizer.unknown(args.prompt)
+    if unknown:  # still sampled, from <unk>: say so rather than continue a prompt the model never saw
+        lower = [w.lower() for w in unknown if not loaded.tokenizer.unknown(w.lower())]
+        hint = f" (its vocabulary is lower-case: {', '.join(lower)} would be known)" if lower else ""
+        print(
+            f"lm-zoo: note: {len(unknown)} prompt word(s) not in the model's vocabulary, read as <unk>: "
+            f"{', '.join(unknown)}{hint}",
+            file=sys.stderr,
+        )
     texts, temperature = loaded.sample(
         args.prompt, args.num_samples, args.max_tokens, args.temperature, args.top_k, args.seed, args.device
     )

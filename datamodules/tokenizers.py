@@ -99,6 +99,11 @@ class Tokenizer(ABC):
     def decode(self, ids: Iterable[int]) -> str:
         """Ids back to text; the end-of-line id becomes a newline."""
 
+    def unknown(self, text: str) -> list[str]:
+        """The symbols of ``text`` that are not in the vocabulary (:meth:`encode` reads each as the unknown id);
+        none for tokenizers that can spell anything (bytes, SentencePiece with byte fallback)."""
+        return []
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to rebuild this tokenizer, JSON-serialisable, with ``"kind"``."""
@@ -186,6 +191,9 @@ class VocabularyTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return [self.index.get(s, self.unk_id) for s in self._line_symbols(text)]
+
+    def unknown(self, text: str) -> list[str]:
+        return [s for s in self._line_symbols(text) if s not in self.index and s != self.unk_symbol]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "symbols": self.symbols, "counts": self.counts}

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -196,6 +197,8 @@ def evaluate(
     """
     check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens)
     temperature = parse_temperature(temperature)
+    # Every split is scored at the evaluation sizes, the training split too (its stream would default to training's).
+    batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
     model.eval().to(device)
     level = datamodule.level
     if dynamic is not None:
@@ -328,6 +331,11 @@ def _metrics(datamodule: TextDataModule, split: str, nats: float, count: int) ->
         "loss": loss,
         "ppl": math.exp(loss),
     }
+    unk_id = getattr(datamodule.tokenizer, "unk_id", None)
+    if unk_id is not None:  # how much of the text the vocabulary does not cover (another corpus: maybe much)
+        encoded = datamodule.encoded(split)
+        ids = np.asarray(getattr(encoded, "ids", encoded))
+        result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
     if datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece":
         result["bpc"] = nats / units.chars / math.log(2)
     if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
@@ -359,9 +367,10 @@ def describe(result: dict[str, Any], char_level: bool) -> str:
             f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
             f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
         )
+    unknown = f", {result['unk_rate']:.2%} of them <unk>" if result.get("unk_rate") else ""
     return (
         f"{result['corpus']} {result['split']}: {metric(result)}  (loss {result['loss']:.4f} nats/token over "
-        f"{result['tokens']:,} tokens; {'; '.join(settings)})"
+        f"{result['tokens']:,} tokens{unknown}; {'; '.join(settings)})"
     )
 
 

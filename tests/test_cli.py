@@ -310,3 +310,40 @@ def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"lm-zoo: error: --config: file does not exist: '{tmp_path}/nothere.yaml'"
     ]
+
+
+def test_an_unwritable_cache_is_one_line(workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    (workdir / "a-file").write_text("")
+    monkeypatch.setenv("LM_ZOO_CACHE", str(workdir / "a-file" / "cache"))  # a file where a directory must be
+    one_line_error(capsys, cli.main(["fit", "--config", str(config)]), "not a directory", "set LM_ZOO_CACHE")
+
+
+def test_words_outside_the_vocabulary_are_said(
+    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert cli.main(["generate", str(trained), "--prompt", "w1 W2 zebra", "--num-samples", "1", "--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "2 prompt word(s) not in the model's vocabulary, read as <unk>: W2, zebra" in err
+    assert "lower-case: w2 would be known" in err
+    # Evaluation says how much of the scored text is <unk>: none of the training corpus, most of another's.
+    other = workdir / "other"
+    other.mkdir()
+    for split in ("train", "valid", "test"):
+        (other / f"{split}.txt").write_text("w1 q q q\n" * 5)  # 20 tokens + 5 <eos>: 15 unknown
+    assert cli.main(["evaluate", str(trained), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unk_rate"] == 0
+    assert cli.main(["evaluate", str(trained), "--corpus", str(other), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unk_rate"] == pytest.approx(15 / 25)
+    assert cli.main(["evaluate", str(trained), "--corpus", str(other)]) == 0
+    assert "60.00% of them <unk>" in capsys.readouterr().out
+
+
+def test_the_training_split_is_evaluated_at_the_evaluation_sizes(
+    trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(trained), "--split", "train", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["eval_batch_size"], result["bptt"]) == (2, 5)  # the run's eval sizes, not its 4 x 6 training ones

@@ -12,11 +12,8 @@ class LMZooError(Exception):
     exit_code: int = 2  # bad input
 
 
-class ConfigError(LMZooError, ValueError):
-    """A configuration names something that does not exist or cannot work (e.g. an unknown architecture).
-
-    Also a ``ValueError``: code that catches a bad value the Python way keeps working when it is raised.
-    """
+class ConfigError(LMZooError):
+    """A configuration names something that does not exist or cannot work (e.g. an unknown architecture)."""
 
 
 class DataError(LMZooError):
