@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -249,14 +250,17 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     from lightning_modules import LanguageModel, ZarembaDecay  # noqa: F401
 
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
-    LMZooCLI(
-        LanguageModel,
-        LightningDataModule,  # any data module: TextDataModule, GBWDataModule (which is no TextDataModule)
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        parser_class=LMZooArgumentParser,
-        args=None if argv is None else list(argv),
-    )
+    with warnings.catch_warnings():
+        # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        LMZooCLI(
+            LanguageModel,
+            LightningDataModule,  # any data module: TextDataModule, GBWDataModule (which is no TextDataModule)
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=LMZooArgumentParser,
+            args=None if argv is None else list(argv),
+        )
 
 
 def check_config_files(args: Sequence[str]) -> None:

@@ -220,6 +220,7 @@ class Objective:
         self, base: dict[str, Any], space: dict[str, dict[str, Any]], workdir: Path, metric: str, maximize: bool
     ) -> None:
         self.base, self.space, self.workdir, self.metric, self.maximize = base, space, workdir, metric, maximize
+        self.error: LMZooError | None = None  # a trial's settings that cannot work: the study stops, main says why
 
     def trial_config(self, params: dict[str, Any], root: Path | None) -> dict[str, Any]:
         """The base config with ``params`` set; with ``root``, a trial's quiet run writing under ``root``."""
@@ -249,9 +250,19 @@ class Objective:
         except TrainingDivergedError as err:  # the study goes on: optimize(catch=...) records the trial as failed
             trial.set_user_attr("diverged", str(err))
             raise
-        except LMZooError as err:  # e.g. a value the model refuses: name the trial and its values
+        except Exception as err:  # e.g. a value the model refuses (wrapped in jsonargparse's error): name the trial
+            from cli import user_error
+
+            ours = user_error(err)
+            if ours is None:
+                raise
             values = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
-            raise ConfigError(f"trial {trial.number} ({values}): {err}") from err
+            # Raised, it would be logged by Optuna with two tracebacks before lm-zoo's line; kept, the trial fails
+            # with one log line (its value is NaN), the study stops, and `optimize` below raises it.
+            self.error = ConfigError(f"trial {trial.number} ({values}): {ours}; fix the space or the config")
+            trial.set_user_attr("error", str(self.error))
+            trial.study.stop()
+            return math.nan
         if report.pruned_at is not None:
             raise optuna.TrialPruned(f"{self.metric} {report.values[-1]:.4f} at step {report.pruned_at}")
         if not report.values:
@@ -323,6 +334,8 @@ def cmd_tune(argv: Sequence[str]) -> None:
     )
     if args.worker:
         study.optimize(objective, n_trials=args.trials, catch=(TrainingDivergedError,), gc_after_trial=True)
+        if objective.error is not None:
+            raise objective.error
         return
     # --jobs J: J - 1 helper processes and this one share the trials, each taking its part of --trials.
     shares = [args.trials // args.jobs + (i < args.trials % args.jobs) for i in range(args.jobs)]
@@ -336,6 +349,8 @@ def cmd_tune(argv: Sequence[str]) -> None:
         study.optimize(objective, n_trials=shares[0], catch=(TrainingDivergedError,), gc_after_trial=True)
     finally:
         failed = [helper.args for helper in helpers if helper.wait() != 0]
+    if objective.error is not None:
+        raise objective.error
     if failed:
         raise ConfigError(f"{len(failed)} of the --jobs helper processes failed (their output says why)")
     print_summary(study, done_before, args.metric)
@@ -355,15 +370,14 @@ def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], w
     low = {key: e["choices"][0] if e["type"] == "categorical" else e["low"] for key, e in space.items()}
     path = workdir / "check.yaml"
     path.write_text(yaml.safe_dump(objective.trial_config(low, None), sort_keys=False))
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(io.StringIO()):
         try:
             run_lightning(["fit", "--config", str(path), "--print_config"])
-        except SystemExit as stop:
+        except SystemExit as stop:  # --print_config's normal end
             if stop.code not in (0, None):
-                lines = [line.strip() for line in err.getvalue().splitlines() if line.strip()]
-                reason = next((line for line in reversed(lines) if "error:" in line), lines[-1] if lines else "")
-                raise ConfigError(f"--space {', '.join(space)}: LightningCLI rejects the values ({reason})") from None
+                raise
+        except ConfigError as err:  # the parser's one line (cli.LMZooArgumentParser)
+            raise ConfigError(f"--space {', '.join(space)}: LightningCLI rejects the values ({err})") from None
     path.unlink()
 
 

@@ -141,6 +141,17 @@ def test_bad_space_is_one_line(
     one_line_error(capsys, code, *fragments)
 
 
+def test_a_space_that_does_not_fit_the_model_stops_at_its_first_trial_in_one_line(
+    workdir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The key exists (cell_options is free-form), but the LSTM takes no Mogrifier rounds: the first trial finds out.
+    Optuna logs a failed trial with two tracebacks of its own; here it gets one line, and lm-zoo's says why."""
+    path = write_space(workdir / "space.yaml", "model.init_args.cell_options.rounds: {type: int, low: 1, high: 3}\n")
+    code = cli.main(["tune", "--config", "tiny.yaml", "--space", str(path), "--trials", "3"])
+    last = one_line_error(capfd, code, "trial 0 (model.init_args.cell_options.rounds=", "no option 'rounds'")
+    assert "fix the space or the config" in last
+
+
 def test_shipped_table_4_space_fits_the_mogrifier_config() -> None:
     space = load_space(ROOT / "configs" / "tune" / "melis-table4.yaml")
     text = (ROOT / "configs" / "tune" / "melis-table4.yaml").read_text()
