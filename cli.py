@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import re
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zoo
-from zoo.errors import ConfigError, DataError, LMZooError
+from zoo.errors import ConfigError, DataError, Interrupted, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     from checkpoints.hub import Published
@@ -204,6 +205,8 @@ class LMZooCLI(LightningCLI):
         """``--ckpt_path last`` without a ``checkpoint.dirpath``: Lightning would look only in this run's new
         ``version_N/checkpoints`` directory and start afresh; take the newest ``last*.ckpt`` of the earlier versions."""
         config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") not in (None, "last"):
+            continue_logging_in(self.trainer, Path(config["ckpt_path"]))
         if config.get("ckpt_path") != "last":
             return
         directories = [Path(c.dirpath) for c in self.trainer.checkpoint_callbacks if c.dirpath]
@@ -217,6 +220,8 @@ class LMZooCLI(LightningCLI):
             found = latest_last_checkpoint(self.trainer)
             if found is not None:
                 config["ckpt_path"] = str(found)
+        if found is not None:
+            continue_logging_in(self.trainer, found)
         if found is None:
             where = ", ".join(map(str, directories)) or f"{versions_root(self.trainer)}/*/checkpoints"
             raise ConfigError(
@@ -231,6 +236,24 @@ def latest_last_checkpoint(trainer: Trainer) -> Path | None:
     root = versions_root(trainer)
     found = [] if root is None else [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
     return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def continue_logging_in(trainer: Trainer, checkpoint: Path) -> None:
+    """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs on in ``version_N``: one TensorBoard run with
+    one curve, not two halves in two versions (and ``best.ckpt`` keeps being tracked in the same directory)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    root = versions_root(trainer)
+    logger = trainer.loggers[0] if trainer.loggers else None
+    version = checkpoint.resolve().parent.parent
+    if root is None or version.parent != root.resolve() or checkpoint.parent.name != "checkpoints":
+        return
+    # TensorBoard adds an event file beside the earlier ones and shows them as one run; CSVLogger would delete the
+    # earlier metrics.csv, so it gets a new version. TensorBoardLogger chooses its version when first asked for it
+    # (`_version`); a version given in the config is the user's to keep.
+    if isinstance(logger, TensorBoardLogger) and logger._version is None:
+        number = re.fullmatch(r"version_(\d+)", version.name)
+        logger._version = int(number[1]) if number else version.name  # type: ignore[union-attr]
 
 
 def versions_root(trainer: Trainer) -> Path | None:
@@ -584,6 +607,23 @@ def user_error(err: BaseException) -> LMZooError | None:
     return None
 
 
+def resume_hint(argv: Sequence[str], checkpoint: str | None) -> str:
+    """``"; resume: lm-zoo ARGV --ckpt_path CHECKPOINT"``, the interrupted command continued (``""`` if nothing was
+    written)."""
+    if checkpoint is None:
+        return ""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return f"; resume: lm-zoo {shlex.join([*kept, '--ckpt_path', checkpoint])}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lm-zoo`` console script; returns the exit status."""
     from_sys_argv = argv is None and "--debug" not in sys.argv
@@ -611,7 +651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours = user_error(err)
         if ours is None or debug:
             raise
-        print(f"lm-zoo: error: {ours}", file=sys.stderr)
+        if isinstance(ours, Interrupted):
+            print(f"lm-zoo: interrupted: {ours}{resume_hint(argv, ours.checkpoint)}", file=sys.stderr)
+        else:
+            print(f"lm-zoo: error: {ours}", file=sys.stderr)
         return ours.exit_code
     except KeyboardInterrupt:
         print("lm-zoo: interrupted", file=sys.stderr)

@@ -3,7 +3,8 @@
 - :class:`AtomicCheckpointIO` writes every checkpoint beside its destination, syncs it to disk and renames it into
   place, so a kill (or a power loss) during a write leaves the previous checkpoint whole.
 - :class:`LastCheckpoint` refreshes ``last.ckpt`` during epochs (every N steps or every T of wall time, 30 minutes by
-  default) and after every validation, so ``lm-zoo fit --config X --ckpt_path last`` loses little work.
+  default) and after every validation, so ``lm-zoo fit --config X --ckpt_path last`` loses little work; and on Ctrl-C
+  (SIGINT) or SIGTERM it writes ``last.ckpt`` at the end of the step under way and stops, so nothing is lost.
 
 The CLI installs both by default; in a config::
 
@@ -15,9 +16,12 @@ The CLI installs both by default; in a config::
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 import fsspec.utils
@@ -26,7 +30,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from zoo.errors import CheckpointError, ConfigError
+from zoo.errors import CheckpointError, ConfigError, Interrupted
 
 DEFAULT_INTERVAL = timedelta(minutes=30)
 
@@ -165,6 +169,55 @@ class LastCheckpoint(ModelCheckpoint):
             enable_version_counter=False,  # one last.ckpt, replaced, never last-v1.ckpt beside it
             verbose=verbose,
         )
+
+    # ------------------------------------------------------------------------------------ SIGINT and SIGTERM
+    # A signal is only noted when it arrives: a KeyboardInterrupt raised in the middle of a step could leave the
+    # weights half updated, and a checkpoint written then would not resume exactly. The step under way finishes;
+    # its on_train_batch_end writes last.ckpt (the state a periodic save has, which resumes exactly) and raises
+    # Interrupted, which Lightning passes on after its own shutdown and `lm-zoo` turns into one line and exit 130 /
+    # 143. SIGTERM is Lightning's (it notes it in `trainer.received_sigterm`); SIGINT is this callback's, for fit only,
+    # and a second Ctrl-C interrupts at once.
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._signal: int | None = None
+        self._previous_sigint: Any = None
+        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+            self._previous_sigint = signal.signal(signal.SIGINT, self._note_sigint)
+
+    def _note_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signal.SIGINT
+        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)  # the next one is at once
+        print(
+            "\nlm-zoo: interrupted: writing last.ckpt at the end of this step, then stopping (Ctrl-C again: at once)",
+            flush=True,
+        )
+
+    def _restore_sigint(self) -> None:
+        previous = getattr(self, "_previous_sigint", None)
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+            self._previous_sigint = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, *args, **kwargs)  # the periodic save
+        signum = getattr(self, "_signal", None) or (signal.SIGTERM if trainer.received_sigterm else None)
+        if signum is None:
+            return
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._restore_sigint()
+        path = self.last_model_path or None
+        raise Interrupted(
+            f"{signal.Signals(signum).name} at step {trainer.global_step} (epoch {trainer.current_epoch}); "
+            + (f"{path} written, from which the run resumes exactly" if path else "no checkpoint written"),
+            signum,
+            path,
+        )
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_sigint()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_sigint()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save after every validation (also right after a periodic save at the same step: that one predates the

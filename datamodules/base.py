@@ -97,7 +97,7 @@ class StreamDataModule(L.LightningDataModule):
         return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
 
     def train_dataloader(self) -> DataLoader:
-        loader = self._loader("train")
+        loader = ResumableLoader(self.stream("train"), batch_size=None, num_workers=0, generator=torch.Generator())
         if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
             loader.dataset.load_state_dict(self._train_position)
             self._train_position = None
@@ -108,3 +108,19 @@ class StreamDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+
+class ResumableLoader(DataLoader):
+    """The training loader, which says it can resume mid-epoch, because it can.
+
+    Lightning warns that a run resumed mid-epoch "is not resumable ... unreliable results" unless each loader has
+    ``state_dict`` / ``load_state_dict``. lm-zoo resumes the stream's position through the data module's state (it
+    travels with the tokenizer in every checkpoint, :meth:`StreamDataModule.state_dict`, and is restored when the loader
+    is made), so the loader's own state is empty and nothing is restored twice.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass

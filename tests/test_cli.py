@@ -347,3 +347,22 @@ def test_the_training_split_is_evaluated_at_the_evaluation_sizes(
     assert cli.main(["evaluate", str(trained), "--split", "train", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["eval_batch_size"], result["bptt"]) == (2, 5)  # the run's eval sizes, not its 4 x 6 training ones
+
+
+def test_a_resumed_run_logs_on_in_its_tensorboard_version(tmp_path: Path) -> None:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    checkpoint = tmp_path / "lightning_logs" / "version_3" / "checkpoints" / "last.ckpt"
+    trainer = Trainer(logger=TensorBoardLogger(tmp_path), default_root_dir=tmp_path)
+    cli.continue_logging_in(trainer, checkpoint)
+    assert trainer.logger.version == 3 and Path(trainer.logger.log_dir) == checkpoint.parent.parent
+    # A checkpoint elsewhere (a dirpath of its own) or a CSVLogger (which would delete the earlier metrics.csv): a new
+    # version, as before.
+    for logger, elsewhere in [
+        (TensorBoardLogger(tmp_path), tmp_path / "ckpts" / "last.ckpt"),
+        (CSVLogger(tmp_path), checkpoint),
+    ]:
+        trainer = Trainer(logger=logger, default_root_dir=tmp_path)
+        cli.continue_logging_in(trainer, elsewhere)
+        assert trainer.logger.version == 0

@@ -79,6 +79,10 @@ PAUSE = """    - class_path: tests.test_resume.PauseAt
       init_args: {{step: {step}, marker: {marker}}}
 """
 KILL_AT_STEP = 78  # epoch 1 (epoch 0 has ~57 windows); the periodic last.ckpt before it is step 75
+SIGINT = """    - class_path: tests.test_resume.InterruptAt
+      init_args: {{step: {step}}}
+"""
+INTERRUPT_AT_STEP = 91  # epoch 1, between periodic saves (90, 95): only the interrupt's own last.ckpt has step 92
 
 
 class PauseAt(L.Callback):
@@ -101,6 +105,19 @@ class PauseAt(L.Callback):
             os._exit(3)
 
 
+class InterruptAt(L.Callback):
+    """Test helper: send this process SIGINT, as Ctrl-C would, at the start of optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def _environment(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["LM_ZOO_CACHE"] = str(tmp_path / "cache")
@@ -114,20 +131,20 @@ def _write_recipe(path: Path, corpus: Path, extra_callbacks: str = "") -> Path:
     return path
 
 
-def _fit(recipe: Path, env: dict[str, str], *args: str) -> None:
+def _fit(recipe: Path, env: dict[str, str], *args: str, expected_code: int = 0) -> str:
+    """Run ``lm-zoo fit`` to its end; its stderr."""
     with open(recipe.with_suffix(".log"), "ab") as out:
-        code = subprocess.run(
-            [LM_ZOO, "fit", "--config", str(recipe), *args], env=env, stdout=out, stderr=out
-        ).returncode
-    assert code == 0, recipe.with_suffix(".log").read_text()[-3000:]
-
-
-def _fit_until_killed(recipe: Path, env: dict[str, str], marker: Path) -> tuple[int, int]:
-    """Run ``lm-zoo fit --ckpt_path last`` until its PauseAt writes ``marker``, then SIGKILL it; (epoch, batch)."""
-    with open(recipe.with_suffix(".log"), "ab") as out:
-        process = subprocess.Popen(
-            [LM_ZOO, "fit", "--config", str(recipe), "--ckpt_path", "last"], env=env, stdout=out, stderr=out
+        done = subprocess.run(
+            [LM_ZOO, "fit", "--config", str(recipe), *args], env=env, stdout=out, stderr=subprocess.PIPE, text=True
         )
+    assert done.returncode == expected_code, recipe.with_suffix(".log").read_text()[-3000:] + done.stderr[-3000:]
+    return done.stderr
+
+
+def _fit_until_killed(recipe: Path, env: dict[str, str], marker: Path, *args: str) -> tuple[int, int]:
+    """Run ``lm-zoo fit`` until its PauseAt writes ``marker``, then SIGKILL it; (epoch, batch)."""
+    with open(recipe.with_suffix(".log"), "ab") as out:
+        process = subprocess.Popen([LM_ZOO, "fit", "--config", str(recipe), *args], env=env, stdout=out, stderr=out)
         try:
             while not marker.exists():
                 assert process.poll() is None, recipe.with_suffix(".log").read_text()[-3000:]
@@ -149,7 +166,9 @@ def _read(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkill_or_ctrl_c_then_resume_ends_like_an_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = _environment(tmp_path)
     monkeypatch.setenv("LM_ZOO_CACHE", env["LM_ZOO_CACHE"])
     corpus = write_word_corpus(tmp_path / "corpus", "resume", words=60)
@@ -162,9 +181,9 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path: Path, monk
     _fit(_write_recipe(tmp_path / "reference" / "recipe.yaml", corpus), env)
     expected_dir = tmp_path / "reference" / "run" / "lightning_logs" / "version_0"
 
-    # One run, interrupted twice, every part started with the same command line (`--ckpt_path last`, which finds
-    # nothing the first time): killed as epoch 1 starts (the last checkpoint is epoch 0's, written after its
-    # validation), then mid-epoch 1 at step 78 (the last checkpoint is the periodic one of step 75), then to the end.
+    # One run, interrupted three times, every part after the first resumed with `--ckpt_path last`: killed as epoch 1
+    # starts (the last checkpoint is epoch 0's, written after its validation), then mid-epoch 1 at step 78 (the last
+    # checkpoint is the periodic one of step 75), then Ctrl-C at step 91, then to the end.
     runs = tmp_path / "killed"
     runs.mkdir()
     first = _write_recipe(runs / "first.yaml", corpus, PAUSE.format(step=epoch_0, marker=runs / "first.paused"))
@@ -176,19 +195,31 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path: Path, monk
     }
 
     second = _write_recipe(runs / "second.yaml", corpus, PAUSE.format(step=KILL_AT_STEP, marker=runs / "second.paused"))
-    epoch, batch = _fit_until_killed(second, env, runs / "second.paused")
+    epoch, batch = _fit_until_killed(second, env, runs / "second.paused", "--ckpt_path", "last")
     saved = _read(runs / "run" / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt")
     # Killed mid-epoch 1 with three trained steps not in the checkpoint, which the resumed run must redo the same way.
     assert (epoch, batch) == (1, KILL_AT_STEP - epoch_0) and saved["global_step"] == KILL_AT_STEP - 3
     assert saved["TextDataModule"]["train_position"] == {"epoch": 1, "windows": batch - 3}
 
-    _fit(_write_recipe(runs / "third.yaml", corpus), env, "--ckpt_path", "last")
-    resumed_dir = runs / "run" / "lightning_logs" / "version_2"
+    # Ctrl-C (SIGINT) mid-epoch 1 at step 91, between two periodic saves: the step under way finishes, last.ckpt is
+    # written from that moment (step 92, nothing to redo), the run exits 130 saying how to resume.
+    third = _write_recipe(runs / "third.yaml", corpus, SIGINT.format(step=INTERRUPT_AT_STEP))
+    stderr = _fit(third, env, "--ckpt_path", "last", expected_code=130)
+    written = runs / "run" / "lightning_logs" / "version_2" / "checkpoints" / "last.ckpt"
+    assert _read(written)["global_step"] == INTERRUPT_AT_STEP + 1
+    last_line = stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"lm-zoo: interrupted: SIGINT at step {INTERRUPT_AT_STEP + 1} (epoch 1); {written}")
+    assert last_line.endswith(f"resume: lm-zoo fit --config {third} --ckpt_path {written}")
+
+    stderr = _fit(_write_recipe(runs / "fourth.yaml", corpus), env, "--ckpt_path", "last")
+    assert "not resumable" not in stderr  # Lightning's warning for loaders without a state: this one resumes exactly
+    resumed_dir = runs / "run" / "lightning_logs" / "version_3"
 
     expected, resumed = _last_val_ppl(expected_dir), _last_val_ppl(resumed_dir)
     print(
         f"\nkilled at step {epoch_0} (start of epoch 1) and at step {KILL_AT_STEP} (epoch 1, batch {batch}, resumed "
-        f"from step {KILL_AT_STEP - 3}): validation ppl uninterrupted {expected!r}, resumed {resumed!r}"
+        f"from step {KILL_AT_STEP - 3}), SIGINT at step {INTERRUPT_AT_STEP}: validation ppl uninterrupted "
+        f"{expected!r}, resumed {resumed!r}"
     )
     assert resumed == pytest.approx(expected, rel=0.01)  # the requirement
     # What is achieved: the same numbers, bit for bit. (Each of: no generator restore, no carried state, no skip, a

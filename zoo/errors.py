@@ -28,3 +28,17 @@ class TrainingDivergedError(LMZooError):
     """The training loss became NaN or infinite."""
 
     exit_code = 1  # a failed run, not bad input
+
+
+class Interrupted(LMZooError):
+    """Training was stopped by SIGINT (Ctrl-C) or SIGTERM; the work up to ``checkpoint`` is kept.
+
+    Attributes:
+        checkpoint: the ``last.ckpt`` that resumes the run, or ``None`` if none was written.
+        exit_code: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a killed process.
+    """
+
+    def __init__(self, message: str, signal_number: int, checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signal_number
+        self.checkpoint = checkpoint
