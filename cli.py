@@ -14,6 +14,7 @@ import errno
 import importlib
 import inspect
 import json
+import logging
 import os
 import re
 import shlex
@@ -182,10 +183,25 @@ class LMZooCLI(LightningCLI):
             raise unreadable(self.config[subcommand].get("ckpt_path"), err) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own."""
-        from checkpoints.writing import AtomicCheckpointIO
+        """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own, with
+        lm-zoo's progress bar (:class:`lightning_modules.progress.FitProgressBar`) unless the config names one or turns
+        it off, and the learning rate logged (``LearningRateMonitor``) wherever there is a logger."""
+        from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
-        accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator") or "auto")
+        from checkpoints.writing import AtomicCheckpointIO
+        from lightning_modules.progress import FitProgressBar
+
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        if trainer_config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
+            callbacks.append(FitProgressBar())
+        if trainer_config.get("logger") is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
+            callbacks.append(LearningRateMonitor())  # the schedule, as TensorBoard's lr-<Optimizer> curve
+        kwargs = {"callbacks": callbacks, **kwargs}
+        accelerator = str(trainer_config.get("accelerator") or "auto")
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
             raise ConfigError(
                 f"--trainer.accelerator {accelerator}: PyTorch sees no CUDA GPU on this machine: use "
@@ -200,6 +216,37 @@ class LMZooCLI(LightningCLI):
             # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
         return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+
+    def after_fit(self) -> None:
+        """Say where the run's work is and what to do with it next."""
+        trainer = self.trainer
+        if trainer.state.status != "finished" or not trainer.is_global_zero:
+            return
+        from checkpoints.writing import LastCheckpoint
+
+        best = next((c for c in trainer.checkpoint_callbacks if not isinstance(c, LastCheckpoint)), None)
+        last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+        lines = []
+        if best is not None and best.best_model_path:
+            score = f" ({best.monitor} {float(best.best_model_score):.4f})" if best.best_model_score is not None else ""
+            lines.append(f"best checkpoint: {best.best_model_path}{score}")
+        if last is not None and last.last_model_path:
+            lines.append(f"last checkpoint: {last.last_model_path}")
+        if trainer.loggers and trainer.log_dir:
+            lines.append(f"logs: {trainer.log_dir}  (tensorboard --logdir {Path(trainer.log_dir).parent})")
+        if best is not None and best.best_model_path:
+            lines.append(f"evaluate: lm-zoo evaluate {shlex.quote(best.best_model_path)} --split test")
+            lines.append(f"sample: lm-zoo generate {shlex.quote(best.best_model_path)} --num-samples 3")
+        if last is not None and last.last_model_path:
+            configs = " ".join(
+                f"--config {shlex.quote(str(c))}" for c in self.config[self.subcommand].get("config") or []
+            )
+            lines.append(
+                f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} "
+                "--trainer.max_epochs N"
+            )
+        for line in lines:
+            print(f"lm-zoo: {line}", file=sys.stderr)
 
     def before_fit(self) -> None:
         """``--ckpt_path last`` without a ``checkpoint.dirpath``: Lightning would look only in this run's new
@@ -264,6 +311,27 @@ def versions_root(trainer: Trainer) -> Path | None:
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
 
 
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_known_noise() -> None:
+    """Filter, by message, third-party warnings that every fit prints and that say nothing about this run.
+
+    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's ``_pytree`` calls an API that PyTorch 2.13
+      deprecates; Lightning's to update, nothing for a user to change.
+    - ``IterableDataset`` has ``__len__`` ... ``num_workers > 1``: lm-zoo's loaders use no worker processes
+      (``datamodules.base``), so the length is exact.
+    - Lightning's "Tip" advertising a logging service, logged at every Trainer creation.
+    """
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdverts) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropAdverts())
+
+
 def run_lightning(argv: Sequence[str] | None) -> None:
     """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
     # Importing is what lets a config name these classes by their short names.
@@ -272,6 +340,7 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     from datamodules import GBWDataModule, TextDataModule  # noqa: F401
     from lightning_modules import LanguageModel, ZarembaDecay  # noqa: F401
 
+    quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
     with warnings.catch_warnings():
         # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.

@@ -45,6 +45,7 @@ from lightning_modules.mc_dropout import (
     row_groups,
     shares_masks_across_rows,
 )
+from lightning_modules.progress import Progress
 from lightning_modules.temperature import (
     CACHE_BYTES,
     TEMPERATURE_RANGE,
@@ -212,19 +213,23 @@ def evaluate(
     # Each procedure: how to get a split's windows, and how to score them at a temperature.
     def windows_for(name: str) -> Iterable[LMBatch]:
         steps = dynamic.max_time_steps if dynamic is not None else bptt
-        return datamodule.stream(name, batch_size=batch_size, bptt=steps)
+        return Progress(datamodule.stream(name, batch_size=batch_size, bptt=steps), name)
 
     score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
     cacheable = dynamic is None
     if dynamic is not None:
-        train = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
+        train_windows = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
+        total = min(dynamic.stat_batches, len(train_windows))
+        train = Progress(train_windows, "gradient statistics on train", total=total)
         statistics = mean_squared_gradients(model, train, dynamic.stat_batches)
         tuning: dict[str, Any] | None = None
         if tune_trials:
             trials = tune(
                 model,
                 statistics,
-                lambda steps: first_tokens(datamodule.stream("valid", batch_size=1, bptt=steps), tune_tokens),
+                lambda steps: first_tokens(
+                    Progress(datamodule.stream("valid", batch_size=1, bptt=steps), "trial"), tune_tokens
+                ),
                 dynamic,
                 tune_trials,
                 level,

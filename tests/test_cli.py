@@ -366,3 +366,36 @@ def test_a_resumed_run_logs_on_in_its_tensorboard_version(tmp_path: Path) -> Non
         trainer = Trainer(logger=logger, default_root_dir=tmp_path)
         cli.continue_logging_in(trainer, elsewhere)
         assert trainer.logger.version == 0
+
+
+def test_long_work_shows_progress_in_a_log(
+    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a terminal (here: captured), a line every $LM_ZOO_PROGRESS_SECONDS instead of a bar."""
+    monkeypatch.setenv("LM_ZOO_PROGRESS_SECONDS", "0")
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(trained), "--dynamic"]) == 0
+    err = capsys.readouterr().err
+    assert "lm-zoo: gradient statistics on train: 1/" in err and "lm-zoo: test: 1/" in err
+    # fit: training and validation lines (with the loss), then where everything is and what to run next.
+    config = _config(workdir, workdir / "corpus", name="barred")
+    code = cli.main(["fit", "--config", str(config), "--trainer.enable_progress_bar", "true"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "lm-zoo: epoch 0: 1/8 batches (12%)" in err and ", train_loss " in err and "lm-zoo: validation: 1/" in err
+    best = workdir / "barred" / "checkpoints" / "best.ckpt"
+    assert f"lm-zoo: best checkpoint: {best} (val_loss " in err
+    assert f"lm-zoo: evaluate: lm-zoo evaluate {best} --split test" in err
+    assert f"--config {config} --ckpt_path {workdir / 'barred' / 'checkpoints' / 'last.ckpt'}" in err
+
+
+def test_the_progress_bar_says_epochs_and_versions_plainly() -> None:
+    from types import SimpleNamespace
+
+    from lightning_modules.progress import FitProgressBar
+
+    bar = FitProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1)  # GBW: max_steps, no epoch limit
+    assert bar._get_train_description(3).strip() == "Epoch 3"
+    bar._trainer = SimpleNamespace(max_epochs=10)
+    assert bar._get_train_description(3).strip() == "Epoch 3/9"
