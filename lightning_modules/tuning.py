@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pruner-warmup-steps", type=int, default=0, help="steps of a trial before it can be pruned")
     parser.add_argument("--seed", type=int, help="the sampler's seed")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --jobs helper process
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # a helper's share of the cores
     return parser
 
 
@@ -303,6 +304,13 @@ def cmd_tune(argv: Sequence[str]) -> None:
         raise ConfigError(f"--trials and --jobs must be at least 1, got {args.trials} and {args.jobs}")
     if args.jobs > 1 and args.storage and args.storage.startswith("sqlite:///:memory:"):
         raise ConfigError("--jobs > 1 needs a storage the processes share, not an in-memory database")
+    # --jobs processes share the cores: J processes of torch's default thread count (all cores each) on C cores run
+    # many times slower than J processes of C / J threads, as their threads wait on each other's preempted ones.
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     space = load_space(args.space)
     base = full_config(args.config)
     for key in space:
@@ -340,7 +348,9 @@ def cmd_tune(argv: Sequence[str]) -> None:
     # --jobs J: J - 1 helper processes and this one share the trials, each taking its part of --trials.
     shares = [args.trials // args.jobs + (i < args.trials % args.jobs) for i in range(args.jobs)]
     helpers = [
-        subprocess.Popen(worker_command(argv, storage, study_name, share, None if args.seed is None else args.seed + i))
+        subprocess.Popen(
+            worker_command(argv, storage, study_name, share, None if args.seed is None else args.seed + i, threads)
+        )
         for i, share in enumerate(shares[1:], start=1)
         if share > 0
     ]
@@ -381,9 +391,12 @@ def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], w
     path.unlink()
 
 
-def worker_command(argv: Sequence[str], storage: str, study_name: str, trials: int, seed: int | None) -> list[str]:
-    """This command for a helper process: same config and space, its share of the trials, the shared storage."""
-    drop = {"--trials", "--jobs", "--storage", "--study-name", "--seed", "--out"}
+def worker_command(
+    argv: Sequence[str], storage: str, study_name: str, trials: int, seed: int | None, threads: int | None = None
+) -> list[str]:
+    """This command for a helper process: same config and space, its share of the trials, the shared storage, its
+    share of the cores."""
+    drop = {"--trials", "--jobs", "--storage", "--study-name", "--seed", "--out", "--threads"}
     kept: list[str] = []
     skip = False
     for arg in argv:
@@ -395,6 +408,7 @@ def worker_command(argv: Sequence[str], storage: str, study_name: str, trials: i
         else:
             kept.append(arg)
     extra = ["--seed", str(seed)] if seed is not None else []
+    extra += ["--threads", str(threads)] if threads else []
     tail = ["--trials", str(trials), "--storage", storage, "--study-name", study_name, "--worker", *extra]
     return [sys.executable, "-m", "cli", "tune", *kept, *tail]
 

@@ -172,3 +172,13 @@ def test_tune_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code in (0, None)
     out = capsys.readouterr().out
     assert "usage: lm-zoo tune" in out and "--space" in out and "--storage" in out
+
+
+def test_helper_processes_get_their_share_of_the_cores() -> None:
+    from lightning_modules.tuning import worker_command
+
+    argv = ["--config", "c.yaml", "--space", "s.yaml", "--trials", "9", "--jobs", "2", "--threads", "8"]
+    command = worker_command(argv, "sqlite:///t.db", "study", 4, 7, threads=1)
+    assert command[-5:] == ["--worker", "--seed", "7", "--threads", "1"]
+    assert command[command.index("--trials") + 1] == "4"
+    assert command.count("--threads") == 1 and "--jobs" not in command and "8" not in command
