@@ -53,7 +53,10 @@ COMMANDS = {
     "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their README table",
 }
 SPLITS = ("train", "valid", "test")
-SOURCE_HELP = "a .ckpt written by lm-zoo fit, a directory written by lm-zoo export, a Hub repo id or a registered name"
+SOURCE_HELP = (
+    "a .ckpt written by lm-zoo fit, a run's directory (its newest best.ckpt, e.g. runs/ptb/lstm-small), a directory "
+    "written by lm-zoo export, a Hub repo id or a registered name"
+)
 
 
 def _usage() -> str:

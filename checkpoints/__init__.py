@@ -20,7 +20,8 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
     """Load a model from a SOURCE.
 
     Args:
-        source: a ``.ckpt`` file, an export directory, a Hub repo id or a registered short name.
+        source: a ``.ckpt`` file, a run's directory (its newest ``best.ckpt``), an export directory, a Hub repo id or
+            a registered short name.
         revision: for a Hub source: a branch, tag or commit (default ``main``, or the registry's pinned revision).
         endpoint: for a Hub source: the Hub's URL (default ``$HF_ENDPOINT`` or huggingface.co).
 
@@ -31,6 +32,9 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
     if path.exists():
         if revision is not None:
             raise ConfigError(f"--revision applies to a Hub repo id, not to the local {text}")
+        best = newest_best_checkpoint(path) if path.is_dir() and not (path / "config.json").exists() else None
+        if best is not None:
+            return load_checkpoint(best)
         return load_export(path) if path.is_dir() else load_checkpoint(path)
     if path.suffix == ".ckpt":
         return load_checkpoint(path)  # says it does not exist
@@ -44,6 +48,13 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
         )
     directory = hub.download(text, revision, endpoint=endpoint)
     return load_export(directory, source=f"{text}@{revision}" if revision else text)
+
+
+def newest_best_checkpoint(run: Path) -> Path | None:
+    """The newest ``best.ckpt`` under a run's directory (``runs/ptb/lstm-small``, its ``lightning_logs``, or one
+    ``version_N``), so that a user need not spell out which version it went to; ``None`` if there is none."""
+    found = [p for p in run.rglob("best.ckpt") if p.is_file() and p.parent.name == "checkpoints"]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def registered_directory(

@@ -285,8 +285,8 @@ def read_config(directory: Path, where: str) -> dict[str, Any]:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(
-            f"{where} is not an lm-zoo export (no {CONFIG_NAME}): pass a .ckpt, a directory written by "
-            "`lm-zoo export`, or a Hub repo id"
+            f"{where} is not an lm-zoo export (no {CONFIG_NAME}) nor a run (no checkpoints/best.ckpt under it): pass "
+            "a .ckpt, a run's directory, a directory written by `lm-zoo export`, or a Hub repo id"
         )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

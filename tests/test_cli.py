@@ -399,3 +399,16 @@ def test_the_progress_bar_says_epochs_and_versions_plainly() -> None:
     assert bar._get_train_description(3).strip() == "Epoch 3"
     bar._trainer = SimpleNamespace(max_epochs=10)
     assert bar._get_train_description(3).strip() == "Epoch 3/9"
+
+
+def test_a_run_directory_is_a_source(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``lm-zoo evaluate runs/x``: the run's newest best.ckpt, whatever version it went to."""
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(workdir / "run"), "--json"]) == 0
+    by_directory = json.loads(capsys.readouterr().out)
+    assert cli.main(["evaluate", str(workdir / "run" / "checkpoints" / "best.ckpt"), "--json"]) == 0
+    by_file = json.loads(capsys.readouterr().out)
+    assert by_directory["source"] == by_file["source"] and by_directory["ppl"] == by_file["ppl"]
+    empty = workdir / "empty-run"
+    empty.mkdir()
+    one_line_error(capsys, cli.main(["evaluate", str(empty)]), str(empty))

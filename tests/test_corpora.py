@@ -328,7 +328,7 @@ def test_unwritable_cache_only_costs_rehashing(tmp_path, mirror, monkeypatch):
 # The real PTB files, served from a loopback mirror
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="shared/data/ptb not available")
+@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="no PTB under $LM_ZOO_DATA")
 def test_real_ptb_spec_against_loopback_mirror(tmp_path, mirror, monkeypatch):
     for name in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
         shutil.copyfile(SHARED_DATA / "ptb" / name, mirror.directory / name)
@@ -352,7 +352,7 @@ def test_real_ptb_spec_against_loopback_mirror(tmp_path, mirror, monkeypatch):
     assert not (tmp_path / "data" / "ptb" / "ptb.valid.txt").exists()
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="shared/data/ptb not available")
+@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="no PTB under $LM_ZOO_DATA")
 def test_real_ptb_char_spec_from_a_dot_slash_tgz(tmp_path, mirror, monkeypatch):
     # Mikolov's simple-examples.tgz names its members "./simple-examples/data/...".
     with tarfile.open(mirror.directory / "simple-examples.tgz", "w:gz", compresslevel=1) as tf:
@@ -500,7 +500,7 @@ def test_fingerprint_is_the_sha256_of_the_split_and_follows_edits(tmp_path):
 # The real corpora in shared/data (read-only: nothing may be written there)
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="no LM_ZOO_DATA and no shared/data")
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="no corpora: set LM_ZOO_DATA")
 def test_real_corpora_offline(monkeypatch):
     before = sorted(str(p) for p in SHARED_DATA.rglob("*"))
     hashed = []

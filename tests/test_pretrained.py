@@ -23,7 +23,9 @@ from zoo import RecurrentLM
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = registry.load_registry(registry.DEFAULT_PATH)
 SHARED = ROOT.parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not Path(os.environ.get("LM_ZOO_DATA", SHARED)).is_dir(), reason="no corpora")
+needs_data = pytest.mark.skipif(
+    not Path(os.environ.get("LM_ZOO_DATA", SHARED)).is_dir(), reason="no corpora: set LM_ZOO_DATA"
+)
 
 
 @pytest.fixture(autouse=True)
