@@ -494,8 +494,12 @@ def _download(url: str, directory: Path) -> tuple[Path, str]:
     size = 0
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            from lightning_modules.progress import Progress
+
             expected = response.headers.get("Content-Length")
-            while chunk := response.read(_CHUNK):
+            chunks = iter(lambda: response.read(_CHUNK), b"")
+            total = -(-int(expected) // _CHUNK) if expected is not None and expected.isdigit() else None
+            for chunk in Progress(chunks, f"downloading {url.rsplit('/', 1)[-1]}", "MiB", total):
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)

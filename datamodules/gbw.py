@@ -179,14 +179,15 @@ def count_words(paths: list[Path], workers: int | None = None) -> tuple[Counter[
     total: Counter[bytes] = Counter()
     sentences = 0
     processes = _pool_size(paths, workers)
+    from lightning_modules.progress import Progress
+
     if processes == 1:
-        results = map(_count_file, paths)
-        for counter, n in results:
+        for counter, n in Progress(map(_count_file, paths), "counting words", "files", len(paths)):
             total.update(counter)
             sentences += n
     else:
         with multiprocessing.get_context("fork").Pool(processes) as pool:
-            for counter, n in pool.imap(_count_file, paths):
+            for counter, n in Progress(pool.imap(_count_file, paths), "counting words", "files", len(paths)):
                 total.update(counter)
                 sentences += n
     return Counter({word.decode("utf-8"): n for word, n in total.items()}), sentences
@@ -241,16 +242,19 @@ def encode_files(paths: list[Path], tokenizer: SentenceTokenizer, directory: Pat
     With several workers, forked processes encode whole files into parts that are then joined in file order.
     """
     global _ENCODER
+    from lightning_modules.progress import Progress
+
     processes = _pool_size(paths, workers)
     with open(directory / "ids.bin", "wb") as out:
         if processes == 1:
-            results = [_encode_file(path, out, tokenizer) for path in paths]
+            results = [_encode_file(path, out, tokenizer) for path in Progress(paths, "encoding", "files")]
         else:
             parts = [directory / f"part-{i:05d}.bin" for i in range(len(paths))]
             _ENCODER = tokenizer
             try:
                 with multiprocessing.get_context("fork").Pool(processes) as pool:
-                    results = pool.map(_encode_part, list(zip(paths, parts)))
+                    encoded = pool.imap(_encode_part, list(zip(paths, parts)))  # in file order
+                    results = list(Progress(encoded, "encoding", "files", len(paths)))
             finally:
                 _ENCODER = None
             for part in parts:
