@@ -17,7 +17,7 @@ from torch import Tensor
 
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.language_model import MODEL_PREFIX, TRAINING_OPTIONS
-from zoo.errors import CheckpointError, ConfigError
+from zoo.errors import CheckpointError, ConfigError, clip
 from zoo.language_model import RecurrentLM
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ def load_weights(model: RecurrentLM, state: dict[str, Tensor], where: str) -> No
     try:
         model.load_state_dict(state, strict=False)  # strictness checked above, tied names included
     except RuntimeError as err:
-        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err)[:200])
+        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), clip(str(err)))
         raise CheckpointError(f"{where}: {mismatch.rstrip('.')}; the weights do not fit the stored settings") from None
 
 
@@ -215,8 +215,7 @@ def unreadable(path: Path | str, err: BaseException) -> CheckpointError:
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     reason = next((line for line in lines if "weights_only" not in line and not line.startswith("(")), "")
     reason = reason or type(err).__name__
-    if len(reason) > 160:
-        reason = reason[:160].rsplit(" ", 1)[0] + " ..."
+    reason = clip(reason, 160)
     return CheckpointError(
         f"{path} is not a readable checkpoint ({reason.rstrip('.')}); it may be truncated or not a .ckpt: "
         "use another checkpoint (e.g. last.ckpt) or train again"

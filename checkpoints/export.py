@@ -37,7 +37,7 @@ import torch
 import zoo
 from checkpoints.ckpt import LoadedModel, build_model, load_weights
 from datamodules.tokenizers import Tokenizer
-from zoo.errors import CheckpointError, LMZooError
+from zoo.errors import CheckpointError, LMZooError, clip
 
 FORMAT = "lm-zoo"
 FORMAT_VERSION = 2
@@ -346,7 +346,7 @@ def _read_tokenizer(directory: Path, entry: dict[str, Any], where: str) -> Token
     except LMZooError as err:
         raise CheckpointError(f"{where}: its tokenizer cannot be rebuilt ({err})") from None
     except (RuntimeError, OSError) as err:  # sentencepiece refuses a corrupt model proto
-        raise CheckpointError(f"{where}: {file} is not a valid tokenizer ({str(err)[:200]})") from None
+        raise CheckpointError(f"{where}: {file} is not a valid tokenizer ({clip(str(err))})") from None
     if entry.get("vocab_size") != tokenizer.vocab_size:
         raise CheckpointError(
             f"{where}: {file} has {tokenizer.vocab_size} entries but {CONFIG_NAME} says the vocabulary has "
@@ -366,7 +366,7 @@ def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
-            f"{where}: {WEIGHTS_NAME} is not a readable safetensors file ({reason[:200]}); it may be truncated: "
+            f"{where}: {WEIGHTS_NAME} is not a readable safetensors file ({clip(reason)}); it may be truncated: "
             "download or export the model again"
         ) from None
 

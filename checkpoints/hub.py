@@ -28,7 +28,7 @@ from checkpoints.export import (
     load_export,
     pickle_refusal,
 )
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, clip
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -82,7 +82,7 @@ def _label(repo_id: str, revision: str | None) -> str:
 # -------------------------------------------------------------------------------------------------------- errors
 def _reason(err: BaseException) -> str:
     text = str(err).strip()
-    return (text.splitlines()[0] if text else type(err).__name__)[:200]
+    return clip(text) if text else type(err).__name__
 
 
 def _translate(

@@ -6,6 +6,13 @@ to do about it.
 """
 
 
+def clip(text: str, limit: int = 200) -> str:
+    """``text``'s first line, cut at a word boundary with `` ...`` when longer than ``limit``: a quoted reason inside
+    a one-line error that never ends mid-word."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 class LMZooError(Exception):
     """Base class of errors that are shown to the user as one line."""
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from zoo.errors import clip
+
 #: The extension's name (its cache folder) and sources.
 NAME = "lm_zoo_kernels"
 SOURCES = [Path(__file__).parent / "csrc" / "mogrifier_window.cpp"]
@@ -77,4 +79,4 @@ def _one_line(error: Exception) -> str:
         return type(error).__name__
     gist = lines[0].split(": [", 1)[0]  # "Error building extension 'x': [1/2] c++ ..." -> the part before the command
     first_error = next((line for line in lines[1:] if "error" in line.lower()), None)
-    return gist if first_error is None else f"{gist}: {first_error[:200]}"
+    return gist if first_error is None else f"{gist}: {clip(first_error)}"
