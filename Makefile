@@ -24,6 +24,9 @@ demo: setup
 	$(BIN)/lm-zoo fit --config configs/synthetic/xml-lstm.yaml
 	$(BIN)/lm-zoo evaluate $(DEMO)/checkpoints/best.ckpt --split test
 	$(BIN)/lm-zoo generate $(DEMO)/checkpoints/best.ckpt --num-samples 5 --temperature 0.7 --seed 1
+	@$(BIN)/python -c "import checkpoints; from checkpoints.bundle import xml_nesting; \
+	r = xml_nesting(checkpoints.load('$(DEMO)/checkpoints/best.ckpt')); \
+	print(f\"closing tags that close the innermost open tag: {r['fraction']:.0%} of {r['closing_tags']} in {r['samples']} sampled documents\")"
 	@echo "and a word model lm-zoo ships (pretrained/ptb-lstm-small, trained on Penn Treebank):"
 	$(BIN)/lm-zoo generate ptb-lstm-small --prompt "the stock market" --num-samples 3 --max-tokens 30 --seed 1
 

@@ -244,10 +244,8 @@ class LMZooCLI(LightningCLI):
             configs = " ".join(
                 f"--config {shlex.quote(str(c))}" for c in self.config[self.subcommand].get("config") or []
             )
-            lines.append(
-                f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} "
-                "--trainer.max_epochs N"
-            )
+            limit = "--trainer.max_steps N" if trainer.max_steps and trainer.max_steps > 0 else "--trainer.max_epochs N"
+            lines.append(f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} {limit}")
         for line in lines:
             print(f"lm-zoo: {line}", file=sys.stderr)
 
