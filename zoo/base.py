@@ -21,6 +21,13 @@ Regularisers that act inside the recurrence live here, so that every architectur
   and re-registered ``nn.LSTM`` parameters and broke on nearly every PyTorch release; here the dropped matrices are
   passed in with :func:`torch.func.functional_call`, a public API that leaves the parameters and the state-dict keys
   alone.
+
+Mixed precision (``torch.autocast``, Lightning's ``bf16-mixed`` / ``16-mixed``): the recurrent state is kept in the
+parameters' dtype (float32 when the weights are), between steps and between windows, whatever the autocast dtype:
+a recurrence accumulates its rounding errors over hundreds of steps. The products of a step run in the autocast dtype
+where autograd runs them (the fused ``nn.LSTM``/``nn.GRU``, the per-step loops' pointwise ops); the hand-written
+kernels (``zoo/kernels.py``, the Mogrifier window) compute in the weights' dtype, as ``torch.amp.custom_fwd(
+cast_inputs=torch.float32)`` would, so that their backward, which autocast does not cover, sees the same dtypes.
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ State = tuple[Tensor, ...]
 
 #: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
 STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range")
+
+
+def lerp(start: Tensor, end: Tensor, weight: Tensor) -> Tensor:
+    """``start + weight * (end - start)`` (``torch.lerp``) in the widest of the three dtypes: under autocast a gate and
+    a candidate come out in bf16/fp16 while the carried state stays float32, and ``torch.lerp`` takes one dtype."""
+    dtype = torch.promote_types(torch.promote_types(start.dtype, end.dtype), weight.dtype)
+    return torch.lerp(start.to(dtype), end.to(dtype), weight.to(dtype))
 
 
 def detach_state(state: State | None) -> State | None:
@@ -193,7 +207,8 @@ class FusedLayer(CellLayer):
         if self.fused and not keep_at and state_mask is None:
             hx = tuple(s.unsqueeze(0) for s in state)  # (1, B, H): nn.RNNBase's (layers, B, H)
             y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
-            return y, tuple(s.squeeze(0) for s in (hx if isinstance(hx, tuple) else (hx,)))
+            dtype = self.rnn.weight_hh_l0.dtype  # autocast returns its own dtype; the state stays the weights'
+            return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
         return super().forward(x, state, keep_at, state_mask)
 
 
@@ -269,7 +284,8 @@ class RecurrentStack(nn.Module):
             ``(y, state)`` with ``y`` the last layer's outputs ``(B, T, H)``.
         """
         if state is None:
-            state = self.initial_state(x.size(0), x)
+            parameter = next(self.parameters(), None)
+            state = self.initial_state(x.size(0), x if parameter is None else x.new_empty(0, dtype=parameter.dtype))
         keep_at: dict[int, Tensor] = {}
         if reset is not None:
             keep = (~reset).to(x.dtype)  # (B, T)

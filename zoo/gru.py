@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, FusedLayer, RecurrentStack, State
+from zoo.base import CellLayer, FusedLayer, RecurrentStack, State, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
@@ -107,7 +107,7 @@ class GRUPaperLayer(CellLayer):
         x_rz, x_h = x_t
         r, z = torch.sigmoid(self.window.gates_matmul(h, add=x_rz)).chunk(2, dim=1)  # (B, H) each
         candidate = torch.tanh(self.window.hidden_matmul(r * h, add=x_h))  # reset *before* the matmul
-        return (torch.lerp(candidate, h, z),)  # z * h + (1 - z) * candidate
+        return (lerp(candidate, h, z),)  # z * h + (1 - z) * candidate
 
 
 class GRUPaper(RecurrentStack):

@@ -233,6 +233,13 @@ class MixtureOfSoftmaxes(nn.Module):
         return torch.logsumexp(log_prior.unsqueeze(-1) + log_probs, dim=2)  # (B, T, V)
 
 
+def _full_precision(like: Tensor) -> torch.autocast:
+    """No autocast: ``nn.AdaptiveLogSoftmaxWithLoss`` copies each cluster's log-probabilities into a tensor of the
+    input's dtype (``index_copy_``), which fails when autocast made the cluster's in another; the head's few small
+    products run in float32 instead."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 def default_adaptive_cutoffs(vocab_size: int) -> list[int]:
     """Cluster boundaries when none are given: the most frequent 1/16 of the vocabulary in the head, the next 3/16 in
     a first tail cluster and the rest in a second (WikiText-2's 33,278 words: 2,079 | 6,240 | 24,959).
@@ -309,7 +316,8 @@ class AdaptiveSoftmaxHead(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         """Full log-probabilities ``(B, T, V)`` (``logsumexp`` over V is 0), for sampling and inspection."""
         flat = h.reshape(-1, h.size(-1))  # (B*T, D)
-        return self.adaptive.log_prob(_at_least_float32(flat)).view(*h.shape[:-1], self.vocab_size)
+        with _full_precision(h):
+            return self.adaptive.log_prob(_at_least_float32(flat)).view(*h.shape[:-1], self.vocab_size)
 
     def training_loss(self, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Summed negative log-likelihood of the predicted targets, scoring only each target's own cluster.
@@ -321,7 +329,8 @@ class AdaptiveSoftmaxHead(nn.Module):
         rows = h.reshape(-1, h.size(-1))[predicted]  # (N, D)
         if rows.size(0) == 0:
             return h.sum() * 0.0, predicted.sum()
-        target_log_probs = self.adaptive(_at_least_float32(rows), targets.reshape(-1)[predicted]).output  # (N,)
+        with _full_precision(h):
+            target_log_probs = self.adaptive(_at_least_float32(rows), targets.reshape(-1)[predicted]).output  # (N,)
         return -target_log_probs.sum(), predicted.sum()
 
     def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
@@ -335,13 +344,14 @@ class AdaptiveSoftmaxHead(nn.Module):
         rows, wanted = _at_least_float32(h[predicted]), targets[predicted]  # (N, D), (N,)
         if rows.size(0) == 0:
             return nll
-        if temperature == 1.0:
-            nll[predicted] = -self.adaptive(rows, wanted).output.to(nll.dtype)
-            return nll
-        step = max(1, self.chunk_logits // self.vocab_size)
-        pieces = [
-            scores_nll(self.adaptive.log_prob(rows[i : i + step])[None], wanted[None, i : i + step], temperature)[0]
-            for i in range(0, rows.size(0), step)
-        ]
+        with _full_precision(h):
+            if temperature == 1.0:
+                nll[predicted] = -self.adaptive(rows, wanted).output.to(nll.dtype)
+                return nll
+            step = max(1, self.chunk_logits // self.vocab_size)
+            pieces = [
+                scores_nll(self.adaptive.log_prob(rows[i : i + step])[None], wanted[None, i : i + step], temperature)[0]
+                for i in range(0, rows.size(0), step)
+            ]
         nll[predicted] = torch.cat(pieces).to(nll.dtype)
         return nll

@@ -13,12 +13,29 @@ plain-layout weight, 0.20 ms packed. The numbers are fp32 either way (equal to r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+def in_dtype(tensor: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``tensor`` in ``dtype`` (``None`` stays ``None``): what a kernel here computes in, the weights' dtype."""
+    return tensor if tensor is None or tensor.dtype == dtype else tensor.to(dtype)
+
+
+def autocast_off(like: Tensor) -> contextlib.AbstractContextManager:
+    """A context without autocast on ``like``'s device: inside a hand-written kernel every product runs in the dtype
+    its operands were cast to, as in its backward, which autocast never covers (``torch.amp.custom_fwd(
+    cast_inputs=...)``'s rule, for whichever device the tensors are on). Without autocast, nothing: the per-step
+    loops call this at every step."""
+    if torch.is_autocast_enabled(like.device.type):
+        return torch.autocast(like.device.type, enabled=False)
+    return contextlib.nullcontext()
+
 
 #: Weights at least this large go through oneDNN. Below it, MKL's packing overhead is negligible and the reorder
 #: costs more than it saves (a 128 x 32 window projection took 3x as long packed, fwd + bwd; 512 x 128 broke even).
@@ -143,11 +160,13 @@ class _StepProduct(torch.autograd.Function):
     def forward(ctx: Any, inp: Tensor, add: Tensor | None, offset: Tensor | None, matmul: RecurrentMatmul) -> Tensor:
         ctx.matmul = matmul
         ctx.add_is_bias = add is not None and add.dim() == 1
+        ctx.add_dtype = None if add is None else add.dtype
         return matmul.product(inp, add)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         need_inp, need_add, need_offset, _ = ctx.needs_input_grad
+        grad = in_dtype(grad, ctx.matmul.weight.dtype)
         grad_inp = ctx.matmul.input_grad(grad) if need_inp else None
         grad_add = (grad.sum(0) if ctx.add_is_bias else grad) if need_add else None
         return grad_inp, grad_add, grad if need_offset else None, None
@@ -170,6 +189,7 @@ class _WindowWeightGrad(torch.autograd.Function):
         if inputs.size(1) != grad.size(1):
             raise RuntimeError(f"RecurrentMatmul was called {inputs.size(1)} times in a window of {grad.size(1)} steps")
         ctx.matmul.inputs = []  # release the window's inputs once they have been used
+        grad = in_dtype(grad, inputs.dtype)
         return gemm_tn(grad.flatten(0, 1), inputs.flatten(0, 1)), None, None
 
 
@@ -212,12 +232,15 @@ class RecurrentMatmul:
             self._offsets = zero.unbind(1)
 
     def product(self, inp: Tensor, add: Tensor | None = None) -> Tensor:
-        """``add + inp @ weight.T`` without autograd; ``add`` is ``(B, O)``, ``(O,)`` or ``None``."""
-        if self._packed is not None:
-            if add is None or add.dim() == 1:  # a bias goes into the GEMM
-                return packed_linear(inp, self._packed, add)
-            return packed_linear_add(inp, add, self._packed)
-        return inp @ self.weight.t() if add is None else torch.addmm(add, inp, self.weight.t())
+        """``add + inp @ weight.T`` without autograd, in the weight's dtype (also under autocast, see
+        :func:`autocast_off`); ``add`` is ``(B, O)``, ``(O,)`` or ``None``."""
+        inp, add = in_dtype(inp, self.weight.dtype), in_dtype(add, self.weight.dtype)
+        with autocast_off(inp):
+            if self._packed is not None:
+                if add is None or add.dim() == 1:  # a bias goes into the GEMM
+                    return packed_linear(inp, self._packed, add)
+                return packed_linear_add(inp, add, self._packed)
+            return inp @ self.weight.t() if add is None else torch.addmm(add, inp, self.weight.t())
 
     def forward_operand(self) -> tuple[Tensor, bool]:
         """What :meth:`product` multiplies by, and whether it is oneDNN's packed weight (else ``W`` itself)."""
@@ -235,7 +258,9 @@ class RecurrentMatmul:
         return self._packed_t, True
 
     def input_grad(self, grad: Tensor) -> Tensor:
-        """``grad @ weight``: the gradient of ``inp`` for a step's output gradient ``grad`` ``(B, O)``."""
+        """``grad @ weight``: the gradient of ``inp`` for a step's output gradient ``grad`` ``(B, O)``, in the weight's
+        dtype (autograd casts it to ``inp``'s)."""
+        grad = in_dtype(grad, self.weight.dtype)
         operand, onednn = self.input_grad_operand()
         return packed_linear(grad, operand) if onednn else grad @ operand
 
@@ -262,7 +287,7 @@ class RecurrentMatmul:
     def record(self, inp: Tensor) -> None:
         """Keep the next step's input for the window's weight-gradient GEMM (after :meth:`step_offset`)."""
         if self._offsets is not None:
-            self.inputs.append(inp.detach())  # the values only: autograd saves nothing for W per step
+            self.inputs.append(in_dtype(inp.detach(), self.weight.dtype))  # values only: autograd saves nothing for W
 
 
 class _GatedProduct(torch.autograd.Function):

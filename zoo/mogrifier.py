@@ -45,9 +45,11 @@ from zoo import native
 from zoo.base import RecurrentStack, State
 from zoo.kernels import (
     RecurrentMatmul,
+    autocast_off,
     gated_product,
     gemm_tn,
     gemm_tn_each,
+    in_dtype,
     packed_linear,
     packed_linear_add,
     window_linear,
@@ -480,6 +482,9 @@ class _MogrifierWindow(torch.autograd.Function):
         low_rank, round_bias = layout
         firsts, lefts, biases = _unflatten_rounds(round_tensors, low_rank, round_bias)
         batch, steps = x.size(0), x.size(1)
+        # In the weights' dtype, without autocast, forward and backward alike (zoo.kernels.autocast_off).
+        x, h0, c0, state_mask = (in_dtype(t, w_h.dtype) for t in (x, h0, c0, state_mask))
+        keep_at = {t: in_dtype(k, w_h.dtype) for t, k in keep_at.items()}
         # Small batches: the backward reads W's transposed view rather than packing W^T. Measured (2 x 650, BPTT 35,
         # 2 threads, ms per training step, view vs packed): batch 20 186-212 vs 206-240, batch 32 321 vs 334, batch 40
         # 341 vs 339, batch 64 558 vs 518.
@@ -489,9 +494,10 @@ class _MogrifierWindow(torch.autograd.Function):
         (weight_x, packed), (weight_h, _) = product_x.forward_operand(), product_h.forward_operand()
         keep = [keep_at.get(t) for t in range(steps)]
         loops = _window_loops()
-        y, h, c, saved = loops.mogrifier_window_forward(
-            x, h0, c0, keep, state_mask, weight_x, weight_h, packed, bias, firsts, lefts, biases
-        )
+        with autocast_off(x):
+            y, h, c, saved = loops.mogrifier_window_forward(
+                x, h0, c0, keep, state_mask, weight_x, weight_h, packed, bias, firsts, lefts, biases
+            )
         ctx.loops, ctx.keep, ctx.state_mask, ctx.saved = loops, keep, state_mask, saved
         ctx.rounds = firsts, lefts, biases
         ctx.products = product_x, product_h
@@ -504,8 +510,9 @@ class _MogrifierWindow(torch.autograd.Function):
         (operand_x, onednn), (operand_h, _) = product_x.input_grad_operand(), product_h.input_grad_operand()
         saved, layout = ctx.saved, _WindowLayout(len(firsts), lefts[0] is not None)
         h0 = saved[layout.hs]  # h^0 of the first step, for the shape of a gradient autograd left out
-        grad_h = torch.zeros_like(h0) if grad_h is None else grad_h
-        grad_c = torch.zeros_like(h0) if grad_c is None else grad_c
+        grad_y = in_dtype(grad_y, h0.dtype)
+        grad_h = torch.zeros_like(h0) if grad_h is None else in_dtype(grad_h, h0.dtype)
+        grad_c = torch.zeros_like(h0) if grad_c is None else in_dtype(grad_c, h0.dtype)
         grad_x, dh, dc, d_pre_all, *round_grads = ctx.loops.mogrifier_window_backward(
             saved, grad_y, grad_h, grad_c, ctx.keep, ctx.state_mask, operand_x, operand_h, onednn, firsts, lefts, biases
         )

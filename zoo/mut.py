@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack, State, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
@@ -90,7 +90,7 @@ class MUT1Layer(_MUTLayer):
         z, x_r, x_h = x_t
         r = torch.sigmoid(self.window.reset_matmul(h, add=x_r))
         candidate = torch.tanh(self.window.hidden_matmul(r * h, add=x_h))
-        return (torch.lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
+        return (lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
 
 
 class MUT2Layer(_MUTLayer):
@@ -122,7 +122,7 @@ class MUT2Layer(_MUTLayer):
         x_zr, x_h = x_t
         z, r = torch.sigmoid(self.window.gates_matmul(h, add=x_zr)).chunk(2, dim=1)  # (B, H) each
         candidate = torch.tanh(self.window.hidden_matmul(r * h, add=x_h))
-        return (torch.lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
+        return (lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
 
 
 class MUT3Layer(_MUTLayer):
@@ -154,7 +154,7 @@ class MUT3Layer(_MUTLayer):
         z = torch.sigmoid(self.window.update_matmul(torch.tanh(h), add=x_z))
         r = torch.sigmoid(self.window.reset_matmul(h, add=x_r))
         candidate = torch.tanh(self.window.hidden_matmul(r * h, add=x_h))
-        return (torch.lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
+        return (lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
 
 
 class _MUTStack(RecurrentStack):

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, State
+from zoo.base import RecurrentStack, State, lerp
 from zoo.errors import ConfigError
 from zoo.lstm import LSTMLayer
 
@@ -78,11 +78,11 @@ class SkipLSTMLayer(LSTMLayer):
         self._updates.append(u)
         h_new, c_new = super().step(x_t, (h, c))
         # lerp(a, b, w) is exactly b at w = 1 and a at w = 0, and its gradient reaches w (the straight-through path).
-        h = torch.lerp(h, h_new, u)
-        c = torch.lerp(c, c_new, u)
+        h = lerp(h, h_new, u)
+        c = lerp(c, c_new, u)
         delta = torch.sigmoid(torch.addmm(self.update_gate.bias, c, self.update_gate.weight.t()))  # Δũ_t (B, 1)
         accumulated = u_prob + torch.minimum(delta, v)  # ũ_t + min(Δũ_t, 1 - ũ_t)
-        return h, c, 1 - torch.lerp(accumulated, delta, u)  # store 1 - ũ_{t+1}
+        return h, c, 1 - lerp(accumulated, delta, u)  # store 1 - ũ_{t+1}
 
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
