@@ -25,6 +25,7 @@ weights before stream 1's next segment (earlier text) is scored.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -126,6 +127,13 @@ class GradientStatistics:
         return {"stat_batches_used": self.batches, "stat_tokens": self.tokens, "stat_bptt": self.bptt}
 
 
+def gradients_in_eval_mode() -> contextlib.AbstractContextManager:
+    """Where gradients are taken with the model in eval mode (dropout off): without cuDNN, which refuses an RNN's
+    backward outside training mode (pytorch/pytorch#5878), so ``nn.LSTM``/``nn.GRU``/``nn.RNN`` layers run PyTorch's
+    own CUDA kernels for this pass. Same numbers; on CPU nothing changes."""
+    return torch.backends.cudnn.flags(enabled=False)
+
+
 def mean_squared_gradients(model: RecurrentLM, windows: Iterable[LMBatch], max_batches: int) -> GradientStatistics:
     """``MS = 1/K Σ_k g_k²`` with ``g_k`` the gradient of training batch k's mean NLL per token (state carried
     between batches, dropout off, no clipping, no L2), over at most ``max_batches`` batches.
@@ -144,7 +152,7 @@ def mean_squared_gradients(model: RecurrentLM, windows: Iterable[LMBatch], max_b
             break
         inputs, targets = batch.inputs.to(device), batch.targets.to(device)
         reset = None if batch.reset is None else batch.reset.to(device)
-        with torch.enable_grad():
+        with torch.enable_grad(), gradients_in_eval_mode():
             nll, state = model.token_nll(inputs, targets, state, reset)
             count = int((targets != IGNORE_INDEX).sum())
             state = detach_state(state)
@@ -238,7 +246,7 @@ def dynamic_nll(
     for batch in windows:
         inputs, targets = batch.inputs.to(device), batch.targets.to(device)
         reset = None if batch.reset is None else batch.reset.to(device)
-        with torch.enable_grad():
+        with torch.enable_grad(), gradients_in_eval_mode():
             nll, state = model.token_nll(inputs, targets, state, reset, temperature)
             scored = nll.detach().double()  # the score, computed before any step on this segment
             count = int((targets != IGNORE_INDEX).sum())

@@ -337,6 +337,23 @@ def test_dynamic_with_learning_rate_zero_reproduces_the_deterministic_result(dm:
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
 
 
+def test_dynamic_evaluation_takes_its_gradients_without_cudnn(dm: TextDataModule, monkeypatch) -> None:
+    """cuDNN refuses an RNN's backward in eval mode: every gradient pass (statistics and adaptation) runs without it,
+    and scoring without gradients is left to it."""
+    model = _model(dm.vocab_size)
+    seen: list[tuple[bool, bool]] = []
+    token_nll = model.token_nll
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append((torch.is_grad_enabled(), torch.backends.cudnn.enabled))
+        return token_nll(*args, **kwargs)
+
+    monkeypatch.setattr(model, "token_nll", recording)
+    evaluate(model, dm, "test", dynamic=_dynamic())
+    assert seen and all(not cudnn for grad, cudnn in seen if grad)
+    assert torch.backends.cudnn.enabled  # restored
+
+
 def test_dynamic_evaluation_is_causal(dm: TextDataModule) -> None:
     """Changing the text after position t never changes the score of tokens <= t, with real adaptation."""
     model = _model(dm.vocab_size, **DROPOUTS)
