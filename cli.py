@@ -74,8 +74,13 @@ class CommandParser(argparse.ArgumentParser):
         raise ConfigError(f"{message}; {self.prog} --help lists the options")
 
 
+DEVICE_HELP = "auto (a CUDA GPU where there is one, else cpu), cpu, cuda or cuda:N"
+
+
 def device_argument(text: str) -> str:
-    """``--device``: a device PyTorch knows and this machine has."""
+    """``--device``: ``auto`` (the GPU where there is one), or a device PyTorch knows and this machine has."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(text)
     except RuntimeError:
@@ -394,7 +399,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    parser.add_argument("--device", type=device_argument, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
@@ -433,7 +438,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--device", type=device_argument, default="cpu")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
@@ -528,7 +533,7 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
     parser.add_argument("--bptt", type=int, help="eval BPTT (default: the training run's)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    parser.add_argument("--device", type=device_argument, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 

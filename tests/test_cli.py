@@ -272,6 +272,7 @@ def test_a_gpu_asked_for_where_there_is_none(trained: Path, workdir: Path, capsy
     config = _config(workdir, workdir / "corpus")
     code = cli.main(["fit", "--config", str(config), "--trainer.accelerator", "gpu"])
     one_line_error(capsys, code, "--trainer.accelerator gpu", "no CUDA GPU", "--trainer.accelerator cpu")
+    assert cli.device_argument("auto") == "cpu"  # every command's default
     for command in ("evaluate", "generate", "export"):
         code = cli.main([command, str(trained), "--device", "cuda", *(["--out", "x"] if command == "export" else [])])
         one_line_error(capsys, code, "--device", "no CUDA GPU", "--device cpu")
