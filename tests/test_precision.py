@@ -33,9 +33,16 @@ def _run(
     return y.float(), state, tuple(p.grad.clone() for p in stack.parameters())
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    ("dtype", "kernels"),
+    [(torch.bfloat16, "fast"), (torch.float16, "fast"), (torch.bfloat16, "plain")],
+    ids=["bf16", "fp16", "bf16-plain"],
+)
 @pytest.mark.parametrize("name", zoo.names())
-def test_every_architecture_trains_under_autocast_close_to_float32(name: str, dtype: torch.dtype) -> None:
+def test_every_architecture_trains_under_autocast_close_to_float32(
+    name: str, dtype: torch.dtype, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LM_ZOO_KERNELS", kernels)  # the fast paths, and the plain reference path
     if dtype == torch.float16 and name == "lstm":
         pytest.skip("oneDNN has no float16 LSTM on CPU (cuDNN has one; Lightning runs 16-mixed on CPU as bf16)")
     options = dict(zoo.preset(name, "tiny"))

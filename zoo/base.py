@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from zoo.kernels import plain_kernels
+
 State = tuple[Tensor, ...]
 
 #: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
@@ -173,12 +175,17 @@ class CellLayer(RecurrentLayer):
                 else zip(*(h.transpose(0, 1).unbind(0) for h in hoisted))
             )
             outputs = []
+            # Under autocast a step can come out in bf16/fp16 (a cell whose state is one product away from its
+            # output); the state stays in the dtype it came in, the weights' (module doc).
+            state_dtype = state[0].dtype if torch.is_autocast_enabled(x.device.type) else None
             for t, x_t in enumerate(steps):
                 if t in keep_at:
                     state = _mask_layer_state(state, keep_at[t])
                 if state_mask is not None:
                     state = (state[0] * state_mask, *state[1:])
                 state = self.step(x_t, state)
+                if state_dtype is not None:
+                    state = tuple(s.to(state_dtype) for s in state)
                 outputs.append(state[0])
         finally:
             self.window = SimpleNamespace()
@@ -204,7 +211,7 @@ class FusedLayer(CellLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        if self.fused and not keep_at and state_mask is None:
+        if self.fused and not keep_at and state_mask is None and not plain_kernels():
             hx = tuple(s.unsqueeze(0) for s in state)  # (1, B, H): nn.RNNBase's (layers, B, H)
             y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
             dtype = self.rnn.weight_hh_l0.dtype  # autocast returns its own dtype; the state stays the weights'

@@ -9,17 +9,28 @@ its blocked layout (the ops ``torch.compile`` emits for a CPU linear). Measured 
 (700 x 650 by 650 x 2600) 23 ms as ``F.linear``, 21 ms as a 1-wide convolution (this module's earlier route), 13 ms
 packed, reorder included; the step product (20 x 650 by 650 x 2600) 0.62 ms with ``addmm``, 0.34 ms with oneDNN on a
 plain-layout weight, 0.20 ms packed. The numbers are fp32 either way (equal to rounding); only the kernel differs.
+
+``LM_ZOO_KERNELS=plain`` selects the reference path instead, everywhere: plain autograd ops (``F.linear`` per step,
+the Mogrifier's rounds as written), no oneDNN private op, no C++ extension, no fused ``nn.LSTM``/``nn.GRU`` kernel.
+It is what to fall back on when a fast path misbehaves on new hardware or a new PyTorch, and what the tests hold
+every fast path equal to (``tests/test_kernels.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+def plain_kernels() -> bool:
+    """Whether ``$LM_ZOO_KERNELS`` is ``plain``: the reference path of plain autograd ops (see the module doc)."""
+    return os.environ.get("LM_ZOO_KERNELS", "").lower() == "plain"
 
 
 def in_dtype(tensor: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -46,6 +57,7 @@ def _use_onednn(x: Tensor, weight_numel: int | None = None) -> bool:
     """Whether a product on ``x`` (with a weight of ``weight_numel`` elements) goes through oneDNN."""
     return (
         (weight_numel is None or weight_numel >= ONEDNN_MIN_WEIGHT)
+        and not plain_kernels()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
@@ -216,6 +228,8 @@ class RecurrentMatmul:
     def __init__(self, weight: Tensor, batch: int, steps: int, pack_transposed: bool = True) -> None:
         detached = weight.detach()
         self.weight = detached  # (O, I)
+        self.plain = plain_kernels()
+        self.source = weight  # with its autograd history, for the plain path
         self.pack_transposed = pack_transposed
         self.inputs: list[Tensor] = []
         self.batch = batch
@@ -227,7 +241,7 @@ class RecurrentMatmul:
             # input/output conversions, 0.62 ms addmm.
             self._packed = torch.ops.mkldnn._reorder_linear_weight(detached, batch)
         self._offsets: tuple[Tensor, ...] | None = None
-        if torch.is_grad_enabled() and weight.requires_grad:
+        if torch.is_grad_enabled() and weight.requires_grad and not self.plain:
             zero = _WindowWeightGrad.apply(weight, self, (batch, steps, weight.size(0)))  # (B, T, O)
             self._offsets = zero.unbind(1)
 
@@ -272,6 +286,9 @@ class RecurrentMatmul:
             add: ``(B, O)`` added to the product (e.g. the step's hoisted input projection), ``(O,)`` (a bias), or
                 ``None``.
         """
+        if self.plain:  # autograd's own ops: a weight gradient per step, summed by autograd
+            product = F.linear(inp, self.source)
+            return product if add is None else add + product
         offset = self.step_offset()
         if offset is not None:
             self.record(inp)
@@ -364,6 +381,10 @@ def gated_product(
     Returns:
         ``(B, n)``.
     """
+    if plain_kernels():  # eqs. 1-2 as autograd ops
+        pre = inp if first is None else first(inp)
+        pre = left(pre, bias) if left is not None else (pre if bias is None else pre + bias)
+        return 2 * torch.sigmoid(pre) * x
     first_offset = first.step_offset() if first is not None else None
     left_offset = left.step_offset() if left is not None else None
     return _GatedProduct.apply(inp, x, bias, first_offset, left_offset, first, left)

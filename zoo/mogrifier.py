@@ -52,6 +52,7 @@ from zoo.kernels import (
     in_dtype,
     packed_linear,
     packed_linear_add,
+    plain_kernels,
     window_linear,
 )
 from zoo.lstm import LSTMLayer
@@ -167,7 +168,7 @@ class MogrifierLayer(LSTMLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        if not self.window_kernel:
+        if not self.window_kernel or plain_kernels():
             return super().forward(x, state, keep_at, state_mask)
         rnn = self.rnn
         round_tensors = [  # in the order _unflatten_rounds reads them: first, left (low rank), bias (round_bias)
