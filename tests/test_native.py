@@ -142,3 +142,56 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatc
             assert mogrifier._window_loops() is mogrifier._PythonLoops
     finally:
         native.ops.cache_clear()
+
+
+# ----------------------------------------------------------------------- the C++ loops are feature-tested
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on this machine")
+def test_the_built_loops_agree_with_the_python_twins() -> None:
+    from zoo import mogrifier
+
+    assert mogrifier._loops_agree(native.ops())
+
+
+class _ChangedSignature:
+    """What a PyTorch release that changed oneDNN's private op would make of the C++ loops: a call that fails."""
+
+    @staticmethod
+    def mogrifier_window_forward(*args):  # noqa: ANN002, ANN205
+        raise RuntimeError("Expected 6 arguments for mkldnn::_linear_pointwise, got 5")
+
+
+class _OtherNumbers:
+    """C++ loops that run but compute something else (here: the Python forward, off by one in its output)."""
+
+    @staticmethod
+    def mogrifier_window_forward(*args):  # noqa: ANN002, ANN205
+        from zoo.mogrifier import _forward_loop
+
+        y, h, c, saved = _forward_loop(*args)
+        return y + 1, h, c, saved
+
+    @staticmethod
+    def mogrifier_window_backward(*args):  # noqa: ANN002, ANN205
+        from zoo.mogrifier import _backward_loop
+
+        return _backward_loop(*args)
+
+
+@pytest.mark.parametrize(
+    ("loops", "reason"), [(_ChangedSignature, "fail on a small window"), (_OtherNumbers, "other numbers")]
+)
+def test_loops_that_fail_or_disagree_fall_back_to_python(
+    loops: type, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zoo import mogrifier
+
+    monkeypatch.setattr(native, "ops", lambda: loops)
+    try:
+        with pytest.warns(UserWarning, match=f"C\\+\\+ Mogrifier loops are not used: .*{reason}"):
+            assert mogrifier._window_loops() is mogrifier._PythonLoops
+        # ...and a Mogrifier trains on them.
+        stack = zoo.build("mogrifier", 4, 6, 1, rounds=2, rank=0)
+        y, _ = stack(torch.randn(2, 3, 4))
+        y.sum().backward()
+    finally:
+        mogrifier._usable.cache_clear()

@@ -36,6 +36,8 @@ same vector; the tests hold the two paths equal, gradients included.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
 import torch
@@ -43,8 +45,10 @@ from torch import Tensor, nn
 
 from zoo import native
 from zoo.base import RecurrentStack, State
+from zoo.errors import clip
 from zoo.kernels import (
     RecurrentMatmul,
+    _packed_linear_works,
     autocast_off,
     gated_product,
     gemm_tn,
@@ -446,8 +450,65 @@ class _PythonLoops:
 
 
 def _window_loops() -> Any:
-    """The C++ window loops when they can be built (:mod:`zoo.native`), else their Python twins."""
-    return native.ops() or _PythonLoops
+    """The C++ window loops when they can be built (:mod:`zoo.native`) and compute what their Python twins do on a
+    small window (:func:`_usable`), else the Python twins."""
+    cpp = native.ops()
+    return cpp if cpp is not None and _usable(cpp) else _PythonLoops
+
+
+@functools.cache
+def _usable(cpp: Any) -> bool:
+    """Whether the C++ loops agree with the Python ones (:func:`_loops_agree`); said in one warning, once, if not.
+
+    The C++ loops call oneDNN's private linear op by its schema, as :func:`zoo.kernels._packed_linear_works` checks
+    the Python route's: a PyTorch release that changes it makes the check fail here, once, and training runs the
+    Python loops, instead of stopping mid-run.
+    """
+    try:
+        if _loops_agree(cpp):
+            return True
+        reason = "they compute other numbers than the Python loops"
+    except Exception as error:  # noqa: BLE001 - any failure means the Python twin runs, which is correct
+        reason = f"they fail on a small window ({clip(str(error) or type(error).__name__)})"
+    warnings.warn(f"lm-zoo: the C++ Mogrifier loops are not used: {reason}; the Python loops run", stacklevel=2)
+    return False
+
+
+def _loops_agree(cpp: Any) -> bool:
+    """Whether ``cpp``'s window loops give the Python loops' outputs and gradients on a small zigzag window (2
+    rounds, full rank), through oneDNN's packed weights where this build has them and through plain ``mm``."""
+    generator = torch.Generator().manual_seed(0)
+    batch, steps, m, n = 2, 3, 4, 5
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator) * 0.5
+
+    x, h0, c0 = rand(batch, steps, m), rand(batch, n), rand(batch, n)
+    w_x, w_h, bias = rand(4 * n, m), rand(4 * n, n), rand(4 * n)
+    firsts, lefts, biases = [rand(m, n), rand(n, m)], [None, None], [None, None]
+    keep = [None, (torch.arange(batch) > 0).float(), None]
+    grads = rand(batch, steps, n), rand(batch, n), rand(batch, n)
+    for onednn in [False, True] if _packed_linear_works() and not plain_kernels() else [False]:
+        if onednn:  # packed for the forward, W's transposed view for the backward (RecurrentMatmul's operands)
+            weight_x, weight_h = (torch.ops.mkldnn._reorder_linear_weight(w, batch) for w in (w_x, w_h))
+            operand_x, operand_h = w_x.t(), w_h.t()
+        else:
+            weight_x, weight_h, operand_x, operand_h = w_x, w_h, w_x, w_h
+        outputs = []
+        for loops in (cpp, _PythonLoops):
+            with torch.no_grad():
+                *forward, saved = loops.mogrifier_window_forward(
+                    x, h0, c0, keep, None, weight_x, weight_h, onednn, bias, firsts, lefts, biases
+                )
+                backward = loops.mogrifier_window_backward(
+                    saved, *grads, keep, None, operand_x, operand_h, onednn, firsts, lefts, biases
+                )
+            outputs.append([*forward, *backward])
+        if len(outputs[0]) != len(outputs[1]) or not all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(*outputs, strict=True)
+        ):
+            return False
+    return True
 
 
 class _MogrifierWindow(torch.autograd.Function):
