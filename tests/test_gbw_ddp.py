@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not (DATA / "gbw-sample").is_dir(), reason="no G
 TOLERANCE = 0.005
 
 
-def fit(tmp_path: Path, name: str, devices: int, seed: int) -> Path:
+def fit(tmp_path: Path, name: str, devices: int, seed: int, accelerator: str = "cpu") -> Path:
     columns = 8 // devices  # the same global batch
     run = tmp_path / name
     command = [
@@ -53,7 +53,7 @@ def fit(tmp_path: Path, name: str, devices: int, seed: int) -> Path:
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         "--trainer.logger=false",
-        "--trainer.accelerator=cpu",
+        f"--trainer.accelerator={accelerator}",
         f"--trainer.devices={devices}",
         f"--trainer.strategy={'ddp' if devices > 1 else 'auto'}",
         f"--trainer.default_root_dir={run}",
