@@ -211,3 +211,40 @@ def test_every_architecture_fast_equals_the_plain_reference_path(name: str, monk
 
         for fast, plain in zip(run(False), run(True), strict=True):
             torch.testing.assert_close(fast, plain, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh"])
+def test_packed_sentence_segments_equal_the_per_step_loop(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GBW's windows reset mid-window in some column nearly always; as packed segments they run the fused kernel
+    (cuDNN on a GPU) and must compute what the per-step loop does: outputs, final state, every gradient."""
+    import zoo
+    from zoo.base import FusedLayer
+
+    torch.manual_seed(0)
+    stack = zoo.build(name, 6, 7, 2).train()
+    x = torch.randn(4, 9, 6, requires_grad=True)
+    reset = torch.zeros(4, 9, dtype=torch.bool)
+    reset[0, 3] = reset[0, 6] = reset[2, 8] = reset[1, 0] = True  # two cuts in one column, one at the last step
+    carried = tuple(torch.randn(2, 4, 7) for _ in range(stack.layers[0].state_size))
+    results = []
+    for packed in (False, True):
+        monkeypatch.setattr(FusedLayer, "packed_segments", packed)
+        stack.zero_grad()
+        x.grad = None
+        y, state = stack(x, carried, reset)
+        (y.sin().sum() + sum(s.cos().sum() for s in state)).backward()
+        results.append([y, *state, x.grad.clone(), *(p.grad.clone() for p in stack.parameters())])
+    for loop, packed in zip(*results, strict=True):
+        torch.testing.assert_close(packed, loop, atol=2e-5, rtol=1e-4)
+
+
+def test_packed_segments_are_for_cuda_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the packed kernel is PyTorch's native loop, slower than lm-zoo's (benchmarks/gbw_fused.py)."""
+    import zoo
+    from zoo.base import FusedLayer
+
+    stack = zoo.build("lstm", 4, 5, 1)
+    monkeypatch.setattr(FusedLayer, "_segments", lambda *args: pytest.fail("packed segments ran on CPU"))
+    reset = torch.zeros(2, 6, dtype=torch.bool)
+    reset[0, 3] = True
+    stack(torch.randn(2, 6, 4), reset=reset)

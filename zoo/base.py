@@ -200,6 +200,10 @@ class FusedLayer(CellLayer):
     """
 
     recurrent_weights = ("rnn.weight_hh_l0",)
+    #: Windows with resets inside (GBW's multi-sequence batches: a sentence ends somewhere in nearly every window)
+    #: run the fused kernel on their sentence segments, packed (:meth:`_segments`): ``None`` on CUDA only, where
+    #: cuDNN's packed kernel beats the per-step loop; ``True``/``False`` everywhere/nowhere.
+    packed_segments: bool | None = None
 
     def __init__(self, rnn: nn.RNNBase, fused: bool = True) -> None:
         if not rnn.batch_first or rnn.num_layers != 1 or rnn.bidirectional:
@@ -211,12 +215,59 @@ class FusedLayer(CellLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        if self.fused and not keep_at and state_mask is None and not plain_kernels():
-            hx = tuple(s.unsqueeze(0) for s in state)  # (1, B, H): nn.RNNBase's (layers, B, H)
-            y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
-            dtype = self.rnn.weight_hh_l0.dtype  # autocast returns its own dtype; the state stays the weights'
-            return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
+        if self.fused and state_mask is None and not plain_kernels():
+            packed = self.packed_segments if self.packed_segments is not None else x.device.type == "cuda"
+            if not keep_at:
+                y, hx = self._fused(x, state)
+                return y, hx
+            if packed:
+                return self._segments(x, state, keep_at)
         return super().forward(x, state, keep_at, state_mask)
+
+    def _fused(self, x: Tensor | nn.utils.rnn.PackedSequence, state: State) -> tuple[Any, State]:
+        """The fused kernel over ``x`` from ``state`` (each ``(N, H)``); the final state in the weights' dtype."""
+        hx = tuple(s.unsqueeze(0) for s in state)  # (1, N, H): nn.RNNBase's (layers, N, H)
+        y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
+        dtype = self.rnn.weight_hh_l0.dtype  # autocast returns its own dtype; the state stays the weights'
+        return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
+
+    def _segments(self, x: Tensor, state: State, keep_at: dict[int, Tensor]) -> tuple[Tensor, State]:
+        """A window with resets inside, as one fused call over its sentence segments.
+
+        Each stream's window is cut where it resets; every piece is a sequence of its own, the first starting from
+        the stream's carried state and the others from zeros (what the reset does), and all of them go through the
+        kernel at once as a ``PackedSequence`` (cuDNN's variable-length RNN). The outputs go back to their steps and
+        each stream's state is that at the end of its last piece: what the per-step loop computes.
+        """
+        batch, steps, _ = x.shape
+        resets = torch.stack([keep_at[t] == 0 for t in sorted(keep_at)], 1).cpu()  # (B, R), one host copy
+        times = sorted(keep_at)
+        starts: list[int] = []  # flat index b * T + t of each piece's first step
+        lengths: list[int] = []
+        last_piece = []
+        for b in range(batch):
+            cuts = [0] + [t for t, cut in zip(times, resets[b].tolist(), strict=True) if cut] + [steps]
+            for start, end in zip(cuts, cuts[1:], strict=False):
+                starts.append(b * steps + start)
+                lengths.append(end - start)
+            last_piece.append(len(starts) - 1)
+        longest = max(lengths)
+        offsets = torch.arange(longest)
+        length = torch.tensor(lengths)
+        valid = offsets.unsqueeze(0) < length.unsqueeze(1)  # (P, L)
+        index = (torch.tensor(starts).unsqueeze(1) + offsets).masked_fill(~valid, 0).to(x.device)  # (P, L)
+        pieces = x.reshape(batch * steps, -1)[index]  # (P, L, I), padded with step 0's input (never read)
+        first = torch.tensor([start % steps == 0 for start in starts], device=x.device)  # (P,)
+        owner = torch.tensor(starts, device=x.device) // steps  # (P,)
+        piece_state = tuple(torch.where(first.unsqueeze(1), s[owner], s.new_zeros(())) for s in state)
+        packed = nn.utils.rnn.pack_padded_sequence(pieces, length, batch_first=True, enforce_sorted=False)
+        y_packed, final = self._fused(packed, piece_state)
+        y_pieces, _ = nn.utils.rnn.pad_packed_sequence(y_packed, batch_first=True, total_length=longest)  # (P, L, H)
+        valid = valid.to(x.device)
+        y = y_pieces.new_empty(batch * steps, y_pieces.size(-1))
+        y[index[valid]] = y_pieces[valid]  # every step of the window is in exactly one piece
+        last = torch.tensor(last_piece, device=x.device)
+        return y.view(batch, steps, -1), tuple(s[last] for s in final)
 
 
 class RecurrentStack(nn.Module):
