@@ -106,13 +106,17 @@ def runs_a_kernel(model: nn.Module) -> bool:
     return any(getattr(layer, "fused", False) or getattr(layer, "window_kernel", False) for layer in model.layers)
 
 
-def training_step(model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer) -> Callable:
-    """A closure that runs one training step; the loss projects the outputs on a fixed random direction."""
+def training_step(
+    model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer, autocast: bool = False
+) -> Callable:
+    """A closure that runs one training step; the loss projects the outputs on a fixed random direction. With
+    ``autocast``, the forward runs under bf16 autocast (Lightning's ``bf16-mixed``)."""
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        y, _ = model(x)
-        loss = (y * direction).sum()
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+            y, _ = model(x)
+            loss = (y.float() * direction).sum()
         extra = model.regularization_loss() if hasattr(model, "regularization_loss") else None
         (loss if extra is None else loss + extra).backward()
         optimizer.step()
@@ -134,7 +138,8 @@ def measure(
     steps = {}
     for name, build in builders.items():
         model = build().to(device).train()
-        steps[name] = training_step(model, x, direction, torch.optim.SGD(model.parameters(), lr=1e-4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        steps[name] = training_step(model, x, direction, optimizer, autocast=name.endswith(BF16))
         steps[name]()  # warm-up: allocator, oneDNN/cuDNN plans
     times: dict[str, list[float]] = {name: [] for name in builders}
     order = list(steps)
@@ -150,6 +155,9 @@ def measure(
             _sync(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+BF16 = " (bf16)"  # a model timed under bf16 autocast: its name ends with this
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="CPU threads (default: PyTorch's). On a shared machine a multi-threaded op waits for its preempted "
         "threads, so when another job runs, 1-thread ratios are the reliable ones",
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="also time every zoo architecture under bf16 autocast (bf16-mixed)"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
@@ -199,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
         add_yardsticks(depth)
         builders[name] = lambda name=name: zoo.build(name, hidden, hidden, layers)
         yardstick_depth[name] = depth
+        if args.bf16:
+            builders[name + BF16] = builders[name]
+            yardstick_depth[name + BF16] = depth
         if args.loop and runs_a_kernel(probe):
             builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
             yardstick_depth[f"{name} (loop)"] = depth
