@@ -216,33 +216,30 @@ class LanguageModel(L.LightningModule):
     def training_step(self, batch: LMBatch, batch_idx: int) -> Tensor:
         total, count, raw, dropped = self._window(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted token
-        value = loss.item()  # one host copy for both checks
-        if not math.isfinite(value) or 0 < self.divergence_threshold < value:
-            limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
-            raise TrainingDivergedError(
-                f"training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
-                f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
-                "the last checkpoint"
-            )
+        # Checked with the gradients, in one host copy, before the optimizer step (on_before_optimizer_step).
+        self._train_loss = loss.detach()
         if not isinstance(self.model.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)
-        self.log("train_loss", loss, prog_bar=True, batch_size=int(count))
+        # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
+        # predicted tokens would cost a device synchronisation (train_nll above weighs by that count exactly).
+        window = batch.targets.numel()
+        self.log("train_loss", loss, prog_bar=True, batch_size=window)
         # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
         if self.ar > 0:
             ar = self.activation_regularization(dropped)
-            self.log("train_ar", ar, batch_size=int(count))
+            self.log("train_ar", ar, batch_size=window)
             loss = loss + ar
         if self.tar > 0:
             tar = self.temporal_activation_regularization(raw, batch.reset)
-            self.log("train_tar", tar, batch_size=int(count))
+            self.log("train_tar", tar, batch_size=window)
             loss = loss + tar
         # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
         extra = self.model.rnn.regularization_loss()
         if extra is not None:
-            self.log("train_cell_loss", extra, batch_size=int(count))
+            self.log("train_cell_loss", extra, batch_size=window)
             loss = loss + extra
         for name, value in self.model.rnn.statistics().items():
-            self.log(f"train_{name}", value, batch_size=int(count))
+            self.log(f"train_{name}", value, batch_size=window)
         return loss
 
     def validation_step(self, batch: LMBatch, batch_idx: int) -> None:
@@ -410,18 +407,36 @@ class LanguageModel(L.LightningModule):
         clip_grad_norm(parameters, gradient_clip_val)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop at a NaN or infinite gradient before the optimizer writes it into the weights (a finite loss can
-        still give one, e.g. through an overflowing cell). Skipped under a gradient scaler (16-bit mixed precision),
-        which itself skips the steps whose scaled gradients overflowed."""
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return
+        """Stop before the optimizer writes a diverged step into the weights: a training loss that is NaN, infinite
+        or above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g.
+        through an overflowing cell). Both in one host copy, the training step's only synchronisation of its own.
+        Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
+        scaled gradients overflowed."""
+        loss = getattr(self, "_train_loss", None)
+        trainer = self._trainer
+        scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
         # A sum is NaN or infinite iff some element is (short of ~1e38 gradients), with no per-element temporary.
-        sums = [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
-        if sums and not bool(torch.isfinite(torch.stack(sums).sum())):
+        sums = [] if scaled else [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
+        checked = ([loss.float()] if loss is not None else []) + ([torch.stack(sums).sum()] if sums else [])
+        if not checked:
+            return
+        values = torch.stack(checked).tolist()  # one host copy
+        if loss is not None:
+            self._check_loss(values.pop(0))
+        if values and not math.isfinite(values[0]):
             raise TrainingDivergedError(
                 f"a gradient became NaN or infinite at step {self.global_step} (epoch {self.current_epoch}) with a "
                 "finite loss; lower the learning rate or set --trainer.gradient_clip_val, then resume from the last "
                 "checkpoint"
+            )
+
+    def _check_loss(self, value: float) -> None:
+        if not math.isfinite(value) or 0 < self.divergence_threshold < value:
+            limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
+            raise TrainingDivergedError(
+                f"training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
+                f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
+                "the last checkpoint"
             )
 
     # ------------------------------------------------------------------------------------------------ sampling

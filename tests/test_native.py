@@ -195,3 +195,18 @@ def test_loops_that_fail_or_disagree_fall_back_to_python(
         y.sum().backward()
     finally:
         mogrifier._usable.cache_clear()
+
+
+def test_the_feature_checks_leave_the_random_stream_alone() -> None:
+    """They run at a model's first window, after the user seeded: drawing from the global generator would change the
+    dropout masks of that window, and a run would depend on whether the checks had run before."""
+    from zoo import kernels
+
+    torch.manual_seed(1)
+    expected = torch.rand(4)
+    kernels._packed_linear_works.cache_clear()
+    mogrifier._usable.cache_clear()
+    torch.manual_seed(1)
+    assert kernels._packed_linear_works() in (True, False)
+    mogrifier._window_loops()
+    assert torch.equal(torch.rand(4), expected)

@@ -151,7 +151,8 @@ def _packed_linear_works() -> bool:
     them, the per-step product quietly falls back to ``addmm`` (same numbers, MKL's speed).
     """
     try:
-        x, w, add, bias = torch.randn(3, 5), torch.randn(4, 5), torch.randn(3, 4), torch.randn(4)
+        generator = torch.Generator().manual_seed(0)  # the user's random stream is not this check's to draw from
+        x, w, add, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 5), (4, 5), (3, 4), (4,)))
         packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
         y = torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, None, "add")
         z = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
