@@ -217,9 +217,16 @@ class Objective:
     """One trial: the base config with the sampled values, fitted under ``workdir/trial_<n>``."""
 
     def __init__(
-        self, base: dict[str, Any], space: dict[str, dict[str, Any]], workdir: Path, metric: str, maximize: bool
+        self,
+        base: dict[str, Any],
+        space: dict[str, dict[str, Any]],
+        workdir: Path,
+        metric: str,
+        maximize: bool,
+        progress: bool = False,
     ) -> None:
         self.base, self.space, self.workdir, self.metric, self.maximize = base, space, workdir, metric, maximize
+        self.progress = progress  # each trial's fit shows its progress (the bar, or lines in a log)
         self.error: LMZooError | None = None  # a trial's settings that cannot work: the study stops, main says why
 
     def trial_config(self, params: dict[str, Any], root: Path | None) -> dict[str, Any]:
@@ -229,7 +236,9 @@ class Objective:
             set_key(config, key, value)
         if root is not None:
             trainer = config.setdefault("trainer", {})
-            trainer.update({"default_root_dir": str(root), "enable_progress_bar": False, "enable_model_summary": False})
+            trainer.update(
+                {"default_root_dir": str(root), "enable_progress_bar": self.progress, "enable_model_summary": False}
+            )
             if isinstance(config.get("checkpoint"), dict):
                 config["checkpoint"]["dirpath"] = str(root / "checkpoints")
         return config
@@ -323,7 +332,8 @@ def cmd_tune(argv: Sequence[str]) -> None:
     workdir = Path(args.workdir or Path(root) / "tune" / study_name)
     workdir.mkdir(parents=True, exist_ok=True)
     storage = args.storage or (f"sqlite:///{(workdir / 'study.db').resolve()}" if args.jobs > 1 else None)
-    objective = Objective(base, space, workdir, args.metric, args.direction == "maximize")
+    # The main process's trials show their progress; --jobs helpers, which share its terminal, stay quiet.
+    objective = Objective(base, space, workdir, args.metric, args.direction == "maximize", progress=not args.worker)
     if not args.worker:
         # Parse one trial's config before any training, so that a key or value LightningCLI rejects fails now.
         check_trial_config(objective, space, workdir)

@@ -182,3 +182,12 @@ def test_helper_processes_get_their_share_of_the_cores() -> None:
     assert command[-5:] == ["--worker", "--seed", "7", "--threads", "1"]
     assert command[command.index("--trials") + 1] == "4"
     assert command.count("--threads") == 1 and "--jobs" not in command and "8" not in command
+
+
+def test_trials_of_the_main_process_show_progress_helpers_do_not(tmp_path: Path) -> None:
+    from lightning_modules.tuning import Objective
+
+    base = {"trainer": {"max_epochs": 1}}
+    for progress in (True, False):
+        config = Objective(base, {}, tmp_path, "val_loss", False, progress=progress).trial_config({}, tmp_path / "t")
+        assert config["trainer"]["enable_progress_bar"] is progress
