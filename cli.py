@@ -255,8 +255,10 @@ class LMZooCLI(LightningCLI):
             print(f"lm-zoo: {line}", file=sys.stderr)
 
     def before_fit(self) -> None:
-        """``--ckpt_path last`` without a ``checkpoint.dirpath``: Lightning would look only in this run's new
-        ``version_N/checkpoints`` directory and start afresh; take the newest ``last*.ckpt`` of the earlier versions."""
+        """Resolve ``--ckpt_path``: a resumed run logs on in its checkpoint's TensorBoard version; ``last`` without a
+        ``checkpoint.dirpath`` takes the newest ``last*.ckpt`` of the earlier versions (Lightning would look only in
+        this run's new ``version_N/checkpoints``), and ``last`` with nothing to resume is one line, not a fresh start
+        after a warning."""
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") not in (None, "last"):
             continue_logging_in(self.trainer, Path(config["ckpt_path"]))
@@ -273,14 +275,13 @@ class LMZooCLI(LightningCLI):
             found = latest_last_checkpoint(self.trainer)
             if found is not None:
                 config["ckpt_path"] = str(found)
-        if found is not None:
-            continue_logging_in(self.trainer, found)
         if found is None:
             where = ", ".join(map(str, directories)) or f"{versions_root(self.trainer)}/*/checkpoints"
             raise ConfigError(
                 f"--ckpt_path last: nothing to resume, no last.ckpt from an earlier run of this config (looked in "
                 f"{where}): leave out --ckpt_path to start a new run"
             )
+        continue_logging_in(self.trainer, found)
 
 
 def latest_last_checkpoint(trainer: Trainer) -> Path | None:
