@@ -183,7 +183,7 @@ def build(
         "torch_version": torch.__version__,
         "lm_zoo_version": lm_zoo_version(),
         "hardware": hardware(),
-        "wall_time_s": round(log.wall_time, 1),
+        "wall_time_s": round(log.wall_time, 3),  # a tiny run spans milliseconds
         "steps": log.steps,
         "tokens": log.steps * tokens_per_step,
         "tokens_per_s": round(log.steps * tokens_per_step / log.wall_time, 1) if log.wall_time else None,
