@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import zoo
+from zoo.allocator import keep_freed_memory
 from zoo.errors import ConfigError, DataError, Interrupted, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
@@ -710,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0
     command, rest = argv[0], argv[1:]
+    keep_freed_memory()  # before the first step's allocations: see zoo.allocator
     try:
         if command in LIGHTNING_COMMANDS:
             run_lightning(None if from_sys_argv else argv)

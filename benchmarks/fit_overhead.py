@@ -4,14 +4,16 @@ The baseline is pytorch/examples' ``word_language_model/main.py`` loop, written 
 training text batchified into ``--batch`` columns, windows of ``--bptt`` steps, an embedding, ``nn.LSTM`` and a linear
 decoder, the hidden state detached between windows, the mean cross-entropy, ``clip_grad_norm_`` and a plain SGD step.
 ``lm-zoo fit`` runs the same network (``configs/ptb/lstm-small.yaml``: 2 x 200, no dropout, SGD, the same clip) at the
-same batch and BPTT. Each side runs in a fresh process (its own peak RSS), the two alternated ``--rounds`` times, and
-tokens/s are taken over the steps after ``--warmup`` (process start, data loading and the first steps excluded):
+same batch and BPTT, twice: as installed (with ``zoo.allocator``'s malloc settings, which ``lm-zoo`` applies at
+start-up) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults, as the plain loop runs). Each side runs in a fresh
+process (its own peak RSS), the three alternated ``--rounds`` times, and tokens/s are taken over the steps after
+``--warmup`` (process start, data loading and the first steps excluded):
 
     python benchmarks/fit_overhead.py                      # 2 threads, batch 20, BPTT 35, 400 timed steps, 3 rounds
     python benchmarks/fit_overhead.py --batch 64 --steps 200
 
-It prints both sides' median tokens/s and peak RSS and their ratios. Run it on a quiet machine: the two sides share
-nothing but the cores, and a concurrent job changes either.
+It prints each side's median tokens/s and peak RSS and their ratios to the plain loop's. Run it on a quiet machine:
+the sides share nothing but the cores, and a concurrent job changes any of them.
 """
 
 from __future__ import annotations
@@ -105,9 +107,15 @@ def write_result(seconds_per_step: float) -> None:
     Path(os.environ["FIT_OVERHEAD_OUT"]).write_text(json.dumps({"seconds_per_step": seconds_per_step, "peak": peak}))
 
 
+FIT = "lm-zoo fit"
+FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
+
+
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """One side in a fresh process: seconds per step and the process's peak RSS (bytes)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    if side == FIT_GLIBC_DEFAULTS:
+        env["LM_ZOO_MALLOC"] = "default"
     if side == "plain":
         command = [sys.executable, __file__, "--worker", *sys.argv[1:]]
     else:
@@ -147,7 +155,7 @@ def main() -> None:
         return
     import tempfile
 
-    results: dict[str, list[dict[str, float]]] = {"plain": [], "lm-zoo fit": []}
+    results: dict[str, list[dict[str, float]]] = {"plain": [], FIT_GLIBC_DEFAULTS: [], FIT: []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for side in results:  # alternated, so that a change in the machine's load touches both
@@ -157,11 +165,10 @@ def main() -> None:
     peak = {side: statistics.median(r["peak"] for r in runs) for side, runs in results.items()}
     for side, runs in results.items():
         each = ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
-        print(f"  {side:<12} {speed[side]:8.0f} tokens/s (median of {each}), peak RSS {peak[side] / 2**20:.0f} MiB")
-    print(
-        f"  lm-zoo fit / plain: {speed['lm-zoo fit'] / speed['plain']:.2f}x tokens/s, "
-        f"{peak['lm-zoo fit'] / peak['plain']:.2f}x peak RSS"
-    )
+        print(f"  {side:<36} {speed[side]:8.0f} tokens/s (median of {each}), peak RSS {peak[side] / 2**20:.0f} MiB")
+    for side in (FIT_GLIBC_DEFAULTS, FIT):
+        ratios = f"{speed[side] / speed['plain']:.2f}x tokens/s, {peak[side] / peak['plain']:.2f}x peak RSS"
+        print(f"  {side} / plain: {ratios}")
 
 
 if __name__ == "__main__":
