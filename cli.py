@@ -51,6 +51,7 @@ COMMANDS = {
     "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
     "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",
     "parse": "unsupervised constituency parsing with an ON-LSTM SOURCE: F1 per layer on a treebank, or one --text",
+    "syneval": "targeted syntactic evaluation (Marvin & Linzen 2018) of a word-level SOURCE: accuracy per condition",
     "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
     "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their README table",
 }
@@ -534,6 +535,42 @@ def cmd_parse(argv: Sequence[str]) -> None:
     print(parsing.describe(result))
 
 
+def cmd_syneval(argv: Sequence[str]) -> None:
+    """``lm-zoo syneval SOURCE``: Marvin & Linzen's minimal pairs, accuracy per condition (Shen et al. 2019 §5.3)."""
+    parser = CommandParser(prog="lm-zoo syneval", description=COMMANDS["syneval"])
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    parser.add_argument(
+        "--templates", help="templates.tar.xz or emnlp2018_templates.tar.xz (MANIFEST.md), or a directory of the "
+        "original pickles (default: $LM_ZOO_DATA/syneval/templates.tar.xz)"
+    )  # fmt: skip
+    parser.add_argument("--max-tuples", type=int, help="score only the first N tuples of each condition (a quick look)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sentences per forward pass")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or (args.max_tuples is not None and args.max_tuples < 1):
+        raise ConfigError("--batch-size and --max-tuples must be at least 1")
+
+    import checkpoints
+    from datamodules.corpora import data_root
+    from lightning_modules import syneval
+
+    templates = Path(args.templates) if args.templates else data_root() / "syneval" / "templates.tar.xz"
+    conditions = syneval.read_templates(templates)  # before loading a model: a refused file stops at once
+    loaded = checkpoints.load(args.source, args.revision)
+    if loaded.tokenizer.kind not in ("word", "sentence"):
+        raise ConfigError(
+            f"syneval scores sentences word by word, and {args.source} reads {loaded.tokenizer.kind} tokens: "
+            "give a word-level model"
+        )
+    result = syneval.evaluate_syneval(
+        loaded.model.to(args.device), loaded.tokenizer, conditions, args.batch_size, args.max_tuples
+    )
+    result = {"source": loaded.source, "templates": str(templates), **result}
+    print(json.dumps(result) if args.json else syneval.describe(result))
+
+
 def cmd_models(argv: Sequence[str]) -> None:
     """``lm-zoo models``: the architectures in the zoo, or (``--pretrained``) the registry of published models."""
     parser = CommandParser(prog="lm-zoo models", description=COMMANDS["models"])
@@ -692,6 +729,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "publish": cmd_publish,
     "download": cmd_download,
     "parse": cmd_parse,
+    "syneval": cmd_syneval,
     "tune": cmd_tune,
     "bundle": cmd_bundle,
 }

@@ -249,7 +249,7 @@ def sentence_split_points(
     with torch.no_grad():
         for first in range(0, len(sentences), batch_size):
             batch = sentences[first : first + batch_size]
-            ids = [[tokenizer.eos_id, *tokenizer.encode(" ".join(words))] for words in batch]
+            ids = [[tokenizer.bos_id, *tokenizer.encode(" ".join(words))] for words in batch]
             longest = max(len(row) for row in ids)
             inputs = torch.full((len(ids), longest), tokenizer.eos_id, dtype=torch.long)
             for b, row in enumerate(ids):
