@@ -67,7 +67,7 @@ def test_top_level_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str
         assert f"  {command} " in out
 
 
-@pytest.mark.parametrize("command", ["fit", "validate", "test", "evaluate", "generate", "models"])
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "evaluate", "generate", "models", "parse", "syneval"])
 def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main([command, "--help"])
