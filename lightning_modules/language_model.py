@@ -34,7 +34,7 @@ from torchmetrics.aggregation import MeanMetric
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
-from zoo.base import State, detach_state
+from zoo.base import State, detach_state, mask_state
 from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
 from zoo.heads import AdaptiveSoftmaxHead
 from zoo.language_model import RecurrentLM
@@ -48,7 +48,8 @@ NO_NOISE = (
 # The state-dict prefix of the wrapped network (``self.model``); checkpoints written before the split lack it.
 MODEL_PREFIX = "model."
 NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
-TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold")  # this module's own: the training loss and its guard
+# This module's own: the training loss, its guard, and what training does to the carried state.
+TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold", "drop_state_probability")
 
 
 def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -61,7 +62,7 @@ def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
 class LanguageModel(L.LightningModule):
     """Trains a :class:`zoo.RecurrentLM` (``self.model``): carried state, losses, regularisers, logging, resume.
 
-    Every argument but ``ar`` and ``tar`` is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
+    Every argument but the four below is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
     head and dropout settings). The checkpoint's weights are the network's under ``model.``; exports keep the network
     alone (:mod:`checkpoints.export`).
 
@@ -73,6 +74,9 @@ class LanguageModel(L.LightningModule):
             (Lightning's ``EarlyStopping`` has the same guard, but only at validation, by when a diverged run has
             spent an epoch at a fraction of its speed). ``None``: 10 x ln(vocab_size), ten times what a model that
             predicts every token uniformly scores; ``0`` turns it off. A non-finite loss always stops training.
+        drop_state_probability: in training, each stream's carried state is zeroed at a window start with this
+            probability (lamb's ``drop_state_probability``, used by Melis et al.'s released Mogrifier configs at
+            0.01), so that the model also learns to start from a zero state, as every evaluation stream does.
 
     The ``nce`` / ``sampled_softmax`` heads take their noise distribution from the data module's tokenizer
     (``counts``) in :meth:`setup`. ``sparse_gradients`` needs SGD without momentum or weight decay, or Adagrad, and a
@@ -104,6 +108,7 @@ class LanguageModel(L.LightningModule):
         ar: float = 0.0,
         tar: float = 0.0,
         divergence_threshold: float | None = None,
+        drop_state_probability: float = 0.0,
         embedding_init_range: float | None = None,
         noise_samples: int = 100,
         noise_power: float = 1.0,
@@ -119,7 +124,10 @@ class LanguageModel(L.LightningModule):
             raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
         if divergence_threshold is not None and divergence_threshold < 0:
             raise ConfigError(f"divergence_threshold must be >= 0 (0: off), got {divergence_threshold}")
+        if not 0 <= drop_state_probability < 1:
+            raise ConfigError(f"drop_state_probability must be in [0, 1), got {drop_state_probability}")
         self.ar, self.tar = ar, tar
+        self.drop_state_probability = drop_state_probability
         self.divergence_threshold = (
             10 * math.log(max(vocab_size, 2)) if divergence_threshold is None else divergence_threshold
         )
@@ -182,6 +190,12 @@ class LanguageModel(L.LightningModule):
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
             state = None  # a different number of streams (e.g. a resized eval batch): start afresh
+        if stage == "train" and state is not None and self.drop_state_probability > 0:
+            # lamb's drop_state_probability (deepmind/lamb training.py): each stream forgets its carried state with
+            # probability p at a window start, one draw per stream for every layer's h and c alike, so that the
+            # model also learns to start from zeros, as evaluation streams do. Never outside training.
+            keep = torch.rand(state[0].size(1), device=state[0].device) >= self.drop_state_probability
+            state = mask_state(state, keep.to(state[0].dtype))
         features, state, raw, dropped = self.model.run(batch.inputs, state, batch.reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words

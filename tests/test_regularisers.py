@@ -250,3 +250,47 @@ def test_mos_model_generates() -> None:
     assert a == model.generate(prompt, 8, temperature=0.8, generator=torch.Generator().manual_seed(1))
     greedy = model.generate(prompt[:1], 1, top_k=1)[0]
     assert greedy == [int(model(prompt[:1])[0][0, -1].argmax())]
+
+
+# ------------------------------------------------------------------ drop_state_probability (lamb, Melis et al.)
+def _carried_state_seen(module: LanguageModel, stage: str, windows: int, streams: int = 16) -> list[tuple]:
+    """Run ``windows`` windows of ``stage`` from an all-ones carried state; what the network received each time."""
+    seen: list[tuple] = []
+    run = module.model.run
+
+    def recording_run(inputs, state, reset):
+        seen.append(tuple(s.clone() for s in state))
+        return run(inputs, state, reset)
+
+    module.model.run = recording_run
+    tokens = torch.randint(0, 20, (streams, 5))
+    for _ in range(windows):
+        module._state[stage] = tuple(torch.ones(2, streams, 8) for _ in range(2))  # (L, B, H): h and c of 2 layers
+        module._window(LMBatch(tokens, tokens), stage)
+    return seen
+
+
+def test_drop_state_zeroes_whole_streams_at_the_rate_asked_in_training_only():
+    torch.manual_seed(0)
+    p = 0.3
+    module = LanguageModel(vocab_size=20, embedding_size=8, hidden_size=8, num_layers=2, drop_state_probability=p)
+    dropped = 0
+    seen = _carried_state_seen(module.train(), "train", windows=100)
+    for h, c in seen:
+        zeroed = h[0, :, 0] == 0  # (B,)
+        # lamb draws one mask per stream for the whole nested state: every layer's h and c together, and the
+        # streams it keeps arrive as they were (no rescaling, unlike dropout).
+        for tensor in (h, c):
+            assert torch.equal(tensor, (~zeroed).float().view(1, -1, 1).expand_as(tensor))
+        dropped += int(zeroed.sum())
+    n = 100 * 16
+    assert abs(dropped / n - p) < 4 * (p * (1 - p) / n) ** 0.5  # binomial: 4 standard deviations
+    for stage in ("val", "test"):
+        assert all(torch.equal(h, torch.ones_like(h)) for h, _ in _carried_state_seen(module.eval(), stage, 20))
+
+
+def test_drop_state_off_leaves_the_carried_state_alone():
+    module = LanguageModel(vocab_size=20, embedding_size=8, hidden_size=8, num_layers=2).train()
+    assert all(torch.equal(h, torch.ones_like(h)) for h, _ in _carried_state_seen(module, "train", 20))
+    with pytest.raises(ConfigError, match="drop_state_probability must be in"):
+        LanguageModel(vocab_size=20, drop_state_probability=1.0)
