@@ -249,3 +249,27 @@ def test_presets_build_and_run(name: str) -> None:
     stack = zoo.build(name, **zoo.preset(name, "tiny"))
     y, _ = stack(torch.randn(2, 3, zoo.preset(name, "tiny")["input_size"]))
     assert y.shape == (2, 3, 16)
+
+
+# ------------------------------------------------------------ sum_layer_outputs (lamb's lstm_skip_connection)
+@pytest.mark.parametrize("name", ARCHS)
+def test_sum_layer_outputs_is_the_sum_of_each_layers_output(name: str) -> None:
+    """lamb's SkipMultiRNNCell: ``output = Σ_l h^l``, each layer's output before the dropout between layers, the
+    layers run one after another as usual. Written out here layer by layer through the layers themselves."""
+    options = {**zoo.preset(name, "tiny"), "num_layers": 3}
+    torch.manual_seed(0)
+    summed = zoo.build(name, **options, sum_layer_outputs=True).double().eval()
+    plain = zoo.build(name, **options).double().eval()
+    plain.load_state_dict(summed.state_dict())
+    x = torch.randn(2, 5, options["input_size"], dtype=torch.float64)
+    y, state = summed(x)
+    y_last, state_plain = plain(x)
+    layer_input, expected = x, torch.zeros_like(y)
+    zeros = summed.initial_state(2, x)
+    for index, layer in enumerate(summed.layers):
+        layer_input, _ = layer(layer_input, tuple(s[index] for s in zeros), {}, None)
+        expected = expected + layer_input
+    torch.testing.assert_close(y, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y_last, layer_input, rtol=1e-10, atol=1e-10)  # off: the last layer's, as before
+    for a, b in zip(state, state_plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the state does not change

@@ -46,7 +46,7 @@ from zoo.kernels import plain_kernels
 State = tuple[Tensor, ...]
 
 #: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
-STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range")
+STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range", "sum_layer_outputs")
 
 
 def lerp(start: Tensor, end: Tensor, weight: Tensor) -> Tensor:
@@ -281,6 +281,9 @@ class RecurrentStack(nn.Module):
         weight_drop: DropConnect rate on the hidden-to-hidden matrices (AWD-LSTM), one mask per window.
         init_range: if set, every parameter starts Uniform(-init_range, init_range) (Zaremba et al. 2014);
             subclasses apply their own initialisation (e.g. the forget bias) after this.
+        sum_layer_outputs: the stack's output is the sum of every layer's output (before the dropout between
+            layers) instead of the last layer's: lamb's ``lstm_skip_connection`` (``SkipMultiRNNCell``), which the
+            Mogrifier paper's released configurations use. Needs layers of one width.
     """
 
     def __init__(
@@ -291,11 +294,16 @@ class RecurrentStack(nn.Module):
         state_dropout: float = 0.0,
         weight_drop: float = 0.0,
         init_range: float | None = None,
+        sum_layer_outputs: bool = False,
     ) -> None:
         super().__init__()
         for name, rate in [("dropout", dropout), ("state_dropout", state_dropout), ("weight_drop", weight_drop)]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate}")
+        if sum_layer_outputs and len({layer.hidden_size for layer in layers}) > 1:
+            widths = [layer.hidden_size for layer in layers]
+            raise ValueError(f"sum_layer_outputs adds the layers' outputs, which needs one width; these are {widths}")
+        self.sum_layer_outputs = sum_layer_outputs
         self.layers = nn.ModuleList(layers)
         self.dropout = dropout
         self.locked_dropout = locked_dropout
@@ -339,7 +347,8 @@ class RecurrentStack(nn.Module):
             reset: ``(B, T)`` bool; ``True`` zeroes that stream's state before that step.
 
         Returns:
-            ``(y, state)`` with ``y`` the last layer's outputs ``(B, T, H)``.
+            ``(y, state)`` with ``y`` the last layer's outputs ``(B, T, H)`` (with ``sum_layer_outputs``: the sum of
+            every layer's).
         """
         if state is None:
             parameter = next(self.parameters(), None)
@@ -352,6 +361,7 @@ class RecurrentStack(nn.Module):
             keep_at = {t: keep[:, t] for t in (reset[:, 1:].any(0).nonzero().flatten() + 1).tolist()}
         layer_input = x
         new_state: list[State] = []
+        summed: Tensor | None = None
         for index, layer in enumerate(self.layers):
             layer_state = tuple(s[index] for s in state)  # each (B, ...)
             state_mask = None
@@ -366,9 +376,12 @@ class RecurrentStack(nn.Module):
             else:
                 layer_input, layer_state = layer(*args)
             new_state.append(layer_state)
+            if self.sum_layer_outputs:
+                summed = layer_input if summed is None else summed + layer_input  # (B, T, H)
             if index < self.num_layers - 1:
                 layer_input = self._between_layers(layer_input)
-        return layer_input, tuple(torch.stack(parts) for parts in zip(*new_state))
+        output = summed if self.sum_layer_outputs else layer_input
+        return output, tuple(torch.stack(parts) for parts in zip(*new_state))
 
     def _between_layers(self, y: Tensor) -> Tensor:
         if not self.training or self.dropout == 0:
