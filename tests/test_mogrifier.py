@@ -22,13 +22,16 @@ def _randomise(stack: torch.nn.Module, scale: float = 0.6) -> None:
             p.uniform_(-scale, scale)
 
 
-def _lstm(x: Tensor, h: Tensor, c: Tensor, rnn: torch.nn.LSTM) -> tuple[Tensor, Tensor]:
-    """The LSTM update of §2 (PyTorch's gate order i, f, g, o; the paper's j is g)."""
+def _lstm(x: Tensor, h: Tensor, c: Tensor, rnn: torch.nn.LSTM, cap: bool = False) -> tuple[Tensor, Tensor]:
+    """The LSTM update of §2 (PyTorch's gate order i, f, g, o; the paper's j is g); with ``cap``, lamb's
+    ``cap_input_gate`` (tiled_lstm.py: ``c = f * state.c + tf.minimum(1-f, i) * j``)."""
     z = x @ rnn.weight_ih_l0.T + h @ rnn.weight_hh_l0.T + rnn.bias_ih_l0 + rnn.bias_hh_l0
     i = torch.sigmoid(z[:, 0:N])
     f = torch.sigmoid(z[:, N : 2 * N])
     j = torch.tanh(z[:, 2 * N : 3 * N])
     o = torch.sigmoid(z[:, 3 * N : 4 * N])
+    if cap:
+        i = torch.minimum(1 - f, i)
     c = f * c + i * j
     return o * torch.tanh(c), c
 
@@ -41,7 +44,15 @@ def _matrix(layer: torch.nn.Module, name: str, rank: int) -> Tensor:
 
 
 def _mogrifier_by_hand(
-    layer: torch.nn.Module, x: Tensor, h: Tensor, c: Tensor, rounds: int, rank: int, zigzag: bool, bias: bool = False
+    layer: torch.nn.Module,
+    x: Tensor,
+    h: Tensor,
+    c: Tensor,
+    rounds: int,
+    rank: int,
+    zigzag: bool,
+    bias: bool = False,
+    cap: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Eqs. 1-2 (zigzag) or the §4.1 no-zigzag updates, then the LSTM, step by step."""
     outputs = []
@@ -60,7 +71,7 @@ def _mogrifier_by_hand(
                 pre = pre + layer.mog[f"R{i}_bias"] if bias else pre
                 hs[i] = 2 * torch.sigmoid(pre) * hs[i - 2]
         x_up, h_up = xs[max(xs)], hs[max(hs)]  # the highest-indexed x^i and h^i
-        h, c = _lstm(x_up, h_up, c, layer.rnn)  # LSTM(x^↑, c_prev, h_prev^↑); the new h is the next h_prev
+        h, c = _lstm(x_up, h_up, c, layer.rnn, cap)  # LSTM(x^↑, c_prev, h_prev^↑); the new h is the next h_prev
         outputs.append(h)
     return torch.stack(outputs, 1), h, c
 
@@ -90,6 +101,37 @@ def test_mogrifier_matches_equations_written_out(rounds: int, rank: int, zigzag:
     _randomise(stack)
     layer = stack.layers[0]
     _compare_with_gradients(stack, lambda x, h, c: _mogrifier_by_hand(layer, x, h, c, rounds, rank, zigzag))
+
+
+@pytest.mark.parametrize(("rounds", "rank", "zigzag"), [(0, 0, True), (1, 0, True), (4, 3, True), (5, 3, False)])
+def test_cap_input_gate_is_lambs_min_of_one_minus_f_and_i(rounds: int, rank: int, zigzag: bool) -> None:
+    # Asked for with the fast paths on: neither nn.LSTM's kernel nor the window kernel computes the cap, so the
+    # layer must take the per-step path by itself.
+    stack = zoo.build("mogrifier", M, N, 1, rounds=rounds, rank=rank, zigzag=zigzag, cap_input_gate=True)
+    _randomise(stack)
+    layer = stack.layers[0]
+    assert not layer.fused and not layer.window_kernel
+    _compare_with_gradients(stack, lambda x, h, c: _mogrifier_by_hand(layer, x, h, c, rounds, rank, zigzag, cap=True))
+    uncapped = zoo.build("mogrifier", M, N, 1, rounds=rounds, rank=rank, zigzag=zigzag)
+    uncapped.load_state_dict(stack.state_dict())
+    x = torch.randn(3, 4, M)
+    assert not torch.allclose(stack(x)[0], uncapped(x)[0], atol=1e-3)  # the cap binds with these weights
+
+
+def test_cap_input_gate_on_the_lstm() -> None:
+    stack = zoo.build("lstm", M, N, 1, cap_input_gate=True)
+    _randomise(stack)
+    rnn = stack.layers[0].rnn
+
+    def by_hand(x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        outputs = []
+        for t in range(x.size(1)):
+            h, c = _lstm(x[:, t], h, c, rnn, cap=True)
+            outputs.append(h)
+        return torch.stack(outputs, 1), h, c
+
+    assert not stack.layers[0].fused
+    _compare_with_gradients(stack, by_hand)
 
 
 @pytest.mark.parametrize(("rounds", "rank", "zigzag"), [(3, 0, True), (4, 3, True), (5, 3, False), (4, 0, False)])

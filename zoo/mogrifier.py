@@ -59,22 +59,7 @@ from zoo.kernels import (
     plain_kernels,
     window_linear,
 )
-from zoo.lstm import LSTMLayer
-
-
-def lstm_update(gates: Tensor, c: Tensor) -> State:
-    """The LSTM's state update from its summed gate pre-activations (PyTorch gate order i, f, g, o).
-
-    Args:
-        gates: ``(B, 4H)`` ``W_x x + W_h h + b``.
-        c: ``(B, H)`` the previous cell.
-
-    Returns:
-        ``(h, c)`` after the step.
-    """
-    i, f, g, o = gates.chunk(4, dim=1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
+from zoo.lstm import LSTMLayer, lstm_update
 
 
 class MogrifierLayer(LSTMLayer):
@@ -93,6 +78,8 @@ class MogrifierLayer(LSTMLayer):
         round_bias: add a bias inside each round's sigmoid (the reference code; not in the paper's equations).
         fused: with ``rounds == 0``, use ``nn.LSTM``'s kernel when it computes the same function; with rounds (zigzag),
             the window kernel written out by hand. ``False`` runs the per-step autograd path.
+        cap_input_gate: the LSTM's input gate capped at ``1 - f`` (lamb's ``cap_input_gate``, which the paper's
+            released configurations use); neither kernel computes it, so a capped layer runs the per-step path.
     """
 
     def __init__(
@@ -104,17 +91,19 @@ class MogrifierLayer(LSTMLayer):
         zigzag: bool = True,
         round_bias: bool = False,
         fused: bool = True,
+        cap_input_gate: bool = False,
     ) -> None:
         if rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {rounds}")
-        super().__init__(input_size, hidden_size, fused and rounds == 0)  # nn.LSTM's kernel for r = 0 only
+        # nn.LSTM's kernel for r = 0 only (and without the cap: LSTMLayer turns it off then).
+        super().__init__(input_size, hidden_size, fused and rounds == 0, cap_input_gate)
         self.rounds = rounds
         self.rank = rank
         # With one round the two schemes are the same function (h^0 = h_prev); the zigzag path is the faster one.
         self.zigzag = zigzag or rounds <= 1
         # With rounds, the zigzag layer runs the hand-written window kernel (_MogrifierWindow); the per-step autograd
         # path (fused=False, and the no-zigzag ablation) is its independent check.
-        self.window_kernel = fused and rounds > 0 and self.zigzag
+        self.window_kernel = fused and rounds > 0 and self.zigzag and not cap_input_gate
         self.round_bias = round_bias
         self.mog = nn.ParameterDict()
         for i in range(1, rounds + 1):
@@ -243,7 +232,8 @@ class MogrifierLayer(LSTMLayer):
             x, state_gate = x_t  # (B, m), (B, n)
             for i, pre in zip(range(1, r + 1, 2), w.odd(h).split(w.odd_widths, dim=1)):
                 x = self._round(i, pre, x)  # x^i = 2 sigm(Q^i h_prev) * x^{i-2}
-            return lstm_update(w.lstm(torch.cat([x, h * state_gate], 1), add=w.bias), c)  # gates (B, 4n)
+            gates = w.lstm(torch.cat([x, h * state_gate], 1), add=w.bias)  # (B, 4n)
+            return lstm_update(gates, c, self.cap_input_gate)
         x = x_t
         for i in range(1, r):  # every round but the last: x^i reads h^{i-1}, h^i reads x^{i-1}
             if i % 2:
@@ -259,7 +249,7 @@ class MogrifierLayer(LSTMLayer):
             gates, pre = w.shared(x, add=w.shared_bias).split([n4, w.shared_width], dim=1)
             h = self._round(r, pre, h)  # h^↑ (B, n)
             gates = w.other(h, add=gates)
-        return lstm_update(gates, c)
+        return lstm_update(gates, c, self.cap_input_gate)
 
 
 # The derivative kernels autograd itself uses: one fused op each instead of three or four elementwise ones.
@@ -632,6 +622,7 @@ class Mogrifier(RecurrentStack):
         round_bias: a bias inside each round's sigmoid, as the reference code (not in eqs. 1-2).
         forget_bias: effective initial forget-gate bias (counted once, see :mod:`zoo.lstm`); ``None`` keeps the init.
         fused: with ``rounds == 0``, use ``nn.LSTM``'s kernel when it computes the same function.
+        cap_input_gate: ``c' = f * c + min(1 - f, i) * j`` (lamb's option, off by default: the paper's equations).
         **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range
             (:class:`~zoo.base.RecurrentStack`). Weight drop acts on the LSTM's ``W_h``.
     """
@@ -647,11 +638,15 @@ class Mogrifier(RecurrentStack):
         round_bias: bool = False,
         forget_bias: float | None = 1.0,
         fused: bool = True,
+        cap_input_gate: bool = False,
         **stack_options: Any,
     ) -> None:
         layers = [
-            MogrifierLayer(input_size if i == 0 else hidden_size, hidden_size, rounds, rank, zigzag, round_bias, fused)
+            MogrifierLayer(
+                input_size if i == 0 else hidden_size, hidden_size, rounds, rank, zigzag, round_bias, fused,
+                cap_input_gate,
+            )
             for i in range(num_layers)
-        ]
+        ]  # fmt: skip
         super().__init__(layers, **stack_options)
         self.set_forget_bias(forget_bias)  # after init_range, which the base applied
