@@ -508,9 +508,13 @@ def cmd_parse(argv: Sequence[str]) -> None:
     from datamodules.corpora import data_root
     from lightning_modules import parsing
 
+    trees = None
+    if args.text is None:  # before loading a model: a missing treebank stops at once
+        treebank = Path(args.treebank) if args.treebank else data_root() / "treebank" / "treebank.zip"
+        trees = parsing.read_treebank(treebank)
     loaded = checkpoints.load(args.source, args.revision)
     model = loaded.model.to(args.device)
-    if args.text is not None:
+    if trees is None:
         words, d_hat = parsing.parse_text(model, loaded.tokenizer, args.text)
         layer = args.layer or min(2, d_hat.shape[0])
         if not 1 <= layer <= d_hat.shape[0]:
@@ -525,9 +529,7 @@ def cmd_parse(argv: Sequence[str]) -> None:
         else:
             print(parsing.draw_text(tree))
         return
-    treebank = Path(args.treebank) if args.treebank else data_root() / "treebank" / "treebank.zip"
-    result = parsing.evaluate_parsing(model, loaded.tokenizer, parsing.read_treebank(treebank), args.batch_size,
-                                      args.seed)  # fmt: skip
+    result = parsing.evaluate_parsing(model, loaded.tokenizer, trees, args.batch_size, args.seed)
     result = {"source": loaded.source, "treebank": str(treebank), **result}
     if args.json:
         print(json.dumps(result))
