@@ -25,6 +25,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,12 +120,13 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
     if side == "plain":
         command = [sys.executable, __file__, "--worker", *sys.argv[1:]]
     else:
+        run_dir = tempfile.mkdtemp(dir=out.parent)  # one per run: LightningCLI refuses to overwrite its config.yaml
         command = [
             str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(ROOT / "configs/ptb/lstm-small.yaml"),
             f"--data.init_args.batch_size={args.batch}", f"--data.init_args.bptt={args.bptt}",
             f"--data.init_args.data_root={args.data_root}", "--trainer.max_epochs=100", "--trainer.limit_val_batches=0",
             "--trainer.num_sanity_val_steps=0", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={out.parent / 'runs'}",
+            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={run_dir}",
             "--trainer.callbacks+=benchmarks.fit_overhead.StepTimer",
             f"--trainer.callbacks.init_args.warmup={args.warmup}", f"--trainer.callbacks.init_args.steps={args.steps}",
         ]  # fmt: skip
@@ -153,8 +155,6 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         write_result(plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup))
         return
-    import tempfile
-
     results: dict[str, list[dict[str, float]]] = {"plain": [], FIT_GLIBC_DEFAULTS: [], FIT: []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
