@@ -179,8 +179,8 @@ def read_templates(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
 def sentence_log_probs(
     model: torch.nn.Module, tokenizer: Any, sentences: Sequence[str], batch_size: int = 256
 ) -> list[float]:
-    """log p(sentence) in nats: each read from a zero state after ``<eos>`` (``<S>`` for GBW models), summed over its words and its end
-    (``"."`` when the vocabulary has it, else ``<eos>``).
+    """log p(sentence) in nats: each read from a zero state after ``<eos>`` (``<S>`` for GBW models), summed over its
+    words and its end (``"."`` when the vocabulary has it, else ``<eos>``).
 
     Args:
         model: a word-level ``zoo.RecurrentLM``.
