@@ -192,6 +192,31 @@ class CellLayer(RecurrentLayer):
         return torch.stack(outputs, dim=1), state  # (B, T, H)
 
 
+_FUSED_AUTOCAST: dict[tuple[type, torch.dtype], bool] = {}
+
+
+def _fused_under_autocast(rnn: nn.RNNBase, x: Tensor) -> bool:
+    """Whether ``rnn``'s fused CPU kernel runs under the autocast in force (always ``True`` without one, or on GPU).
+
+    oneDNN builds its bfloat16 RNN primitives only on CPUs with AVX-512; elsewhere (an AMD EPYC with AVX2, this
+    project's CI machine) ``nn.LSTM`` under bf16 autocast raises "could not create a primitive descriptor", and no
+    CPU has a float16 one. Tried once per class and dtype on a 2-unit copy; where it fails, the layer takes its
+    per-step loop, which autocast covers like any other ops.
+    """
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return True
+    key = (type(rnn), torch.get_autocast_dtype("cpu"))
+    if key not in _FUSED_AUTOCAST:
+        probe = type(rnn)(2, 2, batch_first=True)
+        try:
+            with torch.no_grad():
+                probe(torch.zeros(1, 2, 2))
+            _FUSED_AUTOCAST[key] = True
+        except RuntimeError:
+            _FUSED_AUTOCAST[key] = False
+    return _FUSED_AUTOCAST[key]
+
+
 class FusedLayer(CellLayer):
     """A layer whose parameters live in a one-layer ``nn.LSTM``/``nn.GRU``/``nn.RNN``.
 
@@ -215,7 +240,7 @@ class FusedLayer(CellLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        if self.fused and state_mask is None and not plain_kernels():
+        if self.fused and state_mask is None and not plain_kernels() and _fused_under_autocast(self.rnn, x):
             packed = self.packed_segments if self.packed_segments is not None else x.device.type == "cuda"
             if not keep_at:
                 y, hx = self._fused(x, state)
