@@ -315,8 +315,8 @@ def evaluate_parsing(
         total.update(label for _, _, label in sentence.labelled)
         for layer in range(num_layers):
             tree = greedy_split(sentence.words, d[layer].tolist())
-            layers[layer].add(sentence_f1(tree_spans(tree), sentence.spans), short)
-            predicted = tree_spans(tree, include_sentence=True)
+            predicted = tree_spans(tree, include_sentence=True)  # recall counts the sentence's own phrase; F1 not
+            layers[layer].add(sentence_f1(predicted - {(0, len(sentence.words))}, sentence.spans), short)
             found[layer].update(label for i, j, label in sentence.labelled if (i, j) in predicted)
         trivial = {
             "left_branching": left_branching(sentence.words),
