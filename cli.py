@@ -347,8 +347,9 @@ def run_lightning(argv: Sequence[str] | None) -> None:
     # Importing is what lets a config name these classes by their short names.
     from lightning import LightningDataModule
 
-    from datamodules import GBWDataModule, TextDataModule  # noqa: F401
-    from lightning_modules import LanguageModel, ZarembaDecay  # noqa: F401
+    from datamodules import GBWDataModule, MusicDataModule, TextDataModule  # noqa: F401
+    from lightning_modules import LanguageModel, MusicModel, ZarembaDecay  # noqa: F401
+    from lightning_modules.stateful import StatefulTraining
 
     quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
@@ -356,8 +357,8 @@ def run_lightning(argv: Sequence[str] | None) -> None:
         # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
         LMZooCLI(
-            LanguageModel,
-            LightningDataModule,  # any data module: TextDataModule, GBWDataModule (which is no TextDataModule)
+            StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
+            LightningDataModule,  # any data module: TextDataModule, GBWDataModule, MusicDataModule
             subclass_mode_model=True,
             subclass_mode_data=True,
             parser_class=LMZooArgumentParser,

@@ -2,8 +2,18 @@
 
 from datamodules.gbw import GBWDataModule
 from datamodules.multisequence import MultiSequenceWindows
+from datamodules.music import FrameBatch, MusicDataModule
 from datamodules.streams import LMBatch, StreamWindows
 from datamodules.text import TextDataModule
 from datamodules.tokenizers import Tokenizer
 
-__all__ = ["GBWDataModule", "LMBatch", "MultiSequenceWindows", "StreamWindows", "TextDataModule", "Tokenizer"]
+__all__ = [
+    "FrameBatch",
+    "GBWDataModule",
+    "LMBatch",
+    "MultiSequenceWindows",
+    "MusicDataModule",
+    "StreamWindows",
+    "TextDataModule",
+    "Tokenizer",
+]

@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from zoo.errors import DataError
 
@@ -85,6 +85,15 @@ class SplitSource:
     file: str  # a RemoteFile.name
     start: int = 0
     end: int | None = None
+
+
+class FileSet(Protocol):
+    """What :func:`ensure_files` needs of a dataset: its name, its directory under the data root and its files
+    (:class:`CorpusSpec` for text; :data:`datamodules.music.MUSIC_DATASETS` for piano rolls)."""
+
+    name: str
+    directory: str
+    files: tuple[RemoteFile, ...]
 
 
 @dataclass(frozen=True)
@@ -459,7 +468,7 @@ def _write_atomic(target: Path, data: bytes) -> None:
         raise
 
 
-def _check_present(spec: CorpusSpec, rf: RemoteFile, path: Path) -> None:
+def _check_present(spec: FileSet, rf: RemoteFile, path: Path) -> None:
     st = path.stat()
     if st.st_size == 0:
         raise DataError(f"{path} of corpus {spec.name!r} is empty; delete it so it is downloaded again ({rf.url})")
@@ -585,7 +594,7 @@ def _extract(archive: Path, url: str, wanted: str, directory: Path) -> tuple[Pat
     return Path(tmp), digest.hexdigest()
 
 
-def _install(spec: CorpusSpec, rf: RemoteFile, tmp: Path, sha256: str, target: Path) -> None:
+def _install(spec: FileSet, rf: RemoteFile, tmp: Path, sha256: str, target: Path) -> None:
     if rf.sha256 is not None and sha256 != rf.sha256:
         tmp.unlink(missing_ok=True)
         raise DataError(
@@ -597,7 +606,7 @@ def _install(spec: CorpusSpec, rf: RemoteFile, tmp: Path, sha256: str, target: P
         _remember_sha256(target, sha256)
 
 
-def _fetch_group(spec: CorpusSpec, url: str, wanted: list[RemoteFile], directory: Path) -> None:
+def _fetch_group(spec: FileSet, url: str, wanted: list[RemoteFile], directory: Path) -> None:
     """Download ``url`` once and install every file of ``wanted`` that comes from it."""
     if len(wanted) == 1 and wanted[0].member is None:
         rf = wanted[0]
@@ -624,7 +633,7 @@ def _fetch_group(spec: CorpusSpec, url: str, wanted: list[RemoteFile], directory
         download.unlink(missing_ok=True)
 
 
-def _missing_error(spec: CorpusSpec, directory: Path, missing: list[RemoteFile], why: str) -> DataError:
+def _missing_error(spec: FileSet, directory: Path, missing: list[RemoteFile], why: str) -> DataError:
     names = ", ".join(rf.name for rf in missing)
     them = "it" if len(missing) == 1 else "them"
     urls = ", ".join(dict.fromkeys(rf.url for rf in missing))
@@ -635,15 +644,15 @@ def _missing_error(spec: CorpusSpec, directory: Path, missing: list[RemoteFile],
     )
 
 
-def ensure_files(spec: CorpusSpec, root: str | Path | None = None, download: bool = True) -> Path:
-    """Make sure every file of a registered corpus is present and intact, downloading what is missing.
+def ensure_files(spec: FileSet, root: str | Path | None = None, download: bool = True) -> Path:
+    """Make sure every file of a registered corpus or music dataset is present and intact, downloading what is missing.
 
     Present files are checked for size and, once per file state, for their sha256 (the verdict is kept under
     :func:`cache_root`, never in the data root, which may be read-only). Missing files are downloaded (each URL once),
     extracted from their archive, verified and atomically renamed into place.
 
     Args:
-        spec: The corpus.
+        spec: The corpus (a :class:`CorpusSpec`) or another :class:`FileSet`.
         root: The data root (see :func:`data_root`).
         download: Whether missing files may be downloaded.
 

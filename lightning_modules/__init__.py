@@ -2,6 +2,7 @@
 
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.language_model import LanguageModel
+from lightning_modules.music import MusicModel
 from lightning_modules.schedules import HalveOnPlateau, LinearDecay, ZarembaDecay
 
-__all__ = ["HalveOnPlateau", "LanguageModel", "LinearDecay", "WeightAveragingOnPlateau", "ZarembaDecay"]
+__all__ = ["HalveOnPlateau", "LanguageModel", "LinearDecay", "MusicModel", "WeightAveragingOnPlateau", "ZarembaDecay"]

@@ -25,22 +25,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torchmetrics.aggregation import MeanMetric
+from torch import Tensor
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
+from lightning_modules.stateful import StatefulTraining
 from zoo.base import State, detach_state, mask_state
-from zoo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.heads import AdaptiveSoftmaxHead
 from zoo.language_model import RecurrentLM
 from zoo.nce import NCEHead
 
-STAGES = ("train", "val", "test")
 NO_NOISE = (
     "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "
     "tokenizer has none (no `counts`): use a word-level data module, or call model.set_noise_distribution(counts)"
@@ -59,7 +56,7 @@ def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {MODEL_PREFIX + name: tensor for name, tensor in state.items()}
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(StatefulTraining):
     """Trains a :class:`zoo.RecurrentLM` (``self.model``): carried state, losses, regularisers, logging, resume.
 
     Every argument but the four below is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
@@ -132,9 +129,6 @@ class LanguageModel(L.LightningModule):
             10 * math.log(max(vocab_size, 2)) if divergence_threshold is None else divergence_threshold
         )
         self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
-        self._state: dict[str, State | None] = dict.fromkeys(STAGES)
-        self._resume: dict[str, Any] | None = None  # what a checkpoint kept for resuming fit, used by on_train_start
-        self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
 
     @classmethod
     def from_pretrained(cls, source: str | Path, revision: str | None = None, **overrides: Any) -> LanguageModel:
@@ -282,15 +276,6 @@ class LanguageModel(L.LightningModule):
         """The ``nce`` / ``sampled_softmax`` head's unigram counts: :meth:`zoo.RecurrentLM.set_noise_distribution`."""
         self.model.set_noise_distribution(counts)
 
-    def on_train_epoch_start(self) -> None:
-        self._state["train"] = None
-
-    def on_validation_epoch_start(self) -> None:
-        self._state["val"] = None
-
-    def on_test_epoch_start(self) -> None:
-        self._state["test"] = None
-
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
 
@@ -321,8 +306,8 @@ class LanguageModel(L.LightningModule):
         return datamodule.units(split)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint whose vocabulary does not match this model's, with a line that says so; keep what it
-        holds for resuming ``fit`` until training starts (evaluation never uses it, older checkpoints lack it).
+        """Refuse a checkpoint whose vocabulary does not match this model's, with a line that says so; then
+        :meth:`StatefulTraining.on_load_checkpoint` (shapes, what resuming needs).
 
         A checkpoint written before the network moved into ``self.model`` has its weights without the ``model.``
         prefix; they are renamed here, before Lightning loads them, so old runs still resume and evaluate.
@@ -337,57 +322,7 @@ class LanguageModel(L.LightningModule):
                 f"the checkpoint's model has a vocabulary of {weights.size(0)} tokens but this data has "
                 f"{self.model.vocab_size}: use the corpus and tokenizer it was trained with"
             )
-        expected = self.state_dict()
-        different = [name for name in stored if name in expected and stored[name].shape != expected[name].shape]
-        if different:  # e.g. --model.init_args.hidden_size changed on resume: say so before Lightning's traceback
-            name = different[0]
-            raise CheckpointError(
-                f"the checkpoint's {name} has shape {tuple(stored[name].shape)} but this model's is "
-                f"{tuple(expected[name].shape)} ({len(different)} tensors differ): use the model settings it was "
-                "trained with (its run's config.yaml), or start a new run without --ckpt_path"
-            )
-        self._resume = checkpoint.get(RESUME_KEY)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Never write non-finite weights (the previous checkpoint stays the last good one); add what an exact resume
-        needs: the carried training state, the epoch's training-loss accumulator and the random number generators."""
-        parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}  # not buffers
-        bad = [
-            name
-            for weights in (checkpoint.get("state_dict", {}), checkpoint.get("current_model_state", {}))  # avg, live
-            for name in non_finite({k: weights[k] for k in sorted(parameters & weights.keys())})
-        ]
-        if bad:
-            raise TrainingDivergedError(
-                f"the weights became NaN or infinite by step {self.global_step} (epoch {self.current_epoch}; "
-                f"{', '.join(bad[:3])}), so no checkpoint was written: lower the learning rate or set "
-                "--trainer.gradient_clip_val, then resume from the last checkpoint"
-            )
-        train_nll = self.metrics["train_nll"]
-        checkpoint[RESUME_KEY] = {
-            "train_state": self._state["train"],
-            "train_nll": {"mean_value": train_nll.mean_value.detach(), "weight": train_nll.weight.detach()},
-            "rng": rng_states(),
-        }
-
-    def on_train_start(self) -> None:
-        """Resuming: put back the carried state, the loss accumulator and the generators saved with the checkpoint.
-
-        Here, after Lightning's restore and the loader's first fetch, so the next dropout mask is the one the
-        interrupted run would have drawn. (A checkpoint taken between epochs resets the state at the epoch start.)
-        """
-        resume, self._resume = self._resume, None
-        if resume is None:
-            return
-        state = resume.get("train_state")
-        self._state["train"] = None if state is None else tuple(s.to(self.device) for s in state)
-        train_nll = self.metrics["train_nll"]
-        for name, value in resume.get("train_nll", {}).items():
-            setattr(train_nll, name, value.to(self.device))
-        # An update that adds nothing: torchmetrics counts updates and warns when an epoch that resumes at its very
-        # end (no window left) computes a restored accumulator without one.
-        train_nll.update(torch.zeros((), device=self.device), weight=torch.zeros((), device=self.device))
-        set_rng_states(resume["rng"])
+        super().on_load_checkpoint(checkpoint)  # the shapes, and what resuming needs
 
     def on_fit_start(self) -> None:
         """Refuse, before the first step, a run that cannot apply sparse gradients (``sparse_gradients``)."""
@@ -419,39 +354,6 @@ class LanguageModel(L.LightningModule):
                 "implemented for sparse gradients; use --trainer.gradient_clip_algorithm norm"
             )
         clip_grad_norm(parameters, gradient_clip_val)
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop before the optimizer writes a diverged step into the weights: a training loss that is NaN, infinite
-        or above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g.
-        through an overflowing cell). Both in one host copy, the training step's only synchronisation of its own.
-        Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
-        scaled gradients overflowed."""
-        loss = getattr(self, "_train_loss", None)
-        trainer = self._trainer
-        scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
-        # A sum is NaN or infinite iff some element is (short of ~1e38 gradients), with no per-element temporary.
-        sums = [] if scaled else [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
-        checked = ([loss.float()] if loss is not None else []) + ([torch.stack(sums).sum()] if sums else [])
-        if not checked:
-            return
-        values = torch.stack(checked).tolist()  # one host copy
-        if loss is not None:
-            self._check_loss(values.pop(0))
-        if values and not math.isfinite(values[0]):
-            raise TrainingDivergedError(
-                f"a gradient became NaN or infinite at step {self.global_step} (epoch {self.current_epoch}) with a "
-                "finite loss; lower the learning rate or set --trainer.gradient_clip_val, then resume from the last "
-                "checkpoint"
-            )
-
-    def _check_loss(self, value: float) -> None:
-        if not math.isfinite(value) or 0 < self.divergence_threshold < value:
-            limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
-            raise TrainingDivergedError(
-                f"training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
-                f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
-                "the last checkpoint"
-            )
 
     # ------------------------------------------------------------------------------------------------ sampling
     def generate(self, prompt: Tensor, max_new_tokens: int, *options: Any, **named: Any) -> list[list[int]]:

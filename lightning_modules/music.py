@@ -1,0 +1,125 @@
+"""The training loop of a piano-roll model: a LightningModule around :class:`zoo.music.PianoRollLM`.
+
+The same stateful truncated BPTT as :class:`~lightning_modules.language_model.LanguageModel` (the state carried from
+window to window within each piece, zeroed where a piece starts, detached every window; exact resume and divergence
+guards from :class:`~lightning_modules.stateful.StatefulTraining`), on :class:`~datamodules.music.FrameBatch` windows.
+
+The loss is the negative log-likelihood per frame, summed over the 88 notes (Jozefowicz et al. 2015, Table 2's
+measure), averaged over the predicted frames. Logged: ``{stage}_loss`` (nats per frame; ``val_loss`` is what
+``best.ckpt`` keeps) and ``{stage}_nll_per_note`` (the same divided by 88).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor
+
+from datamodules.music import FrameBatch
+from lightning_modules.stateful import StatefulTraining
+from zoo.base import detach_state
+from zoo.errors import ConfigError
+from zoo.music import NUM_NOTES, PianoRollLM
+
+
+class MusicModel(StatefulTraining):
+    """Trains a :class:`zoo.music.PianoRollLM` (``self.model``) on piano rolls.
+
+    Args:
+        vocab_size: the notes of a frame (88). The data module's ``vocab_size``, which LightningCLI links here as it
+            does a text corpus's vocabulary; the network calls it ``num_notes``.
+        divergence_threshold: stop training with one line when a window's mean loss exceeds this many nats per
+            frame. ``None``: ten times a model that gives every note probability 1/2 (``10 x 88 ln 2``); ``0``: off.
+
+    Every other argument is the network's (:class:`zoo.music.PianoRollLM` documents them).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = NUM_NOTES,
+        architecture: str = "lstm",
+        hidden_size: int = 128,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        input_dropout: float | None = None,
+        inter_layer_dropout: float | None = None,
+        output_dropout: float | None = None,
+        init_range: float | None = None,
+        cell_options: dict[str, Any] | None = None,
+        divergence_threshold: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if divergence_threshold is not None and divergence_threshold < 0:
+            raise ConfigError(f"divergence_threshold must be >= 0 (0: off), got {divergence_threshold}")
+        self.divergence_threshold = (
+            10 * vocab_size * math.log(2) if divergence_threshold is None else divergence_threshold
+        )
+        self.model = PianoRollLM(
+            architecture,
+            hidden_size,
+            num_layers,
+            vocab_size,
+            dropout,
+            input_dropout,
+            inter_layer_dropout,
+            output_dropout,
+            init_range,
+            cell_options,
+        )
+
+    def forward(self, frames: Tensor, state: Any = None, reset: Tensor | None = None) -> tuple[Tensor, Any]:
+        """Note logits ``(B, T, 88)`` and the state: :meth:`zoo.music.PianoRollLM.forward`."""
+        return self.model(frames, state, reset)
+
+    def _window(self, batch: FrameBatch, stage: str) -> tuple[Tensor, Tensor]:
+        """Summed nats over the window's predicted frames, and how many there were."""
+        state = self._state[stage]
+        if state is not None and state[0].size(1) != batch.inputs.size(0):
+            state = None  # a different number of streams: start afresh
+        nll, state = self.model.frame_nll(batch.inputs, batch.targets, state, batch.reset)  # (B, T)
+        self._state[stage] = detach_state(state)  # truncated BPTT
+        mask = batch.mask.to(nll.dtype)
+        return (nll * mask).sum(), batch.mask.sum()
+
+    def training_step(self, batch: FrameBatch, batch_idx: int) -> Tensor:
+        total, count = self._window(batch, "train")
+        loss = total / count.clamp(min=1)  # mean nats per predicted frame
+        self._train_loss = loss.detach()  # for the divergence guard (StatefulTraining.on_before_optimizer_step)
+        self.metrics["train_nll"].update(loss.detach(), weight=count)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch.mask.numel())
+        return loss
+
+    def validation_step(self, batch: FrameBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: FrameBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def _eval_step(self, batch: FrameBatch, stage: str) -> None:
+        total, count = self._window(batch, stage)
+        if count > 0:
+            self.metrics[f"{stage}_nll"].update(total / count, weight=count)
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, stage: str) -> None:
+        metric = self.metrics[f"{stage}_nll"]
+        if metric.weight == 0:
+            return
+        loss = metric.compute()
+        metric.reset()
+        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss, prog_bar=stage != "train")
+        self.log(f"{stage}_nll_per_note", loss / self.model.num_notes)
+
+    def generate(self, num_frames: int, *options: Any, **named: Any) -> Tensor:
+        """Sample pieces: :meth:`zoo.music.PianoRollLM.generate`, which takes the options."""
+        return self.model.generate(num_frames, *options, **named)

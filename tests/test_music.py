@@ -1,0 +1,218 @@
+"""Polyphonic music: the piano-roll data module, the Bernoulli output, training, and MIDI / PNG output."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from datamodules.midi import write_midi, write_png
+from datamodules.music import MUSIC_DATASETS, MusicDataModule, PianoRolls, read_pieces
+from lightning_modules.music import MusicModel
+from tests.conftest import quiet_trainer
+from zoo.errors import ConfigError, DataError
+from zoo.music import NUM_NOTES, PianoRollLM, bernoulli_nll
+
+DATA = Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")).expanduser()
+needs_music = pytest.mark.skipif(
+    not (DATA / "music" / "JSB_Chorales.mat").exists(), reason="the music datasets are not under $LM_ZOO_DATA/music"
+)
+
+
+# ------------------------------------------------------------------------------------------------------- the data
+@needs_music
+@pytest.mark.parametrize("name", list(MUSIC_DATASETS))
+def test_pieces_and_frames_per_split_are_manifest_mds(name):
+    # MANIFEST.md: JSB 229/76/77 pieces, 13,807/4,602/4,725 frames; Nottingham 694/173/170, 176,561/45,513/44,463; ...
+    spec = MUSIC_DATASETS[name]
+    data = MusicDataModule(name, data_root=str(DATA), download=False)
+    for split in ("train", "valid", "test"):
+        rolls = data.encoded(split)
+        assert rolls.num_pieces == spec.pieces[split]
+        assert rolls.num_frames == spec.frames[split]
+        assert rolls.rows.shape == (spec.frames[split] + spec.pieces[split], NUM_NOTES)
+
+
+@needs_music
+def test_the_first_chord_of_the_first_chorale():
+    # Boulanger-Lewandowski's JSB_Chorales.pickle: train[0][0] == [60, 72, 79, 88], a C major chord (C4 C5 G5 E6);
+    # column j is MIDI note 21 + j.
+    first = read_pieces(DATA / "music" / "JSB_Chorales.mat", "train")[0]
+    assert (np.nonzero(first[0])[0] + 21).tolist() == [60, 72, 79, 88]
+    data = MusicDataModule("jsb-chorales", data_root=str(DATA), download=False)
+    assert np.array_equal(data.encoded("train").piece(0), first)
+
+
+def test_a_bad_dataset_name_and_a_bad_file_are_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="unknown music dataset 'bach'.*nottingham"):
+        MusicDataModule("bach")
+    (tmp_path / "music").mkdir()
+    (tmp_path / "music" / "JSB_Chorales.mat").write_bytes(b"not a mat file")
+    with pytest.raises(DataError, match="sha256"):  # the registered checksum catches it first
+        MusicDataModule("jsb-chorales", data_root=str(tmp_path), download=False).encoded("train")
+    with pytest.raises(DataError, match="not a piano-roll .mat file"):
+        read_pieces(tmp_path / "music" / "JSB_Chorales.mat", "train")
+
+
+def random_pieces(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.random((length, NUM_NOTES)) < 0.1).astype(np.uint8) for length in lengths]
+
+
+@pytest.mark.parametrize("batch_size, bptt", [(1, 4), (2, 3), (3, 5), (6, 2)])  # 6 columns for 5 pieces: one empty
+def test_every_frame_is_predicted_once_from_its_own_piece(batch_size, bptt):
+    pieces = random_pieces([7, 3, 9, 1, 5])
+    data = MusicDataModule(batch_size=batch_size, bptt=bptt)
+    data._rolls["valid"] = PianoRolls.from_pieces(pieces)
+    stream = data.stream("valid")
+    assert stream.num_predicted == sum(len(p) for p in pieces)
+    # Replay the windows column by column: the state is reset exactly where a piece starts, each piece's frames come
+    # back in order as targets, and the input of each predicted step is the frame before (silence first).
+    read: list[list[np.ndarray]] = [[] for _ in range(batch_size)]
+    predicted = 0
+    for batch in stream:
+        assert batch.inputs.shape == batch.targets.shape == (batch_size, batch.mask.size(1), NUM_NOTES)
+        for b in range(batch_size):
+            for t in range(batch.mask.size(1)):
+                if batch.reset[b, t]:
+                    assert not batch.inputs[b, t].any()  # the silent frame
+                    read[b].append([])
+                if batch.mask[b, t]:
+                    predicted += 1
+                    frame_input, target = batch.inputs[b, t].numpy(), batch.targets[b, t].numpy()
+                    previous = read[b][-1][-1] if read[b][-1] else np.zeros(NUM_NOTES)
+                    assert np.array_equal(frame_input, previous)
+                    read[b][-1].append(target)
+                else:
+                    assert not batch.targets[b, t].any()
+    assert predicted == sum(len(p) for p in pieces)
+    got = [np.stack(piece) for column in read for piece in column]
+    assert len(got) == len(pieces) and all(np.array_equal(a, b) for a, b in zip(got, pieces))
+
+
+def test_training_order_changes_with_the_epoch_and_is_reproducible():
+    pieces = random_pieces([4] * 12)
+    data = MusicDataModule(batch_size=3, bptt=4, seed=5)
+    data._rolls["train"] = PianoRolls.from_pieces(pieces)
+    first = [b.targets.clone() for b in data.stream("train")]
+    again = [b.targets.clone() for b in data.stream("train")]  # a new stream, epoch 0 again
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    stream = data.stream("train")
+    list(stream)
+    second = [b.targets for b in stream]  # epoch 1
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+# ------------------------------------------------------------------------------------------------ the Bernoulli head
+def test_bernoulli_nll_is_the_binary_cross_entropy_summed_over_notes():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, NUM_NOTES) * 3
+    targets = (torch.rand(2, 3, NUM_NOTES) < 0.2).float()
+    p = 1 / (1 + torch.exp(-logits.double()))  # sigma(z), written out
+    by_hand = -(targets * torch.log(p) + (1 - targets) * torch.log(1 - p)).sum(-1)  # (B, T)
+    nll = bernoulli_nll(logits, targets)
+    assert nll.shape == (2, 3)
+    torch.testing.assert_close(nll.double(), by_hand, rtol=1e-5, atol=1e-5)
+    # Per step is the sum over notes: with all-zero logits every note costs ln 2, so a frame costs 88 ln 2.
+    torch.testing.assert_close(bernoulli_nll(torch.zeros(1, NUM_NOTES), targets[0, :1]), torch.tensor([88 * math.log(2)]))
+
+
+@pytest.mark.parametrize("architecture", zoo.names())
+def test_every_zoo_architecture_drives_the_bernoulli_head(architecture):
+    torch.manual_seed(0)
+    model = PianoRollLM(architecture, hidden_size=16, num_layers=2, dropout=0.2)
+    frames = (torch.rand(3, 5, NUM_NOTES) < 0.1).float()
+    reset = torch.zeros(3, 5, dtype=torch.bool)
+    reset[1, 2] = True
+    logits, state = model(frames, None, reset)
+    assert logits.shape == (3, 5, NUM_NOTES)
+    nll, _ = model.frame_nll(frames, frames, state)
+    nll.sum().backward()
+    assert all(p.grad is not None for p in model.decoder.parameters())
+    model.eval()
+    sample = model.generate(4, num_samples=2, generator=torch.Generator().manual_seed(0))
+    assert sample.shape == (2, 4, NUM_NOTES) and sample.dtype == torch.uint8 and set(sample.unique().tolist()) <= {0, 1}
+
+
+def test_generation_draws_each_note_from_its_sigmoid():
+    # A model whose output ignores the input: the bias alone sets each note's probability, and the sampled frequencies
+    # must match those probabilities.
+    model = PianoRollLM("rnn_tanh", hidden_size=4).eval()
+    with torch.no_grad():
+        model.decoder.weight.zero_()
+        model.decoder.bias.copy_(torch.linspace(-3, 3, NUM_NOTES))
+    sample = model.generate(50, num_samples=40, generator=torch.Generator().manual_seed(1)).float()  # (40, 50, 88)
+    frequency = sample.mean((0, 1))
+    expected = torch.sigmoid(model.decoder.bias)
+    assert (frequency - expected).abs().max() < 0.06  # 2,000 draws a note: 3.5 standard deviations at p = 1/2
+    primed = model.generate(3, primer=torch.ones(2, NUM_NOTES), generator=torch.Generator().manual_seed(1))
+    assert primed.shape == (1, 3, NUM_NOTES)
+
+
+# ------------------------------------------------------------------------------------------------------- training
+def marginal_baseline_nll(train: PianoRolls, test: PianoRolls) -> float:
+    """Nats per frame of the test frames under independent per-note Bernoullis fitted to the training frames."""
+    frames = np.concatenate([train.piece(i) for i in range(train.num_pieces)]).astype(np.float64)
+    p = (frames.sum(0) + 1) / (len(frames) + 2)  # Laplace-smoothed frequency of each note
+    test_frames = np.concatenate([test.piece(i) for i in range(test.num_pieces)]).astype(np.float64)
+    log_likelihood = test_frames @ np.log(p) + (1 - test_frames) @ np.log(1 - p)
+    return float(-log_likelihood.mean())
+
+
+@needs_music
+def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
+    torch.manual_seed(0)
+    data = MusicDataModule("jsb-chorales", batch_size=16, bptt=32, data_root=str(DATA), download=False, seed=0)
+    model = MusicModel(architecture="lstm", hidden_size=32)
+    model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=0.02)
+    trainer = quiet_trainer(max_epochs=4, gradient_clip_val=5.0, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=data)
+    test_nll = trainer.test(model, datamodule=data, verbose=False)[0]["test_loss"]
+    baseline = marginal_baseline_nll(data.encoded("train"), data.encoded("test"))
+    assert test_nll < baseline - 1.0, (test_nll, baseline)
+    assert trainer.callback_metrics["test_nll_per_note"].item() == pytest.approx(test_nll / NUM_NOTES, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ MIDI and PNG
+def test_a_written_midi_file_reads_back_with_the_sampled_notes(tmp_path):
+    import mido
+
+    model = PianoRollLM("gru", hidden_size=8).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.decoder.bias.fill_(-2.0)  # a sparse roll, with held notes and repeated ones
+    roll = model.generate(24, generator=torch.Generator().manual_seed(3))[0].numpy()  # (T, 88)
+    assert roll.any()
+    path = write_midi(roll, tmp_path / "sample.mid", frame_beats=0.5)
+    # Read back with mido, independently of the writer: replay note_on / note_off into a roll of eighth-note frames.
+    midi = mido.MidiFile(path)
+    ticks_per_frame = midi.ticks_per_beat // 2
+    back = np.zeros_like(roll)
+    sounding: dict[int, int] = {}
+    now = 0
+    for message in midi.tracks[0]:
+        now += message.time
+        if message.type == "note_on" and message.velocity > 0:
+            sounding[message.note] = now
+        elif message.type in ("note_off", "note_on"):
+            start = sounding.pop(message.note)
+            back[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
+    assert not sounding
+    assert np.array_equal(back, roll)
+
+
+def test_a_piano_roll_png_has_a_cell_per_note_and_frame(tmp_path):
+    from PIL import Image
+
+    roll = np.zeros((10, NUM_NOTES), dtype=np.uint8)
+    roll[3, 60 - 21] = 1  # middle C in frame 3
+    image = np.asarray(Image.open(write_png(roll, tmp_path / "roll.png", cell=2)))
+    assert image.shape == (NUM_NOTES * 2, 10 * 2)
+    black = np.argwhere(image == 0)
+    row = (NUM_NOTES - 1 - (60 - 21)) * 2  # high notes at the top
+    assert {tuple(x) for x in black} == {(row + i, 3 * 2 + j) for i in range(2) for j in range(2)}
