@@ -44,8 +44,8 @@ LIGHTNING_COMMANDS = {
     "predict": "LightningCLI predict",
 }
 COMMANDS = {
-    "evaluate": "perplexity / bits per character of a SOURCE on a split (--json for one JSON object)",
-    "generate": "sample text from a SOURCE (temperature, top-k, prompt, seed)",
+    "evaluate": "perplexity / bits per character (music: NLL per frame) of a SOURCE on a split (--json: one object)",
+    "generate": "sample text from a SOURCE (temperature, top-k, prompt, seed); music: MIDI files and piano rolls",
     "models": "list the architectures in the zoo (--pretrained: the published models)",
     "export": "write a SOURCE as config.json + model.safetensors + tokenizer + model card (--out DIR)",
     "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
@@ -416,6 +416,9 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
     loaded = checkpoints.load(args.source, args.revision)
     datamodule = loaded.datamodule(args.corpus, args.data_root)
+    if loaded.is_music:
+        _evaluate_music(args, loaded, datamodule, procedure)
+        return
     options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
     result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
     result["source"] = loaded.source
@@ -423,6 +426,20 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
         print(json.dumps(result))
         return
     print(describe(result, char_level=datamodule.level == "char"))
+
+
+def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:
+    """``lm-zoo evaluate`` of a piano-roll model: NLL per frame (the procedures are for softmax models)."""
+    from lightning_modules.music import describe_music, evaluate_music
+
+    if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
+        raise ConfigError(
+            f"{loaded.source} is a music model, scored as it is: --temperature, --long-context, --mc-samples and "
+            "--dynamic apply to text models; drop them"
+        )
+    result = evaluate_music(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
+    result["source"] = loaded.source
+    print(json.dumps(result) if args.json else describe_music(result))
 
 
 def cmd_generate(argv: Sequence[str]) -> None:
@@ -445,6 +462,12 @@ def cmd_generate(argv: Sequence[str]) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    music = parser.add_argument_group("music models (piano rolls): each sample a MIDI file and a PNG piano roll")
+    music.add_argument("--out", help="the directory to write sample-K.mid and sample-K.png into (required)")
+    music.add_argument("--frames", type=int, default=128, help="frames sampled per piece (default 128)")
+    music.add_argument("--primer-piece", type=int, help="start from the opening of this piece of the test split")
+    music.add_argument("--primer-frames", type=int, default=16, help="frames of that opening (default 16)")
+    music.add_argument("--data-root", help="where the dataset lives, for --primer-piece (default: $LM_ZOO_DATA)")
     args = parser.parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
         raise ConfigError("--num-samples and --max-tokens must be at least 1")
@@ -454,6 +477,11 @@ def cmd_generate(argv: Sequence[str]) -> None:
     import checkpoints
 
     loaded = checkpoints.load(args.source, args.revision)
+    if loaded.is_music:
+        _generate_music(args, loaded)
+        return
+    if args.out is not None:
+        raise ConfigError(f"--out is for music models; {loaded.source} samples text, printed on stdout")
     unknown = loaded.tokenizer.unknown(args.prompt)
     if unknown:  # still sampled, from <unk>: say so rather than continue a prompt the model never saw
         lower = [w.lower() for w in unknown if not loaded.tokenizer.unknown(w.lower())]
@@ -481,6 +509,50 @@ def cmd_generate(argv: Sequence[str]) -> None:
         )
     else:
         print("\n".join(text.replace("\n", " ") for text in texts))
+
+
+def _generate_music(args: argparse.Namespace, loaded: Any) -> None:
+    """``lm-zoo generate`` of a piano-roll model: each sample a MIDI file and a piano-roll PNG under ``--out``."""
+    import numpy as np
+
+    from datamodules.midi import write_midi, write_png
+    from datamodules.music import music_dataset
+
+    if args.out is None:
+        raise ConfigError(f"{loaded.source} is a music model, whose samples are MIDI files: pass --out DIR")
+    if args.prompt or args.top_k is not None:
+        raise ConfigError("--prompt and --top-k are for text models; a music sample starts from --primer-piece")
+    if args.frames < 1 or args.primer_frames < 1:
+        raise ConfigError(
+            f"--frames and --primer-frames must be at least 1, got {args.frames} and {args.primer_frames}"
+        )
+    primer = None
+    if args.primer_piece is not None:
+        rolls = loaded.datamodule(data_root=args.data_root).encoded("test")
+        if not 0 <= args.primer_piece < rolls.num_pieces:
+            raise ConfigError(
+                f"--primer-piece {args.primer_piece}: the test split has pieces 0 to {rolls.num_pieces - 1}"
+            )
+        primer = torch.from_numpy(rolls.piece(args.primer_piece)[: args.primer_frames]).float()  # (P, 88)
+    temperature = 1.0 if args.temperature is None else args.temperature
+    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    model = loaded.model.to(args.device)
+    frames = model.generate(args.frames, args.num_samples, primer, temperature, generator).numpy()  # (S, T, 88)
+    beats = music_dataset(loaded.data["dataset"]).frame_beats
+    out = Path(args.out)
+    samples = []
+    for index, roll in enumerate(frames, start=1):
+        if primer is not None:  # the opening it continues, then the sample
+            roll = np.concatenate([primer.numpy().astype(np.uint8), roll])
+        midi = write_midi(roll, out / f"sample-{index}.mid", frame_beats=beats)
+        png = write_png(roll, out / f"sample-{index}.png")
+        samples.append({"midi": str(midi), "png": str(png), "frames": len(roll), "notes_sounding": int(roll.sum())})
+    if args.json:
+        record = {"source": loaded.source, "temperature": temperature, "seed": args.seed, "samples": samples}
+        record["primer"] = None if primer is None else {"piece": args.primer_piece, "frames": len(primer)}
+        print(json.dumps(record))
+    else:
+        print("\n".join(f"{s['midi']}  {s['png']}  ({s['frames']} frames)" for s in samples))
 
 
 def cmd_parse(argv: Sequence[str]) -> None:

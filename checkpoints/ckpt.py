@@ -19,6 +19,7 @@ from datamodules.tokenizers import Tokenizer
 from lightning_modules.language_model import MODEL_PREFIX, TRAINING_OPTIONS
 from zoo.errors import CheckpointError, ConfigError, clip
 from zoo.language_model import RecurrentLM
+from zoo.music import PianoRollLM
 
 if TYPE_CHECKING:
     from lightning import LightningDataModule
@@ -29,8 +30,9 @@ class LoadedModel:
     """A model ready to evaluate, sample from or export.
 
     Attributes:
-        model: the network (a plain ``nn.Module``), in eval mode.
-        tokenizer: the tokenizer it was trained with.
+        model: the network (a plain ``nn.Module``), in eval mode: a :class:`zoo.RecurrentLM`, or a
+            :class:`zoo.music.PianoRollLM` for a model of piano rolls.
+        tokenizer: the tokenizer it was trained with (``None`` for piano rolls, whose frames need none).
         data: the data module's settings at training time (corpus, batch sizes, BPTT, ...) and its ``class_path``.
         source: where it was loaded from.
         training: the rest of the recipe: optimizer settings, steps, epochs, whether the weights are an average, and
@@ -38,16 +40,21 @@ class LoadedModel:
         results: measured results (``lm-zoo evaluate`` dicts) that came with an exported model.
     """
 
-    model: RecurrentLM
-    tokenizer: Tokenizer
+    model: RecurrentLM | PianoRollLM
+    tokenizer: Tokenizer | None
     data: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     training: dict[str, Any] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def is_music(self) -> bool:
+        """Whether this is a model of piano-roll frames (``lm-zoo evaluate`` and ``generate`` treat it as music)."""
+        return isinstance(self.model, PianoRollLM)
+
     def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> LightningDataModule:
-        """The data module the model was trained with (its class and settings, or on ``corpus``), using the model's
-        own tokenizer.
+        """The data module the model was trained with (its class and settings, or on ``corpus``: for a music model
+        another dataset), using the model's own tokenizer.
 
         Raises:
             ConfigError: the model does not say which corpus it was trained on and none was given.
@@ -55,14 +62,16 @@ class LoadedModel:
         """
         settings = dict(self.data)
         data_class = data_module_class(settings.pop("class_path", None), self.source)
-        if not settings.get("corpus") and corpus is None:
-            raise ConfigError(f"{self.source} does not say which corpus it was trained on: pass --corpus")
+        key = "dataset" if self.is_music else "corpus"
+        if not settings.get(key) and corpus is None:
+            raise ConfigError(f"{self.source} does not say which {key} it was trained on: pass --corpus")
         if corpus is not None:
-            settings["corpus"] = corpus
+            settings[key] = corpus
         if data_root is not None:
             settings["data_root"] = data_root
         datamodule = data_class(**settings)
-        datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
+        if self.tokenizer is not None:
+            datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
         return datamodule
 
     def sample(
@@ -134,7 +143,9 @@ def _data_class_path(ckpt: dict[str, Any]) -> str:
     if isinstance(recorded, str):
         return recorded
     for key, value in ckpt.items():
-        if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
+        if isinstance(value, dict) and (
+            isinstance(value.get("tokenizer"), dict) or isinstance(value.get("music"), dict)
+        ):
             return f"datamodules.{key}"
     return "datamodules.TextDataModule"
 
@@ -168,6 +179,23 @@ def build_model(settings: dict[str, Any], tokenizer: Tokenizer, where: str) -> R
         raise CheckpointError(f"{where} has settings this lm-zoo does not know ({err}); upgrade lm-zoo") from None
 
 
+def build_music_model(settings: dict[str, Any], where: str) -> PianoRollLM:
+    """Construct the piano-roll network a ``MusicModel``'s settings (or an export's) describe.
+
+    Raises:
+        CheckpointError: the settings are unknown to this lm-zoo.
+    """
+    from lightning_modules.music import TRAINING_OPTIONS as MUSIC_TRAINING_OPTIONS
+
+    network = {name: value for name, value in settings.items() if name not in MUSIC_TRAINING_OPTIONS}
+    if "vocab_size" in network:  # the LightningModule's name for it (LightningCLI links the data's vocab_size)
+        network["num_notes"] = network.pop("vocab_size")
+    try:
+        return PianoRollLM(**network)
+    except TypeError as err:
+        raise CheckpointError(f"{where} has settings this lm-zoo does not know ({err}); upgrade lm-zoo") from None
+
+
 def _tied_names(state: dict[str, Tensor]) -> dict[str, set[str]]:
     """Each tensor name -> the other names that share its storage (tied weights), for names that have any."""
     groups: dict[tuple[int, tuple[int, ...]], set[str]] = {}
@@ -176,7 +204,7 @@ def _tied_names(state: dict[str, Tensor]) -> dict[str, set[str]]:
     return {name: group - {name} for group in groups.values() if len(group) > 1 for name in group}
 
 
-def load_weights(model: RecurrentLM, state: dict[str, Tensor], where: str) -> None:
+def load_weights(model: RecurrentLM | PianoRollLM, state: dict[str, Tensor], where: str) -> None:
     """Load ``state`` into ``model`` strictly: every tensor must be there and nothing else.
 
     A tied tensor (the softmax sharing the embedding) may be stored under any one of its names, as safetensors stores
@@ -291,10 +319,12 @@ def _run_config(path: Path, ckpt: dict[str, Any]) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     try:
-        corpus = config["data"]["init_args"]["corpus"]
+        data = config["data"]["init_args"]
+        key = "corpus" if "corpus" in data else "dataset"  # a text corpus, or a music dataset
+        corpus = data[key]
     except (KeyError, TypeError):
         return None
-    return config if corpus == ckpt.get("datamodule_hyper_parameters", {}).get("corpus") else None
+    return config if corpus == ckpt.get("datamodule_hyper_parameters", {}).get(key) else None
 
 
 def load_checkpoint(path: str | Path) -> LoadedModel:
@@ -313,8 +343,10 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     ckpt = _read_ckpt(path)
     if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise CheckpointError(f"{path} holds no model weights and settings: pass a .ckpt written by `lm-zoo fit`")
-    tokenizer = _find_tokenizer(ckpt, path)
-    model = build_model(public_settings(ckpt["hyper_parameters"]), tokenizer, str(path))
+    music = any(isinstance(value, dict) and isinstance(value.get("music"), dict) for value in ckpt.values())
+    tokenizer = None if music else _find_tokenizer(ckpt, path)
+    settings = public_settings(ckpt["hyper_parameters"])
+    model = build_music_model(settings, str(path)) if music else build_model(settings, tokenizer, str(path))
     load_weights(model, network_weights(ckpt["state_dict"]), str(path))
     data = public_settings(ckpt.get("datamodule_hyper_parameters", {}))
     data["class_path"] = _data_class_path(ckpt)  # which data module rebuilds the splits (exports keep it too)

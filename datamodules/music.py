@@ -273,6 +273,7 @@ class MusicDataModule(StreamDataModule):
         download: bool = True,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters()  # a checkpoint records them: evaluation and sampling rebuild the data from them
         self.spec = music_dataset(dataset)
         sizes = {"batch_size": batch_size, "bptt": bptt, "eval_batch_size": eval_batch_size, "eval_bptt": eval_bptt}
         for name, value in sizes.items():

@@ -119,7 +119,9 @@ def test_bernoulli_nll_is_the_binary_cross_entropy_summed_over_notes():
     assert nll.shape == (2, 3)
     torch.testing.assert_close(nll.double(), by_hand, rtol=1e-5, atol=1e-5)
     # Per step is the sum over notes: with all-zero logits every note costs ln 2, so a frame costs 88 ln 2.
-    torch.testing.assert_close(bernoulli_nll(torch.zeros(1, NUM_NOTES), targets[0, :1]), torch.tensor([88 * math.log(2)]))
+    torch.testing.assert_close(
+        bernoulli_nll(torch.zeros(1, NUM_NOTES), targets[0, :1]), torch.tensor([88 * math.log(2)])
+    )
 
 
 @pytest.mark.parametrize("architecture", zoo.names())
@@ -216,3 +218,56 @@ def test_a_piano_roll_png_has_a_cell_per_note_and_frame(tmp_path):
     black = np.argwhere(image == 0)
     row = (NUM_NOTES - 1 - (60 - 21)) * 2  # high notes at the top
     assert {tuple(x) for x in black} == {(row + i, 3 * 2 + j) for i in range(2) for j in range(2)}
+
+
+# ------------------------------------------------------------------------------------------------------- the CLI
+@needs_music
+def test_fit_evaluate_and_generate_a_music_model_through_the_cli(tmp_path, capsys, monkeypatch):
+    import json
+
+    import cli
+    from tests.conftest import one_line_error
+
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
+    config = tmp_path / "jsb.yaml"
+    config.write_text(
+        f"""
+seed_everything: 1
+trainer: {{max_epochs: 1, limit_train_batches: 6, logger: false, default_root_dir: {tmp_path / "run"}}}
+model:
+  class_path: lightning_modules.MusicModel
+  init_args: {{architecture: gru, hidden_size: 12}}
+data:
+  class_path: datamodules.MusicDataModule
+  init_args: {{dataset: jsb-chorales, batch_size: 8, bptt: 16}}
+optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
+"""
+    )
+    assert cli.main(["fit", "--config", str(config)]) == 0
+    best = next((tmp_path / "run").rglob("best.ckpt"))
+    capsys.readouterr()
+    results = []
+    for batch, bptt in ((8, 16), (3, 50)):  # every piece starts from zero state: the batching cannot change the figure
+        assert (
+            cli.main(
+                ["evaluate", str(best), "--split", "valid", "--json", "--batch-size", str(batch), "--bptt", str(bptt)]
+            )
+            == 0
+        )
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["frames"] == results[1]["frames"] == MUSIC_DATASETS["jsb-chorales"].frames["valid"]
+    assert results[0]["nll_per_step"] == pytest.approx(results[1]["nll_per_step"], rel=1e-5)
+    assert results[0]["nll_per_step"] < NUM_NOTES * math.log(2)  # six Adam steps already beat coin flips
+    out = tmp_path / "samples"
+    argv = ["generate", str(best), "--num-samples", "2", "--frames", "20", "--seed", "3", "--out", str(out)]
+    assert cli.main([*argv, "--primer-piece", "1", "--primer-frames", "4", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert [s["frames"] for s in record["samples"]] == [24, 24] and record["primer"] == {"piece": 1, "frames": 4}
+    assert all(Path(s["midi"]).is_file() and Path(s["png"]).is_file() for s in record["samples"])
+    # Bad requests: one line each, exit status 2.
+    assert cli.main(["generate", str(best)]) == 2
+    one_line_error(capsys, 2, "music model", "--out DIR")
+    assert cli.main(["evaluate", str(best), "--temperature", "0.8"]) == 2
+    one_line_error(capsys, 2, "music model", "--temperature")
+    assert cli.main([*argv, "--primer-piece", "500"]) == 2
+    one_line_error(capsys, 2, "--primer-piece 500", "pieces 0 to 76")
