@@ -129,9 +129,11 @@ def test_a_trained_window_frees_its_recurrent_matmuls(name: str, monkeypatch: py
 
     monkeypatch.setattr(RecurrentMatmul, "__init__", spy)
     stack = zoo.build(name, 8, 16, num_layers=2)
+    state = None
     for _ in range(2):  # two windows, the state carried and detached as in training
-        y, state = stack(torch.randn(3, 5, 8), None if _ == 0 else tuple(s.detach() for s in state))
+        y, state = stack(torch.randn(3, 5, 8), state)
         y.sum().backward()
+        state = tuple(s.detach() for s in state)
     assert made, "the per-step path made no RecurrentMatmul"
     del y, state
     gc.collect()
