@@ -250,16 +250,10 @@ class LanguageModel(StatefulTraining):
             self.log(f"train_{name}", value, batch_size=window)
         return loss
 
-    def validation_step(self, batch: LMBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: LMBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def _eval_step(self, batch: LMBatch, stage: str) -> None:
+    def window_nll(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor]:
+        """Full-softmax nats summed over the window's predicted tokens, and how many (validation and test)."""
         total, count, _, _ = self._window(batch, stage)
-        if count > 0:
-            self.metrics[f"{stage}_nll"].update(total / count, weight=count)
+        return total, count
 
     def setup(self, stage: str) -> None:
         """Before fitting an ``nce`` / ``sampled_softmax`` head, take its noise distribution from the data module's
@@ -276,23 +270,8 @@ class LanguageModel(StatefulTraining):
         """The ``nce`` / ``sampled_softmax`` head's unigram counts: :meth:`zoo.RecurrentLM.set_noise_distribution`."""
         self.model.set_noise_distribution(counts)
 
-    def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
-
-    def _log_epoch(self, stage: str) -> None:
-        """Log loss, perplexity and (when the data module knows the text's size) bits per character."""
-        metric = self.metrics[f"{stage}_nll"]
-        if metric.weight == 0:  # nothing seen (e.g. no validation batches)
-            return
-        loss = metric.compute()
-        metric.reset()
-        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss)
+    def log_epoch_figures(self, stage: str, loss: Tensor) -> None:
+        """Perplexity and (when the data module knows the text's size) bits per character."""
         self.log(f"{stage}_ppl", torch.exp(loss), prog_bar=stage != "train")
         units = self._units(stage)
         if units is not None:

@@ -11,6 +11,7 @@ measure), averaged over the predicted frames. Logged: ``{stage}_loss`` (nats per
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -24,6 +25,7 @@ from zoo.errors import ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
 TRAINING_OPTIONS = ("divergence_threshold",)  # this module's own; every other argument is the network's
+NETWORK_OPTIONS = tuple(inspect.signature(PianoRollLM).parameters)  # num_notes is this module's vocab_size
 
 
 class MusicModel(StatefulTraining):
@@ -59,24 +61,14 @@ class MusicModel(StatefulTraining):
         self.divergence_threshold = (
             10 * vocab_size * math.log(2) if divergence_threshold is None else divergence_threshold
         )
-        self.model = PianoRollLM(
-            architecture,
-            hidden_size,
-            num_layers,
-            vocab_size,
-            dropout,
-            input_dropout,
-            inter_layer_dropout,
-            output_dropout,
-            init_range,
-            cell_options,
-        )
+        network = {name: self.hparams[name] for name in NETWORK_OPTIONS if name != "num_notes"}
+        self.model = PianoRollLM(num_notes=vocab_size, **network)
 
     def forward(self, frames: Tensor, state: Any = None, reset: Tensor | None = None) -> tuple[Tensor, Any]:
         """Note logits ``(B, T, 88)`` and the state: :meth:`zoo.music.PianoRollLM.forward`."""
         return self.model(frames, state, reset)
 
-    def _window(self, batch: FrameBatch, stage: str) -> tuple[Tensor, Tensor]:
+    def window_nll(self, batch: FrameBatch, stage: str) -> tuple[Tensor, Tensor]:
         """Summed nats over the window's predicted frames, and how many there were."""
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
@@ -87,41 +79,16 @@ class MusicModel(StatefulTraining):
         return (nll * mask).sum(), batch.mask.sum()
 
     def training_step(self, batch: FrameBatch, batch_idx: int) -> Tensor:
-        total, count = self._window(batch, "train")
+        total, count = self.window_nll(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted frame
         self._train_loss = loss.detach()  # for the divergence guard (StatefulTraining.on_before_optimizer_step)
         self.metrics["train_nll"].update(loss.detach(), weight=count)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch.mask.numel())
         return loss
 
-    def validation_step(self, batch: FrameBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: FrameBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def _eval_step(self, batch: FrameBatch, stage: str) -> None:
-        total, count = self._window(batch, stage)
-        if count > 0:
-            self.metrics[f"{stage}_nll"].update(total / count, weight=count)
-
-    def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
-
-    def _log_epoch(self, stage: str) -> None:
-        metric = self.metrics[f"{stage}_nll"]
-        if metric.weight == 0:
-            return
-        loss = metric.compute()
-        metric.reset()
-        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss, prog_bar=stage != "train")
-        self.log(f"{stage}_nll_per_note", loss / self.model.num_notes)
+    def log_epoch_figures(self, stage: str, loss: Tensor) -> None:
+        """The same nats per frame divided by the 88 notes."""
+        self.log(f"{stage}_nll_per_note", loss / self.model.num_notes, prog_bar=stage != "train")
 
     def generate(self, num_frames: int, *options: Any, **named: Any) -> Tensor:
         """Sample pieces: :meth:`zoo.music.PianoRollLM.generate`, which takes the options."""

@@ -3,8 +3,10 @@ the guards that stop a diverging run before it writes bad weights, and what a ch
 
 :class:`~lightning_modules.language_model.LanguageModel` (tokens) and :class:`~lightning_modules.music.MusicModel`
 (piano-roll frames) subclass it. A subclass sets ``self.divergence_threshold`` and ``self.model`` (the plain network),
-keeps each stage's state in ``self._state[stage]`` (zeroed here at every epoch start) and updates
-``self.metrics[f"{stage}_nll"]``; it sets ``self._train_loss`` in its training step for the divergence guard.
+keeps each stage's state in ``self._state[stage]`` (zeroed here at every epoch start), implements
+:meth:`StatefulTraining.window_nll` (validation and test steps are this module's) and
+:meth:`StatefulTraining.log_epoch_figures`, updates ``self.metrics["train_nll"]`` and sets ``self._train_loss`` in its
+training step for the divergence guard.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
@@ -44,6 +46,44 @@ class StatefulTraining(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self._state["test"] = None
+
+    # ------------------------------------------------------------------------------------- evaluation and logging
+    def window_nll(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
+        """Summed nats over a window's predicted units and how many there were, carrying ``stage``'s state."""
+        raise NotImplementedError
+
+    def log_epoch_figures(self, stage: str, loss: Tensor) -> None:
+        """Log what ``stage``'s mean nats per unit ``loss`` mean for this kind of data (perplexity, per note, ...)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def _eval_step(self, batch: Any, stage: str) -> None:
+        total, count = self.window_nll(batch, stage)
+        if count > 0:
+            self.metrics[f"{stage}_nll"].update(total / count, weight=count)
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, stage: str) -> None:
+        """Log the stage's mean nats per unit (``val_loss`` is what ``best.ckpt`` keeps), then its figures."""
+        metric = self.metrics[f"{stage}_nll"]
+        if metric.weight == 0:  # nothing seen (e.g. no validation batches)
+            return
+        loss = metric.compute()
+        metric.reset()
+        self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss)
+        self.log_epoch_figures(stage, loss)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors have other shapes than this module's; keep what it holds

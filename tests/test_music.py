@@ -271,3 +271,15 @@ optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
     one_line_error(capsys, 2, "music model", "--temperature")
     assert cli.main([*argv, "--primer-piece", "500"]) == 2
     one_line_error(capsys, 2, "--primer-piece 500", "pieces 0 to 76")
+
+
+def test_the_music_module_takes_every_network_argument_with_the_same_default():
+    import inspect
+
+    from lightning_modules.music import TRAINING_OPTIONS
+
+    network = dict(inspect.signature(PianoRollLM).parameters)
+    network["vocab_size"] = network.pop("num_notes")  # the module's name for it (LightningCLI links the data's)
+    module = inspect.signature(MusicModel).parameters
+    expected = {name: (p.default, p.annotation) for name, p in network.items()}
+    assert expected == {name: (p.default, p.annotation) for name, p in module.items() if name not in TRAINING_OPTIONS}
