@@ -212,6 +212,16 @@ class LMZooCLI(LightningCLI):
         if trainer_config.get("logger") is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
             callbacks.append(LearningRateMonitor())  # the schedule, as TensorBoard's lr-<Optimizer> curve
         kwargs = {"callbacks": callbacks, **kwargs}
+        from datamodules.base import StreamDataModule
+
+        reloads = trainer_config.get("reload_dataloaders_every_n_epochs")
+        if isinstance(self.datamodule, StreamDataModule) and not reloads:
+            # A training epoch's number of windows can change from epoch to epoch (shuffled pieces or sentences packed
+            # into columns, AWD's variable BPTT), but Lightning reads the loader's length once and validates when the
+            # batch index reaches it: an epoch one window shorter would skip its validation, a longer one validate
+            # mid-epoch. A loader made afresh each epoch has that epoch's length (the stream takes its epoch from the
+            # trainer, so the orders and a resumed position are unchanged).
+            kwargs["reload_dataloaders_every_n_epochs"] = 1
         accelerator = str(trainer_config.get("accelerator") or "auto")
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
             raise ConfigError(
@@ -342,8 +352,14 @@ def quiet_known_noise() -> None:
         rank_zero.addFilter(_DropAdverts())
 
 
-def run_lightning(argv: Sequence[str] | None) -> None:
-    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
+def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> None:
+    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``.
+
+    Args:
+        argv: the subcommand and its arguments, or ``None``.
+        callbacks: trainer callbacks a config cannot name (``lm-zoo tune``'s reporting to Optuna), added to the
+            config's own.
+    """
     # Importing is what lets a config name these classes by their short names.
     from lightning import LightningDataModule
 
@@ -363,6 +379,7 @@ def run_lightning(argv: Sequence[str] | None) -> None:
             subclass_mode_data=True,
             parser_class=LMZooArgumentParser,
             args=None if argv is None else list(argv),
+            trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
         )
 
 

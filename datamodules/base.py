@@ -99,8 +99,13 @@ class StreamDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         loader = ResumableLoader(self.stream("train"), batch_size=None, num_workers=0, generator=torch.Generator())
         if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
+            # Kept for every loader made while the trainer is still in that epoch: Lightning makes the loader again
+            # when it restores its epoch counter (lm-zoo fit reloads loaders every epoch, cli.py). The stream reads
+            # the position only until the trainer's epoch is past it.
             loader.dataset.load_state_dict(self._train_position)
-            self._train_position = None
+            trainer = self.trainer
+            if trainer is None or trainer.current_epoch > self._train_position["epoch"]:
+                self._train_position = None
         return loader
 
     def val_dataloader(self) -> DataLoader:

@@ -3,6 +3,14 @@
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.language_model import LanguageModel
 from lightning_modules.music import MusicModel
-from lightning_modules.schedules import HalveOnPlateau, LinearDecay, ZarembaDecay
+from lightning_modules.schedules import DecayOnPlateau, HalveOnPlateau, LinearDecay, ZarembaDecay
 
-__all__ = ["HalveOnPlateau", "LanguageModel", "LinearDecay", "MusicModel", "WeightAveragingOnPlateau", "ZarembaDecay"]
+__all__ = [
+    "DecayOnPlateau",
+    "HalveOnPlateau",
+    "LanguageModel",
+    "LinearDecay",
+    "MusicModel",
+    "WeightAveragingOnPlateau",
+    "ZarembaDecay",
+]

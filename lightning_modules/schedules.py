@@ -182,3 +182,84 @@ class HalveOnPlateau(Callback):
         self.best = state_dict["best"]
         self.checks_without_improvement = state_dict["checks_without_improvement"]
         self.decays_done = state_dict["decays_done"]
+
+
+class DecayOnPlateau(Callback):
+    """Jozefowicz et al. 2015 §3.6, the "MUSIC schedule for evaluation": multiply the learning rate by ``factor`` after
+    ``patience`` consecutive checks without a validation improvement, start counting afresh, and stop training once
+    the learning rate falls below ``min_lr``.
+
+    The paper: "If we observed no improvement over 10 consecutive epochs, we reduced the learning rate by a factor of
+    0.8. We would then 'reset the counter' [...] We stopped learning once the learning rate became smaller than 10^-3,
+    or when learning would progress beyond 800 epochs" (the 800 is ``trainer.max_epochs``). The best value is kept
+    across reductions, so a check counts as an improvement only if it beats every check before it.
+
+    torch's ``ReduceLROnPlateau`` decays the same way (its ``patience`` is one less: it reduces when the count
+    *exceeds* it), but stopping needs the trainer, and Lightning steps schedulers after the epoch-end hooks, too late
+    for a callback to see the new rate in the same epoch; so, like :class:`HalveOnPlateau`, this callback owns the
+    learning rate and a config that also sets ``lr_scheduler`` is refused.
+
+    Args:
+        monitor: the logged validation metric (lower is better).
+        patience: consecutive checks without improvement before each reduction (10).
+        factor: the multiplier (0.8).
+        min_lr: stop after the check whose reduction takes the learning rate below this (the paper's 10^-3, times
+            the factor by which the config's learning rate was scaled, e.g. x35 for a per-step mean loss).
+    """
+
+    def __init__(
+        self, monitor: str = "val_loss", patience: int = 10, factor: float = 0.8, min_lr: float = 1e-3
+    ) -> None:
+        if patience < 1:
+            raise ConfigError(f"patience must be at least 1, got {patience}")
+        if not 0 < factor < 1:
+            raise ConfigError(f"factor must be in (0, 1), got {factor}")
+        if min_lr <= 0:
+            raise ConfigError(f"min_lr must be > 0, got {min_lr}")
+        self.monitor, self.patience, self.factor, self.min_lr = monitor, patience, factor, min_lr
+        self.best = math.inf
+        self.checks_without_improvement = 0
+        self.reductions = 0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.lr_scheduler_configs:
+            raise ConfigError("DecayOnPlateau sets the learning rate itself: remove the config's lr_scheduler")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            raise ConfigError(f"DecayOnPlateau monitors {self.monitor!r}, which validation did not log")
+        if float(value) < self.best:
+            self.best, self.checks_without_improvement = float(value), 0
+            return
+        self.checks_without_improvement += 1
+        if self.checks_without_improvement < self.patience:
+            return
+        self.checks_without_improvement = 0  # "reset the counter"
+        self.reductions += 1
+        rates = []
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= self.factor
+                rates.append(group["lr"])
+        rank_zero_info(
+            f"DecayOnPlateau: learning rate x {self.factor} -> {', '.join(f'{r:.4g}' for r in rates)} "
+            f"(step {trainer.global_step})"
+        )
+        if max(rates) < self.min_lr:
+            rank_zero_info(f"DecayOnPlateau: stopping, the learning rate is below {self.min_lr:g}")
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "checks_without_improvement": self.checks_without_improvement,
+            "reductions": self.reductions,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict["best"]
+        self.checks_without_improvement = state_dict["checks_without_improvement"]
+        self.reductions = state_dict["reductions"]

@@ -27,7 +27,6 @@ import math
 import os
 import subprocess
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -196,21 +195,9 @@ class ReportToOptuna(Callback):
 
 def run_fit(config: Path, callbacks: list[Callback]) -> None:
     """``lm-zoo fit --config config`` in this process, with extra callbacks that the config cannot name."""
-    from cli import LMZooCLI
-    from datamodules import TextDataModule
-    from lightning_modules import LanguageModel
+    from cli import run_lightning
 
-    with warnings.catch_warnings():
-        # LightningCLI warns that `lm-zoo tune ...` is on the command line while it is given other args: on purpose.
-        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter.*")
-        LMZooCLI(
-            LanguageModel,
-            TextDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=["fit", "--config", str(config)],
-            trainer_defaults={"callbacks": callbacks},
-        )
+    run_lightning(["fit", "--config", str(config)], callbacks)
 
 
 class Objective:

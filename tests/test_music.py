@@ -283,3 +283,43 @@ def test_the_music_module_takes_every_network_argument_with_the_same_default():
     module = inspect.signature(MusicModel).parameters
     expected = {name: (p.default, p.annotation) for name, p in network.items()}
     assert expected == {name: (p.default, p.annotation) for name, p in module.items() if name not in TRAINING_OPTIONS}
+
+
+@needs_music
+def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in_length(tmp_path, monkeypatch):
+    # Shuffled pieces packed into columns make each epoch a different number of windows. Lightning validates when the
+    # batch index reaches the loader's length as it read it once, so without a fresh loader each epoch (cli.py) an
+    # epoch shorter than the first skipped its validation and a longer one validated before its end.
+    import lightning as L
+
+    import cli
+
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
+    data = MusicDataModule("jsb-chorales", batch_size=8, bptt=16, data_root=str(DATA))
+    train = data.stream("train")
+    windows = [train.num_windows(epoch) for epoch in range(3)]
+    assert len(set(windows)) > 1  # the premise: the epochs' lengths differ
+
+    class Checks(L.Callback):
+        steps: list[int] = []
+
+        def on_validation_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                self.steps.append(trainer.global_step)
+
+    config = tmp_path / "jsb.yaml"
+    config.write_text(
+        f"""
+seed_everything: 1
+trainer: {{max_epochs: 3, logger: false, enable_progress_bar: false, default_root_dir: {tmp_path / "run"}}}
+model:
+  class_path: lightning_modules.MusicModel
+  init_args: {{architecture: gru, hidden_size: 8}}
+data:
+  class_path: datamodules.MusicDataModule
+  init_args: {{dataset: jsb-chorales, batch_size: 8, bptt: 16}}
+optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
+"""
+    )
+    cli.run_lightning(["fit", "--config", str(config)], [Checks()])
+    assert Checks.steps == list(np.cumsum(windows))  # one check per epoch, after its last window

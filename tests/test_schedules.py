@@ -1,6 +1,7 @@
 """Learning-rate schedules: each one's sequence against its paper's rule written out here.
 
-Jozefowicz et al. 2015 §3.6 (halve after a plateau, four times, then stop), the GBW linear decay (Léonard 2016) and
+Jozefowicz et al. 2015 §3.6 (halve after a plateau, four times, then stop; the music schedule: x0.8 after each
+10 checks without improvement until the rate is below a floor), the GBW linear decay (Léonard 2016) and
 reduce-on-plateau, each also configured from YAML through ``lm-zoo fit``.
 """
 
@@ -18,7 +19,7 @@ from torch.optim.lr_scheduler import LinearLR
 from torch.utils.data import DataLoader, TensorDataset
 
 import cli
-from lightning_modules import HalveOnPlateau, LinearDecay
+from lightning_modules import DecayOnPlateau, HalveOnPlateau, LinearDecay
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 
 
@@ -106,6 +107,45 @@ def test_halve_on_plateau_with_another_scheduler_is_refused(tmp_path: Path) -> N
     data = DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=1)
     with pytest.raises(Exception, match="remove the config's lr_scheduler"):
         trainer.fit(WithScheduler([1.0], lr=0.1), data)
+
+
+def music_rates(val_losses: list[float], lr: float, patience: int, factor: float, min_lr: float) -> list[float]:
+    """§3.6's "MUSIC schedule for evaluation" written out: the learning rate of each epoch until training stops."""
+    rates, best, bad = [], float("inf"), 0
+    for loss in val_losses:
+        rates.append(lr)
+        if loss < best:
+            best, bad = loss, 0
+            continue
+        bad += 1
+        if bad == patience:  # "no improvement over 10 consecutive epochs"
+            lr, bad = lr * factor, 0  # "reduced the learning rate by a factor of 0.8 ... reset the counter"
+            if lr < min_lr:  # "We stopped learning once the learning rate became smaller than 10^-3"
+                return rates
+    return rates
+
+
+def test_decay_on_plateau_follows_the_music_schedule(tmp_path: Path) -> None:
+    # patience 2, factor 0.5, floor 0.15 from lr 0.8: best 3.0 at epoch 2; epochs 3-4 do not beat it -> 0.4; the
+    # counter restarts: 2.5 at epoch 6 is a new best; epochs 7-8 not -> 0.2; 9-10 not -> 0.1 < 0.15: stop at 10.
+    val_losses = [4.0, 3.0, 3.5, 3.0, 3.1, 2.5, 2.6, 2.5, 2.7, 2.8] + [9.0] * 10
+    expected = music_rates(val_losses, lr=0.8, patience=2, factor=0.5, min_lr=0.15)
+    assert expected == [0.8] * 4 + [0.4] * 4 + [0.2] * 2  # the rule's outcome on this script, by hand
+    rates = LearningRates()
+    callback = DecayOnPlateau(patience=2, factor=0.5, min_lr=0.15)
+    trainer = quiet_trainer(max_epochs=20, callbacks=[callback, rates], num_sanity_val_steps=0)
+    data = DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=1)
+    trainer.fit(Scripted(val_losses, lr=0.8), data, DataLoader(TensorDataset(torch.zeros(1, 2)), batch_size=1))
+    assert rates.per_step[::2] == pytest.approx(expected)
+    assert rates.per_step[1::2] == rates.per_step[::2]  # constant within an epoch
+    assert trainer.current_epoch == 10  # stopped by the floor, not max_epochs
+    assert callback.state_dict() == {"best": 2.5, "checks_without_improvement": 0, "reductions": 3}
+
+
+@pytest.mark.parametrize("options", [{"patience": 0}, {"factor": 1.0}, {"min_lr": 0.0}])
+def test_decay_on_plateau_refuses_settings_that_cannot_work(options: dict[str, Any]) -> None:
+    with pytest.raises(Exception, match="must be"):
+        DecayOnPlateau(**options)
 
 
 # --------------------------------------------------------------------------------- the GBW recipe's linear decay
