@@ -165,6 +165,27 @@ def set_key(config: dict[str, Any], key: str, value: Any) -> None:
         node[parts[-1]] = value
 
 
+def config_values(config: dict[str, Any], space: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
+    """The config's own value of every key of the space (``--first-trial-from-config``), each inside its range."""
+    values = {}
+    for key, entry in space.items():
+        node: Any = config
+        for part in key.split("."):
+            node = node[int(part)] if isinstance(node, list) else (node or {}).get(part)
+        inside = (
+            node in entry["choices"]
+            if entry["type"] == "categorical"
+            else isinstance(node, (int, float)) and entry["low"] <= node <= entry["high"]
+        )
+        if not inside:
+            raise ConfigError(
+                f"--first-trial-from-config: {where} sets {key} to {node!r}, outside the space's range; "
+                "change the config or the space"
+            )
+        values[key] = node
+    return values
+
+
 # ------------------------------------------------------------------------------------------------ the trials
 class ReportToOptuna(Callback):
     """Reports the monitored loss to the Optuna trial after every validation check and stops a pruned trial.
@@ -288,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pruner-startup-trials", type=int, default=5, help="finished trials before pruning starts")
     parser.add_argument("--pruner-warmup-steps", type=int, default=0, help="steps of a trial before it can be pruned")
     parser.add_argument("--seed", type=int, help="the sampler's seed")
+    parser.add_argument(
+        "--first-trial-from-config",
+        action="store_true",
+        help="a new study's first trial takes the config's own values of the space's keys (a known recipe first)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --jobs helper process
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # a helper's share of the cores
     return parser
@@ -337,6 +363,8 @@ def cmd_tune(argv: Sequence[str]) -> None:
         pruner=pruner,
         load_if_exists=True,
     )
+    if args.first_trial_from_config and not args.worker and not study.trials:
+        study.enqueue_trial(config_values(base, space, args.config))
     if args.worker:
         study.optimize(objective, n_trials=args.trials, catch=(TrainingDivergedError,), gc_after_trial=True)
         if objective.error is not None:

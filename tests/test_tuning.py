@@ -92,6 +92,26 @@ def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
     assert printed["model"]["init_args"]["cell_options"] == best["model"]["init_args"]["cell_options"]
 
 
+def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = write_space(
+        workdir / "space.yaml",
+        "optimizer.init_args.lr: {type: categorical, choices: [0.5, 1.0, 2.0]}\n"
+        "model.init_args.hidden_size: {type: int, low: 4, high: 12}\n",
+    )
+    storage = f"sqlite:///{workdir / 'study.db'}"
+    argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--trials", "2", "--storage", storage]
+    assert cli.main([*argv, "--pruner", "none", "--seed", "3", "--first-trial-from-config"]) == 0
+    trials = optuna.load_study(study_name="tiny-space", storage=storage).trials
+    assert trials[0].params == {"optimizer.init_args.lr": 1.0, "model.init_args.hidden_size": 8}  # TINY's own
+    capsys.readouterr()
+    # A config value outside the space cannot be a trial of it: one line, before any training.
+    narrow = write_space(workdir / "narrow.yaml", "optimizer.init_args.lr: {type: float, low: 2.0, high: 3.0}\n")
+    code = cli.main(
+        ["tune", "--config", "tiny.yaml", "--space", str(narrow), "--trials", "1", "--first-trial-from-config"]
+    )
+    one_line_error(capsys, code, "sets optimizer.init_args.lr to 1.0", "outside the space's range")
+
+
 def test_median_pruning_stops_a_clearly_worse_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lr 3 brings the tiny model's validation loss down at every check; lr 1e-6 leaves it at its initial value.
     space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: categorical, choices: [3.0, 1.0e-6]}\n")
