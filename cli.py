@@ -696,7 +696,11 @@ def _print_registry(as_json: bool) -> None:
         print(f"no pretrained models are registered yet ({registry.registry_path()})")
     for entry in entries.values():
         scores = "; ".join(
-            ", ".join(f"{split} {metric} {value:.6g}" for metric, value in result.items() if metric in ("ppl", "bpc"))
+            ", ".join(
+                f"{split} {metric} {value:.6g}"
+                for metric, value in result.items()
+                if metric in ("ppl", "bpc", "nll_per_step")
+            )
             + f" (eval batch {result['eval_batch_size']}, bptt {result['bptt']})"
             for split, result in entry.results.items()
         )
@@ -734,7 +738,10 @@ def cmd_export(argv: Sequence[str]) -> None:
         return
     print(f"{out}: " + ", ".join(f"{name} ({size:,} bytes)" for name, size in files.items()))
     for result in config["results"]:
-        metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
+        if "nll_per_step" in result:  # a music model: nats per frame
+            metric = f"NLL per step {result['nll_per_step']:.4f}"
+        else:
+            metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
         print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
 
 

@@ -12,6 +12,11 @@
 and at the run's own eval batch size — so every recorded figure is one of the stored weights; draws the learning curve
 from the run's TensorBoard events; samples three texts; writes the model card with how the model was made (command,
 seed, commit, torch version, hardware, wall time, tokens/s); and records the sha256 of every file in the registry.
+
+A music model (a ``MusicModel`` run on piano rolls) is measured by its NLL per frame on valid and test at the run's
+eval batch size (every piece starts from a zero state, so no other batch size could change it), and instead of texts
+one piece is sampled from silence with the fixed seed and shipped as ``sample.mid`` and ``sample.png``, which the card
+links and shows. Its "tokens" (per step, per second) are frames.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,13 +35,26 @@ import torch
 
 from checkpoints import registry
 from checkpoints.ckpt import LoadedModel, load_checkpoint
-from checkpoints.curves import read_run, render
-from checkpoints.export import CONFIG_NAME, CURVE_NAME, EXPORT_FILES, export_model, lm_zoo_version, load_export, measure
+from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, read_run, render
+from checkpoints.export import (
+    CONFIG_NAME,
+    CURVE_NAME,
+    EXPORT_FILES,
+    SAMPLE_MIDI_NAME,
+    SAMPLE_PNG_NAME,
+    export_model,
+    lm_zoo_version,
+    load_export,
+    measure,
+)
 from datamodules.corpora import _sha256_file
 from zoo.errors import CheckpointError, ConfigError
 
 SAMPLE_SEED = 1
 NUM_SAMPLES = 3
+# A music model's sampled piece: 128 frames are 32 bars of 4/4 in JSB's quarter notes, 16 in the others' eighths.
+SAMPLE_FRAMES = 128
+SAMPLE_BPM = 120.0
 XML_SAMPLES, XML_MAX_TOKENS = 100, 1000  # documents sampled to measure the XML task's nesting
 REPO_OWNER = "lm-zoo"  # the Hub organisation the registry names (published with `lm-zoo bundle publish`)
 # What the registry keeps of how a model was made (the card and config.json keep all of it).
@@ -93,11 +112,40 @@ def _results(loaded: LoadedModel, data_root: str | None) -> list[dict[str, Any]]
 
     A sentence-level corpus (GBW) starts every sentence from a zero state, so the batch size cannot change its figure
     (on gbw-sample the two agreed to 3e-9 relative); it is measured at the run's batch size alone, which is ~50x faster.
+    So is a music model, each of whose pieces starts from a zero state (at the data module's eval batch size).
     """
+    if loaded.is_music:
+        return measure(loaded, ("valid", "test"), None, None, data_root)
     own = int(loaded.data.get("eval_batch_size") or 1)
     sentences = loaded.tokenizer.bos_id != loaded.tokenizer.eos_id
     batch_sizes = [own] if sentences else sorted({1, own})
     return [result for size in batch_sizes for result in measure(loaded, ("valid", "test"), size, None, data_root)]
+
+
+def music_sample(loaded: LoadedModel, directory: Path) -> dict[str, Any]:
+    """Sample one piece from a music model, from silence with the fixed seed, and write it into ``directory`` as
+    ``sample.mid`` and ``sample.png``; return its record for the card (``training.run.sample``).
+
+    The frame length in beats is the dataset's (a quarter note for JSB Chorales, an eighth for the others).
+    """
+    from datamodules.midi import write_midi, write_png
+    from datamodules.music import music_dataset
+
+    beats = music_dataset(str(loaded.data.get("dataset"))).frame_beats
+    generator = torch.Generator().manual_seed(SAMPLE_SEED)
+    roll = loaded.model.generate(SAMPLE_FRAMES, generator=generator)[0].numpy()  # (T, 88) uint8
+    write_midi(roll, directory / SAMPLE_MIDI_NAME, frame_beats=beats, bpm=SAMPLE_BPM)
+    write_png(roll, directory / SAMPLE_PNG_NAME)
+    return {
+        "seed": SAMPLE_SEED,
+        "frames": SAMPLE_FRAMES,
+        "temperature": 1.0,
+        "frame_beats": beats,
+        "bpm": SAMPLE_BPM,
+        "notes_sounding": int(roll.sum()),  # note-frames: 0 would be a silent sample, worth seeing at a glance
+        "midi": SAMPLE_MIDI_NAME,
+        "png": SAMPLE_PNG_NAME,
+    }
 
 
 def xml_nesting(loaded: LoadedModel) -> dict[str, Any]:
@@ -150,7 +198,7 @@ def build(
         repo_id: its Hub repo (default ``lm-zoo/<name>``).
         revision: the tag it is published under.
         description: one line for the registry.
-        max_sample_tokens: most tokens per sample on the card.
+        max_sample_tokens: most tokens per sample on the card (a music model's sample is 128 frames).
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         notes: a paragraph for the card (e.g. the target and what budget would reach it).
 
@@ -164,7 +212,7 @@ def build(
         raise ConfigError(f"{name!r} is no short name: lower case letters, digits, '.', '_' or '-'")
     source = load_checkpoint(ckpt)
     logs = list(logs) or [ckpt.parent.parent]
-    log = read_run(logs)
+    log = read_run(logs, MUSIC_VALID_TAG if source.is_music else VALID_TAG)
     data = source.data
     tokens_per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
     if "config" not in source.training:  # a run with its own checkpoint.dirpath: the config is in its log dir
@@ -191,18 +239,25 @@ def build(
         "notes": notes,
     }
     out.mkdir(parents=True, exist_ok=True)
-    curve = render(log, tokens_per_step, out.parent / f".{name}.{CURVE_NAME}", f"{name}: {run['command']}")
+    title = f"{name}: {run['command']}"
+    curve = render(log, tokens_per_step, out.parent / f".{name}.{CURVE_NAME}", title, music=source.is_music)
     try:
         # Written once to round the weights to their stored precision, then measured as loaded back from disk.
         export_model(source, out, results=[], dtype=dtype, curve=curve)
         stored = load_export(out)
         stored = replace(stored, data=data, training={**source.training, "run": run})
         results = _results(stored, data_root)
-        samples, temperature = stored.sample("", NUM_SAMPLES, max_sample_tokens, seed=SAMPLE_SEED)
-        run["samples"] = {"seed": SAMPLE_SEED, "temperature": temperature, "texts": samples}
-        if Path(str(data.get("corpus"))).name == "synthetic-xml":
-            run["xml_nesting"] = xml_nesting(stored)
-        export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id)
+        with tempfile.TemporaryDirectory() as staging:
+            assets = {}
+            if stored.is_music:
+                run["sample"] = music_sample(stored, Path(staging))
+                assets = {f: Path(staging) / f for f in (SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)}
+            else:
+                samples, temperature = stored.sample("", NUM_SAMPLES, max_sample_tokens, seed=SAMPLE_SEED)
+                run["samples"] = {"seed": SAMPLE_SEED, "temperature": temperature, "texts": samples}
+            if Path(str(data.get("corpus"))).name == "synthetic-xml":
+                run["xml_nesting"] = xml_nesting(stored)
+            export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets)
     finally:
         curve.unlink(missing_ok=True)
     config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
@@ -249,6 +304,8 @@ def publish_all(names: Sequence[str] = (), *, endpoint: str | None = None) -> li
 
 
 def _figure(result: dict[str, Any]) -> str:
+    if "nll_per_step" in result:  # a music model: nats per frame, summed over the notes
+        return f"{result['nll_per_step']:.2f} NLL/step"
     return f"{result['bpc']:.3f} bpc" if "bpc" in result else f"{result['ppl']:.2f} ppl"
 
 
@@ -261,11 +318,12 @@ def table(entries: dict[str, registry.RegistryEntry]) -> str:
     for entry in entries.values():
         valid, test = entry.results.get("valid"), entry.results.get("test")
         minutes = entry.training.get("wall_time_s", 0) / 60
+        out = " --out samples/" if entry.is_music else ""  # a music model's samples are MIDI files
         lines.append(
             f"| `{entry.name}` | {entry.dataset} | {entry.description or entry.architecture} | "
             f"{entry.num_parameters or 0:,} | {_figure(valid) if valid else '—'} | {_figure(test) if test else '—'} | "
             f"{(entry.size_bytes or 0) / 1e6:.1f} MB | {minutes:.0f} min, {entry.training.get('hardware', '?')} | "
-            f"`lm-zoo generate {entry.name} --num-samples 3 --seed 1` |"
+            f"`lm-zoo generate {entry.name} --num-samples 3 --seed 1{out}` |"
         )
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from zoo.errors import CheckpointError
 
 CURVE_NAME = "learning_curve.png"
 TRAIN_TAG, VALID_TAG = "train_loss", "val_ppl"
+MUSIC_VALID_TAG = "val_loss"  # a music model's validation figure: NLL per frame (it has no perplexity)
 
 
 @dataclass
@@ -23,7 +24,7 @@ class RunLog:
 
     Attributes:
         train_loss: ``(step, loss)`` of the logged training windows.
-        valid_ppl: ``(step, perplexity)`` after each validation.
+        valid: ``(step, figure)`` after each validation: perplexity (a music model's: NLL per frame).
         wall_time: seconds between each directory's first and last event, summed (time between resumptions is left
             out).
         steps: training steps run (Lightning logs a step's index, from 0).
@@ -31,14 +32,18 @@ class RunLog:
     """
 
     train_loss: list[tuple[int, float]] = field(default_factory=list)
-    valid_ppl: list[tuple[int, float]] = field(default_factory=list)
+    valid: list[tuple[int, float]] = field(default_factory=list)
     wall_time: float = 0.0
     steps: int = 0
     epochs: int = 0
 
 
-def read_run(directories: Sequence[Path]) -> RunLog:
+def read_run(directories: Sequence[Path], valid_tag: str = VALID_TAG) -> RunLog:
     """Read the training loss and validation perplexity logged in ``directories`` (TensorBoard log dirs).
+
+    Args:
+        directories: the run's log directories, in order.
+        valid_tag: the validation figure's tag (:data:`MUSIC_VALID_TAG` for a music model).
 
     Raises:
         CheckpointError: a directory holds no events with a training loss.
@@ -53,16 +58,16 @@ def read_run(directories: Sequence[Path]) -> RunLog:
         if TRAIN_TAG not in tags:
             raise CheckpointError(f"{directory} holds no TensorBoard events with {TRAIN_TAG}: pass the run's log dir")
         train = events.Scalars(TRAIN_TAG)
-        valid = events.Scalars(VALID_TAG) if VALID_TAG in tags else []
+        valid = events.Scalars(valid_tag) if valid_tag in tags else []
         log.train_loss += [(e.step, e.value) for e in train]
-        log.valid_ppl += [(e.step, e.value) for e in valid]
+        log.valid += [(e.step, e.value) for e in valid]
         times = [e.wall_time for e in train + valid]
         log.wall_time += max(times) - min(times)
         log.steps = max([log.steps] + [e.step + 1 for e in train + valid])
         if "epoch" in tags:
             log.epochs = max([log.epochs] + [int(e.value) + 1 for e in events.Scalars("epoch")])
     log.train_loss.sort()
-    log.valid_ppl.sort()
+    log.valid.sort()
     return log
 
 
@@ -85,17 +90,21 @@ def _label(value: float) -> str:
     return f"{value:g}"
 
 
-def render(log: RunLog, tokens_per_step: int, out: Path, title: str) -> Path:
-    """Draw the training loss and the validation perplexity against training tokens, side by side, to ``out``."""
+def render(log: RunLog, tokens_per_step: int, out: Path, title: str, music: bool = False) -> Path:
+    """Draw the training loss and the validation perplexity against training tokens, side by side, to ``out``.
+
+    A music model's (``music``) are the training and validation NLL per frame against training frames.
+    """
     from PIL import Image, ImageDraw
 
     width, height, margin = 1000, 380, 60
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.text((margin, 8), title, fill="black")
+    unit = "frame" if music else "token"
     panels = [
-        ("training loss (nats per token)", log.train_loss, (31, 119, 180)),
-        ("validation perplexity", log.valid_ppl, (214, 39, 40)),
+        (f"training loss (nats per {unit})", log.train_loss, (31, 119, 180)),
+        ("validation NLL (nats per frame)" if music else "validation perplexity", log.valid, (214, 39, 40)),
     ]
     panel_width = (width - 3 * margin) // 2
     for index, (name, points, colour) in enumerate(panels):
@@ -103,7 +112,7 @@ def render(log: RunLog, tokens_per_step: int, out: Path, title: str) -> Path:
         right, bottom = left + panel_width, height - 45
         draw.rectangle((left, top, right, bottom), outline="black")
         draw.text((left, top - 14), name, fill="black")
-        draw.text((right - 90, bottom + 22), "training tokens", fill="black")
+        draw.text((right - 90, bottom + 22), f"training {unit}s", fill="black")
         if not points:
             draw.text((left + 10, top + 10), "not logged", fill="black")
             continue

@@ -4,7 +4,7 @@
 
     config.json        what the model is: {"format": "lm-zoo", "format_version", "lm_zoo_version", "architecture",
                        "head", "model": <every zoo.RecurrentLM constructor argument>, "num_parameters", "dtype",
-                       "tokenizer": {"kind", "vocab_size", "file", "options"},
+                       "tokenizer": {"kind", "vocab_size", "file", "options"} (null for music),
                        "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
                                     "weight_averaged", "config": <the run's LightningCLI config, when found>},
                        "results": [<lm-zoo evaluate results>]}
@@ -12,13 +12,26 @@
     vocab.txt          word/char vocabularies: one "symbol<TAB>training count" per line, in id order
     tokenizer.model    SentencePiece models: the model proto
     README.md          the model card (checkpoints.model_card), whose model-index holds the results
+    learning_curve.png, sample.mid, sample.png   optional: the run's learning curve and, for a music model, a sampled
+                       piece (checkpoints.bundle writes them; the card shows them)
 
 ``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
 settings are copied from ``RecurrentLM.config`` as they are: options added to it later travel without any change here.
 
-Format 2 (this one) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its constructor arguments and
-``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s settings, training-only ``ar`` / ``tar``
-included; its tensor names are the same, so a format-1 export loads as it is (those two options are ignored).
+Format 2 (every text model's export) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its
+constructor arguments and ``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s settings,
+training-only ``ar`` / ``tar`` included; its tensor names are the same, so a format-1 export loads as it is (those two
+options are ignored).
+
+Format 3 adds models of piano-roll music (:class:`zoo.music.PianoRollLM`), told apart by ``"head": "bernoulli"`` (one
+Bernoulli per note; a text model's head is ``softmax``, ``nce``, ...). Their ``model`` holds ``PianoRollLM.config``,
+``"tokenizer"`` is ``null`` (a frame of 88 notes is its own input: there is no tokenizer and no tokenizer file),
+``training.data`` the ``MusicDataModule`` settings (``dataset``, batch sizes, BPTT, ...) and ``results`` the
+``lm-zoo evaluate`` records of music (:data:`MUSIC_RESULT_KEYS`: ``nll_per_step``, nats per frame summed over the
+notes, and ``nll_per_note``, with the frames, pieces, eval batch size and BPTT). An export says the lowest version
+that describes it: text exports are still written as format 2, byte for byte as before, so an lm-zoo from before
+music reads them; a music export is format 3, so such an lm-zoo asks to be upgraded instead of failing on its
+``null`` tokenizer.
 """
 
 from __future__ import annotations
@@ -35,19 +48,25 @@ from typing import Any
 import torch
 
 import zoo
-from checkpoints.ckpt import LoadedModel, build_model, load_weights
+from checkpoints.ckpt import LoadedModel, build_model, build_music_model, load_weights
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, LMZooError, clip
 
 FORMAT = "lm-zoo"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # the newest this lm-zoo reads (and writes, for music)
+TEXT_FORMAT_VERSION = 2  # what a text model's export is written as: unchanged since format 2
+MUSIC_HEAD = "bernoulli"  # config.json's "head" of a piano-roll model: one Bernoulli per note (zoo.music)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"
 SENTENCEPIECE_NAME = "tokenizer.model"
 CARD_NAME = "README.md"
 CURVE_NAME = "learning_curve.png"  # the run's learning curve, when the export was built from one (checkpoints.bundle)
-EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, CURVE_NAME)
+SAMPLE_MIDI_NAME = "sample.mid"  # a music model's sampled piece (checkpoints.bundle), to listen to
+SAMPLE_PNG_NAME = "sample.png"  # the same piece as a piano roll, which the card shows
+# Files an export may ship besides its config, weights, tokenizer and card: copied in by export_model(assets=...).
+ASSET_NAMES = (CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)
+EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, *ASSET_NAMES)
 # How the weights may be stored; the loaded model computes in float32 either way.
 STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
@@ -56,6 +75,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _LOCAL_DATA_SETTINGS = ("data_root",)
 # What an evaluation result keeps in config.json and the card ("source" is a local path).
 RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
+# The same for a music model (lightning_modules.music.evaluate_music): nats per frame, summed over the 88 notes.
+MUSIC_RESULT_KEYS = ("split", "dataset", "nll_per_step", "nll_per_note", "frames", "pieces", "eval_batch_size", "bptt")
 # How a result was obtained (lm-zoo evaluate's procedures): kept, so a tempered, MC-dropout or dynamic-evaluation
 # number is never shown as a plain deterministic one.
 PROCEDURE_KEYS = (
@@ -103,32 +124,63 @@ def _write_tokenizer(tokenizer: Tokenizer, out: Path) -> dict[str, Any]:
     return entry
 
 
+def is_music_result(result: dict[str, Any]) -> bool:
+    """Whether ``result`` is a music model's (NLL per frame) rather than a text model's (perplexity / bpc)."""
+    return "nll_per_step" in result
+
+
 def result_record(result: dict[str, Any]) -> dict[str, Any]:
-    """An ``lm-zoo evaluate`` result as exports keep it (no local paths).
+    """An ``lm-zoo evaluate`` result as exports keep it (no local paths), a text model's or a music model's.
 
     Raises:
         CheckpointError: the result lacks what a model card must state.
     """
-    missing = [k for k in ("split", "loss", "ppl", "eval_batch_size", "bptt") if k not in result]
+    music = is_music_result(result)
+    figures = ("nll_per_step",) if music else ("loss", "ppl")
+    missing = [k for k in ("split", *figures, "eval_batch_size", "bptt") if k not in result]
     if missing:
         raise CheckpointError(
             f"an evaluation result lacks {', '.join(missing)}: pass the output of `lm-zoo evaluate --json`"
         )
-    return {k: result[k] for k in RESULT_KEYS + PROCEDURE_KEYS if k in result}
+    keys = MUSIC_RESULT_KEYS if music else RESULT_KEYS + PROCEDURE_KEYS
+    return {k: result[k] for k in keys if k in result}
+
+
+def _check_result_kinds(loaded: LoadedModel, results: Sequence[dict[str, Any]]) -> None:
+    """Refuse a text model's result for a music model, or the other way round (they would mislabel the card)."""
+    stray = next((r for r in results if is_music_result(r) != loaded.is_music), None)
+    if stray is not None:
+        kind, other = ("music", "perplexity / bpc") if loaded.is_music else ("text", "NLL per frame")
+        raise CheckpointError(
+            f"{loaded.source} is a {kind} model but a result to export is a {other} one (split "
+            f"{stray.get('split')!r}): pass the `lm-zoo evaluate --json` output of this model"
+        )
 
 
 def build_config(
-    loaded: LoadedModel, results: Sequence[dict[str, Any]], tokenizer_entry: dict[str, Any], dtype: str = "float32"
+    loaded: LoadedModel,
+    results: Sequence[dict[str, Any]],
+    tokenizer_entry: dict[str, Any] | None,
+    dtype: str = "float32",
 ) -> dict:
-    """The ``config.json`` of ``loaded``."""
+    """The ``config.json`` of ``loaded`` (``tokenizer_entry`` is ``None`` for a music model).
+
+    Raises:
+        CheckpointError: a result is of the other kind of model (perplexity for a music model, or NLL per frame for
+            a text model), or a setting is not JSON-like.
+    """
     settings = loaded.model.config
+    music = loaded.is_music
+    _check_result_kinds(loaded, results)
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
     config = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if music else TEXT_FORMAT_VERSION,
         "lm_zoo_version": lm_zoo_version(),
         "architecture": settings["architecture"],
-        "head": settings["head"],  # a summary: "model" holds every option, the head's included
+        # A summary: "model" holds every option, a text model's head included; a piano-roll model has one output,
+        # a Bernoulli per note, and this names it.
+        "head": MUSIC_HEAD if music else settings["head"],
         "model": settings,
         "num_parameters": loaded.model.num_parameters(),
         "dtype": dtype,
@@ -146,6 +198,7 @@ def export_model(
     dtype: str = "float32",
     curve: Path | None = None,
     repo_id: str | None = None,
+    assets: dict[str, Path] | None = None,
 ) -> Path:
     """Write ``loaded`` as an export directory.
 
@@ -158,12 +211,15 @@ def export_model(
             the float32 weights are then no longer those of the stored ones: measure the export itself).
         curve: a learning-curve PNG to ship as ``learning_curve.png`` (the card shows it).
         repo_id: the Hub repo the card's examples name (``lm-zoo publish`` renders it so anyway).
+        assets: further files to ship, by their name in the export (:data:`ASSET_NAMES`): a music model's
+            ``sample.mid`` and ``sample.png`` (the card shows them when ``training.run.sample`` records them).
 
     Returns:
         The directory.
 
     Raises:
-        CheckpointError: ``out_dir`` holds something that is not an export, or a setting is not JSON-like.
+        CheckpointError: ``out_dir`` holds something that is not an export, a setting is not JSON-like, an asset has
+            a name an export does not ship, or a result is of the other kind of model (text / music).
     """
     from safetensors.torch import save_model
 
@@ -176,17 +232,25 @@ def export_model(
         raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
     if dtype not in STORED_DTYPES:
         raise CheckpointError(f"cannot store weights as {dtype!r}: choose one of {', '.join(STORED_DTYPES)}")
-    curve_png = curve.read_bytes() if curve is not None else None  # before clearing: it may be this export's own
+    files = dict(assets or {})
+    if curve is not None:
+        files[CURVE_NAME] = curve
+    unknown = sorted(set(files) - set(ASSET_NAMES))
+    if unknown:
+        raise CheckpointError(f"an export does not ship {unknown[0]!r}: its extra files are {', '.join(ASSET_NAMES)}")
+    # Read before clearing: an asset may be this export's own file (a bundle rebuilt in place).
+    contents = {name: path.read_bytes() for name, path in files.items()}
+    results = loaded.results if results is None else results
+    _check_result_kinds(loaded, results)  # before writing anything
     out.mkdir(parents=True, exist_ok=True)
     for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
         (out / name).unlink(missing_ok=True)
-    results = loaded.results if results is None else results
-    tokenizer_entry = _write_tokenizer(loaded.tokenizer, out)
+    tokenizer_entry = None if loaded.tokenizer is None else _write_tokenizer(loaded.tokenizer, out)
     config = build_config(loaded, results, tokenizer_entry, dtype)
-    if curve_png is not None:
-        (out / CURVE_NAME).write_bytes(curve_png)
+    for name, data in contents.items():
+        (out / name).write_bytes(data)
     network = loaded.model.cpu()
-    if network.embedding.weight.dtype != STORED_DTYPES[dtype]:
+    if next(network.parameters()).dtype != STORED_DTYPES[dtype]:
         network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
     # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
     save_model(network, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -212,14 +276,20 @@ def measure(
     data_root: str | None = None,
     device: str = "cpu",
 ) -> list[dict[str, Any]]:
-    """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card."""
+    """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
+
+    A music model is scored by :func:`lightning_modules.music.evaluate_music` (NLL per frame), a text model by
+    :func:`lightning_modules.evaluation.evaluate` (deterministic, full softmax).
+    """
     from lightning_modules.evaluation import evaluate
+    from lightning_modules.music import evaluate_music
 
     splits = list(splits)
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
-    return [result_record(evaluate(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
+    score = evaluate_music if loaded.is_music else evaluate
+    return [result_record(score(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
 
 
 def export(
@@ -304,10 +374,21 @@ def read_config(directory: Path, where: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{where} is in export format {version!r}, newer than this lm-zoo reads ({FORMAT_VERSION}): upgrade lm-zoo"
         )
-    for key in ("model", "tokenizer"):
+    music = is_music_config(config)
+    for key in ("model",) if music else ("model", "tokenizer"):
         if not isinstance(config.get(key), dict):
             raise CheckpointError(f'{where}: {CONFIG_NAME} has no "{key}" object; export the model again')
+    if music and config.get("tokenizer") is not None:
+        raise CheckpointError(
+            f'{where}: {CONFIG_NAME} is a music model\'s ("head": "{MUSIC_HEAD}") yet names a tokenizer; a piano-roll '
+            'model has none ("tokenizer": null): export the model again'
+        )
     return config
+
+
+def is_music_config(config: dict[str, Any]) -> bool:
+    """Whether an export's ``config.json`` is a piano-roll model's (``"head": "bernoulli"``)."""
+    return config.get("head") == MUSIC_HEAD
 
 
 def _read_vocab(path: Path, where: str) -> tuple[list[str], list[int]]:
@@ -374,6 +455,8 @@ def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
 def load_export(directory: str | Path, source: str | None = None) -> LoadedModel:
     """Load an export directory: JSON, safetensors and the tokenizer files only, never a pickle.
 
+    A music export (``"head": "bernoulli"``) gives a :class:`zoo.music.PianoRollLM` and no tokenizer.
+
     Args:
         directory: the directory (an ``lm-zoo export`` output, or a downloaded Hub snapshot).
         source: how to name it in messages and ``LoadedModel.source`` (e.g. the repo id); default the path.
@@ -395,8 +478,12 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
             f"{where}: {CONFIG_NAME} names architecture {architecture!r}, which this lm-zoo does not have "
             f"(it has {', '.join(zoo.names())}): upgrade lm-zoo"
         )
-    tokenizer = _read_tokenizer(directory, config["tokenizer"], where)
-    model = build_model(hparams, tokenizer, where)
+    if is_music_config(config):
+        tokenizer = None  # a frame is its own input
+        model = build_music_model(hparams, where)
+    else:
+        tokenizer = _read_tokenizer(directory, config["tokenizer"], where)
+        model = build_model(hparams, tokenizer, where)
     load_weights(model, _read_weights(directory / WEIGHTS_NAME, where), where)
     training = dict(config.get("training") or {})
     data = training.pop("data", {}) or {}

@@ -6,7 +6,8 @@ Settings are resolved when a call is made, not when huggingface_hub is imported 
 error becomes one :class:`~zoo.errors.CheckpointError` line that says what to do.
 
 Only the export's own files are ever downloaded (``config.json``, ``model.safetensors``, the tokenizer file, the
-card), so a pickle in a repo never reaches the disk, let alone ``torch.load``.
+card, and the learning curve and a music model's ``sample.mid`` / ``sample.png`` when there), so a pickle in a repo
+never reaches the disk, let alone ``torch.load``.
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ def publish(
     card = directory / CARD_NAME
     if not card.is_file() or GENERATED_MARK in card.read_text(encoding="utf-8"):
         card.write_text(render_card(config, repo_id), encoding="utf-8")
-    corpus = config.get("training", {}).get("data", {}).get("corpus")
+    data = config.get("training", {}).get("data", {})
+    corpus = data.get("corpus") or data.get("dataset")  # a text corpus, or a music model's dataset
     message = commit_message or f"lm-zoo export: {config.get('architecture')} on {Path(str(corpus)).name}"
     api = _api(settings)
     with _hub_errors(repo_id, revision, settings, writing=True):

@@ -4,6 +4,10 @@ The YAML metadata is built with ``huggingface_hub.ModelCardData`` and ``EvalResu
 back and the Hub shows its ``model-index``: one result per split and metric (perplexity, or bits per character at
 the character level), each with the eval batch size, BPTT and token count it was measured with, since perplexity
 depends on them.
+
+A music model's card (``"head": "bernoulli"``, :func:`render_music_card`) reports the negative log-likelihood per time
+step (nats per frame, summed over the 88 notes; model-index metric ``nll_per_step``), has no tokenizer section, and
+shows the sampled piece ``sample.png`` with a link to ``sample.mid`` when the export ships them.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from checkpoints.export import CURVE_NAME
+from checkpoints.export import CURVE_NAME, is_music_config
 from datamodules.corpora import CORPORA
 
 # `lm-zoo publish` re-renders a card that still has this line (to name the repo id); deleting it keeps your edits.
@@ -21,6 +25,10 @@ GENERATED_MARK = (
 )
 LICENSE = "apache-2.0"
 _SPLIT_NAMES = {"valid": "validation", "test": "test", "train": "train"}
+# A music model's figure in the model-index. The Hub has no task id for symbolic music, so the task is named plainly.
+MUSIC_METRIC = ("nll_per_step", "NLL per time step (nats)")
+MUSIC_TASK = ("polyphonic-music-modelling", "Polyphonic music modelling (piano rolls)")
+MUSIC_TAGS = ["music", "piano-roll", "polyphonic-music"]
 
 
 def _metrics(result: dict[str, Any]) -> list[tuple[str, str, float]]:
@@ -87,8 +95,12 @@ def _corpus(config: dict[str, Any]) -> str:
     return corpus if corpus in CORPORA else corpus.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _run_section(run: dict[str, Any] | None) -> list[str]:
-    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, samples, curve."""
+def _run_section(run: dict[str, Any] | None, unit: str = "token") -> list[str]:
+    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, samples, curve.
+
+    ``unit`` names what a step reads batch size x BPTT of: tokens, or a music model's frames (which the run's
+    ``tokens`` and ``tokens_per_s`` then count).
+    """
     if not run:
         return []
     minutes = (run.get("wall_time_s") or 0) / 60
@@ -102,14 +114,14 @@ def _run_section(run: dict[str, Any] | None) -> list[str]:
         str(run.get("command")),
         "```",
         "",
-        "| seed | lm-zoo commit | torch | hardware | wall time | tokens/s | epochs | steps | training tokens |",
+        f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s | epochs | steps | training {unit}s |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
         f"| {run.get('seed')} | `{run.get('commit')}` | {run.get('torch_version')} | {run.get('hardware')} | "
         f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} | {run.get('epochs')} | {run.get('steps') or 0:,} | "
         f"{run.get('tokens') or 0:,} |",
         "",
-        "Wall time is the span of the run's TensorBoard events (summed over the runs of a resumed training); tokens/s "
-        "counts batch size x BPTT per step.",
+        "Wall time is the span of the run's TensorBoard events (summed over the runs of a resumed training); "
+        f"{unit}s/s counts batch size x BPTT per step.",
         "",
         f"![learning curve]({CURVE_NAME})",
     ]
@@ -133,6 +145,49 @@ def _run_section(run: dict[str, Any] | None) -> list[str]:
             "",
         ]
         lines += [f"{i}. {text.replace(chr(10), ' ')}" for i, text in enumerate(samples.get("texts", []), 1)]
+    lines += _music_sample_section(run.get("sample"))
+    return lines
+
+
+def _music_sample_section(sample: dict[str, Any] | None) -> list[str]:
+    """A music model's sampled piece (``checkpoints.bundle.music_sample``): the piano roll shown, the MIDI linked."""
+    if not sample:
+        return []
+    beats = float(sample.get("frame_beats") or 1.0)
+    return [
+        "",
+        "## Sample",
+        "",
+        f"A piece of {sample.get('frames')} frames sampled from silence (seed {sample.get('seed')}, temperature "
+        f"{sample.get('temperature')}; each note of a frame drawn from its own Bernoulli), a frame lasting {beats:g} "
+        f"quarter note{'s' if beats != 1 else ''} at {float(sample.get('bpm') or 120):g} bpm: listen to "
+        f"[{sample.get('midi')}]({sample.get('midi')}) (MIDI). Time runs to the right, pitch upwards; the grey rows "
+        "are the Cs.",
+        "",
+        f"![piano roll of the sampled piece]({sample.get('png')})",
+    ]
+
+
+def _recipe(training: dict[str, Any], dataset_key: str) -> list[str]:
+    """The card's "Training recipe": data settings (but the dataset, named above), optimizer, schedule, steps."""
+    data = training.get("data", {})
+    lines = [
+        "## Training recipe",
+        "",
+        f"Data: {', '.join(f'{k} {v}' for k, v in data.items() if v is not None and k != dataset_key)}.",
+    ]
+    for optimizer in training.get("optimizers", []):
+        groups = optimizer.get("param_groups", [{}])
+        settings = ", ".join(f"{k} {v}" for k, v in groups[0].items()) if groups else ""
+        lines.append(f"Optimizer: {optimizer.get('class', 'settings')}: {settings}.")
+    if training.get("lr_schedulers"):
+        lines.append(f"Learning-rate schedule: {', '.join(training['lr_schedulers'])}.")
+    if training.get("global_step") is not None:
+        lines.append(f"Stopped after {training['global_step']:,} steps (epoch {training.get('epoch')}).")
+    if training.get("weight_averaged"):
+        lines.append("The weights are the run's averaged weights (Lightning weight averaging).")
+    if "config" in training:
+        lines.append("The run's full LightningCLI config is in `config.json` under `training.config`.")
     return lines
 
 
@@ -143,9 +198,10 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         config: the export's ``config.json`` contents.
         repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
     """
+    if is_music_config(config):
+        return render_music_card(config, repo_id)
     model, tokenizer = config["model"], config["tokenizer"]
     training = config.get("training", {})
-    data = training.get("data", {})
     corpus = _corpus(config)
     architecture = str(config.get("architecture"))
     name = repo_id.split("/")[-1] if repo_id else f"{corpus}-{architecture}"
@@ -209,22 +265,8 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         f'model, tokenizer = RecurrentLM.from_pretrained("{ref}")',
         "```",
         "",
-        "## Training recipe",
-        "",
-        f"Data: {', '.join(f'{k} {v}' for k, v in data.items() if v is not None and k != 'corpus')}.",
+        *_recipe(training, "corpus"),
     ]
-    for optimizer in training.get("optimizers", []):
-        groups = optimizer.get("param_groups", [{}])
-        settings = ", ".join(f"{k} {v}" for k, v in groups[0].items()) if groups else ""
-        lines.append(f"Optimizer: {optimizer.get('class', 'settings')}: {settings}.")
-    if training.get("lr_schedulers"):
-        lines.append(f"Learning-rate schedule: {', '.join(training['lr_schedulers'])}.")
-    if training.get("global_step") is not None:
-        lines.append(f"Stopped after {training['global_step']:,} steps (epoch {training.get('epoch')}).")
-    if training.get("weight_averaged"):
-        lines.append("The weights are the run's averaged weights (Lightning weight averaging).")
-    if "config" in training:
-        lines.append("The run's full LightningCLI config is in `config.json` under `training.config`.")
     lines += [
         "",
         "## Files",
@@ -232,6 +274,130 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         "`config.json` (architecture, options, tokenizer, recipe, results), `model.safetensors` (weights; tied weights "
         f"stored once), `{tokenizer.get('file') or 'no tokenizer file (bytes)'}` (the tokenizer). Loading reads only "
         "JSON, safetensors and the tokenizer file: nothing is unpickled.",
+        f"Exported by lm-zoo {config.get('lm_zoo_version')} (export format {config.get('format_version')}).",
+        "",
+    ]
+    body = "\n".join(lines)
+    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
+
+
+# ------------------------------------------------------------------------------------------------------------ music
+def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
+    """The ``model-index`` entries of a music model: its NLL per time step on each split."""
+    from datamodules.music import MUSIC_DATASETS
+
+    spec = MUSIC_DATASETS.get(dataset)
+    metric, label = MUSIC_METRIC
+    return [
+        EvalResult(
+            task_type=MUSIC_TASK[0],
+            task_name=MUSIC_TASK[1],
+            dataset_type=dataset,
+            dataset_name=spec.description.split(",")[0] if spec is not None else dataset,
+            dataset_split=_SPLIT_NAMES.get(result["split"], result["split"]),
+            metric_type=metric,
+            metric_value=round(result["nll_per_step"], 4),
+            metric_name=label,
+            # Every piece starts from a zero state: batch size and BPTT do not change the figure, but are recorded.
+            metric_config=f"eval_batch_size={result['eval_batch_size']},bptt={result['bptt']}",
+            metric_args={
+                "eval_batch_size": result["eval_batch_size"],
+                "bptt": result["bptt"],
+                "frames": result.get("frames"),
+            },
+        )
+        for result in config.get("results", [])
+    ]
+
+
+def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str:
+    """The model card of a music (piano-roll) export: NLL per time step, the sampled piece, no tokenizer.
+
+    Args:
+        config: the export's ``config.json`` contents (``"head": "bernoulli"``).
+        repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
+    """
+    from datamodules.music import MUSIC_DATASETS
+
+    model = config["model"]
+    training = config.get("training", {})
+    dataset = str(training.get("data", {}).get("dataset") or "unknown")
+    architecture = str(config.get("architecture"))
+    name = repo_id.split("/")[-1] if repo_id else f"{dataset}-{architecture}"
+    card_data = ModelCardData(
+        model_name=name,
+        library_name="lm-zoo",
+        license=LICENSE,
+        tags=["lm-zoo", *MUSIC_TAGS, architecture, "safetensors"],
+        datasets=[dataset] if dataset in MUSIC_DATASETS else None,
+        eval_results=music_eval_results(config, dataset) or None,
+    )
+    ref = repo_id or "path/to/this/directory"
+    spec = MUSIC_DATASETS.get(dataset)
+    about = f" ({spec.description})" if spec is not None else ""
+    run = training.get("run") or {}
+    lines = [
+        GENERATED_MARK,
+        f"# {name}",
+        "",
+        f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` model of polyphonic music, trained "
+        f"with lm-zoo on `{dataset}`{about}. It reads piano-roll frames, each the set of the "
+        f"{model.get('num_notes')} piano notes sounding in one time step, and gives every note of the next frame its "
+        f"own Bernoulli (a sigmoid output layer): {config.get('num_parameters', 0):,} parameters, dropout "
+        f"{model.get('dropout')}.",
+        "",
+        "## Results",
+        "",
+    ]
+    results = config.get("results", [])
+    if results:
+        lines += [
+            f"| split | {MUSIC_METRIC[1]} | NLL per note (nats) | frames | pieces | eval batch size | BPTT |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for result in results:
+            per_note = result.get("nll_per_note")
+            lines.append(
+                f"| {result['split']} | {result['nll_per_step']:.4f} | "
+                f"{'—' if per_note is None else f'{per_note:.5f}'} | {result.get('frames', 0):,} | "
+                f"{result.get('pieces', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
+            )
+        lines += [
+            "",
+            "The negative log-likelihood of each frame, summed over the notes and averaged over the frames (Jozefowicz "
+            "et al. 2015, Table 2), measured with `lm-zoo evaluate` (dropout off). Every piece starts from the zero "
+            "state, so the eval batch size and BPTT do not change it; both are given all the same.",
+        ]
+    else:
+        lines.append("No results were measured for this export.")
+    lines += _run_section(run, unit="frame")
+    sample = run.get("sample")
+    lines += [
+        "",
+        "## Use",
+        "",
+        "With lm-zoo installed:",
+        "",
+        "```",
+        f"lm-zoo evaluate {ref} --split test",
+        f"lm-zoo generate {ref} --num-samples 3 --seed 1 --out samples/   # samples/sample-K.mid and sample-K.png",
+        *([f"lm-zoo download {ref}   # prints where the files are (the Hugging Face cache)"] if repo_id else []),
+        "```",
+        "",
+        "```python",
+        "from zoo.music import PianoRollLM  # a plain torch.nn.Module",
+        f'model = PianoRollLM.from_pretrained("{ref}")',
+        "roll = model.generate(128)  # (1, 128, 88) uint8: column j is MIDI note 21 + j",
+        "```",
+        "",
+        *_recipe(training, "dataset"),
+        "",
+        "## Files",
+        "",
+        "`config.json` (architecture, options, recipe, results), `model.safetensors` (weights)"
+        + (f", `{sample.get('midi')}` and `{sample.get('png')}` (the sampled piece)" if sample else "")
+        + ". No tokenizer: a frame of notes is its own input. Loading reads only JSON and safetensors: nothing is "
+        "unpickled.",
         f"Exported by lm-zoo {config.get('lm_zoo_version')} (export format {config.get('format_version')}).",
         "",
     ]

@@ -21,11 +21,15 @@
     }
 
 A result holds ``ppl`` (word level) and/or ``bpc`` (character level) with the eval batch size and BPTT it was measured
-at. ``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)`` and
-``RecurrentLM.from_pretrained(NAME)`` accept a short name. A model with ``files`` is served from its bundled export
-``pretrained/<name>/`` (``$LM_ZOO_PRETRAINED`` overrides the folder) when that exists and every hash matches, and from
-the Hub otherwise, where the downloaded files must match the same hashes. Format-1 registries (no ``files``) still
-load. ``lm-zoo bundle`` writes the bundle and its entry (:mod:`checkpoints.bundle`).
+at; a music model's holds ``nll_per_step`` (nats per frame, summed over the 88 notes) and ``frames`` instead of
+``tokens``, e.g. ``{"nll_per_step": 8.54, "eval_batch_size": 20, "bptt": 35, "frames": 4725}``.
+
+``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)``,
+``RecurrentLM.from_pretrained(NAME)`` and (music) ``PianoRollLM.from_pretrained(NAME)`` accept a short name. A model
+with ``files`` is served from its bundled export ``pretrained/<name>/`` (``$LM_ZOO_PRETRAINED`` overrides the folder)
+when that exists and every hash matches, and from the Hub otherwise, where the downloaded files must match the same
+hashes. Format-1 registries (no ``files``) still load. ``lm-zoo bundle`` writes the bundle and its entry
+(:mod:`checkpoints.bundle`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
 _OPTIONAL = {"description", "num_parameters", "size_bytes", "files", "training"}
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-_METRICS = ("ppl", "bpc")
+_TEXT_METRICS = ("ppl", "bpc")
+_MUSIC_METRICS = ("nll_per_step",)  # a piano-roll model's (lightning_modules.music.evaluate_music)
+_METRICS = _TEXT_METRICS + _MUSIC_METRICS
+_RESULT_KEYS = {*_METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,11 @@ class RegistryEntry:
     size_bytes: int | None = None
     files: dict[str, str] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_music(self) -> bool:
+        """Whether this is a piano-roll model (its results are NLL per frame, its samples MIDI files)."""
+        return any(_MUSIC_METRICS[0] in result for result in self.results.values())
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON (with its name)."""
@@ -94,12 +106,17 @@ def _check_results(results: Any, where: str) -> dict[str, dict[str, float | int]
     for split, result in results.items():
         if split not in ("train", "valid", "test") or not isinstance(result, dict):
             raise ConfigError(f"{where}: results[{split!r}] must be a train/valid/test result object")
-        unknown = set(result) - {*_METRICS, "eval_batch_size", "bptt", "tokens"}
+        unknown = set(result) - _RESULT_KEYS
         if unknown:
             raise ConfigError(f"{where}: results[{split!r}] has unknown keys {sorted(unknown)}")
+        if any(m in result for m in _TEXT_METRICS) and any(m in result for m in _MUSIC_METRICS):
+            raise ConfigError(
+                f"{where}: results[{split!r}] mixes a text model's ppl/bpc with a music model's nll_per_step: keep "
+                "the figures of the model's kind"
+            )
         metrics = [result[m] for m in _METRICS if m in result]
         if not metrics or not all(_positive_number(m) for m in metrics):
-            raise ConfigError(f"{where}: results[{split!r}] needs a positive ppl or bpc")
+            raise ConfigError(f"{where}: results[{split!r}] needs a positive ppl or bpc (a music model: nll_per_step)")
         for key in ("eval_batch_size", "bptt"):
             if not _positive_int(result.get(key)):
                 raise ConfigError(f"{where}: results[{split!r}] needs {key}, a positive integer (results depend on it)")
@@ -223,18 +240,23 @@ def bundled(entry: RegistryEntry) -> Path | None:
 def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) -> RegistryEntry:
     """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``.
 
-    Per split it keeps the result at eval batch size 1 when there is one (the papers' convention), else the first.
+    Per split it keeps the result at eval batch size 1 when there is one (the papers' convention), else the first. A
+    music model's keeps its NLL per frame and the frames it was measured on.
     """
     results: dict[str, dict[str, float | int]] = {}
     for result in sorted(config.get("results", []), key=lambda r: r["eval_batch_size"] != 1, reverse=True):
-        metric = "bpc" if "bpc" in result and result.get("tokenizer") != "sentencepiece" else "ppl"
+        if "nll_per_step" in result:
+            metric, count = "nll_per_step", "frames"
+        else:
+            metric, count = "bpc" if "bpc" in result and result.get("tokenizer") != "sentencepiece" else "ppl", "tokens"
         results[result["split"]] = {  # a later (batch-1) result replaces an earlier one of the same split
             metric: result[metric],
             "eval_batch_size": result["eval_batch_size"],
             "bptt": result["bptt"],
-            **({"tokens": result["tokens"]} if "tokens" in result else {}),
+            **({count: result[count]} if count in result else {}),
         }
-    corpus = Path(str(config.get("training", {}).get("data", {}).get("corpus", "unknown"))).name
+    data = config.get("training", {}).get("data", {})
+    corpus = Path(str(data.get("corpus") or data.get("dataset") or "unknown")).name  # a music model's: its dataset
     model = config.get("model", {})
     return RegistryEntry(
         name=name,

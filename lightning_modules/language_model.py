@@ -148,6 +148,11 @@ class LanguageModel(StatefulTraining):
         from checkpoints.ckpt import load_weights
 
         loaded = load(source, revision)
+        if loaded.is_music:
+            raise CheckpointError(
+                f"{loaded.source} is a model of piano rolls, not a language model: load it with "
+                "zoo.music.PianoRollLM.from_pretrained"
+            )
         module = cls(**{**loaded.model.config, **overrides})
         load_weights(module.model, loaded.model.state_dict(), loaded.source)
         return module

@@ -19,6 +19,7 @@ from checkpoints.bundle import publish_all, table, xml_nesting
 from lightning_modules import LanguageModel
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
+from zoo.music import PianoRollLM
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = registry.load_registry(registry.DEFAULT_PATH)
@@ -49,11 +50,13 @@ def _test_figure(capsys: pytest.CaptureFixture[str], name: str, expected: dict |
 
 
 def _assert_same_figure(expected: dict, measured: dict) -> None:
-    metric = "bpc" if "bpc" in expected else "ppl"
+    """The registered figure (a music model's: NLL per frame) re-measured, on as many tokens (frames)."""
+    metric = next(m for m in ("nll_per_step", "bpc", "ppl") if m in expected)
     assert measured[metric] == pytest.approx(expected[metric], rel=1e-4)
     assert (measured["eval_batch_size"], measured["bptt"]) == (expected["eval_batch_size"], expected["bptt"])
-    if "tokens" in expected:
-        assert measured["tokens"] == expected["tokens"]
+    for count in ("tokens", "frames"):
+        if count in expected:
+            assert measured[count] == expected[count]
 
 
 def test_the_registry_ships_models_and_the_readme_shows_them() -> None:
@@ -82,8 +85,26 @@ def test_registered_test_figure_reproduces(name: str, capsys: pytest.CaptureFixt
     _assert_same_figure(expected, measured)
 
 
+def _piano_rolls(seed: int = 0) -> torch.Tensor:
+    """A window of random frames ``(1, 12, 88)``: what a music model's logits are compared on."""
+    return (torch.rand(1, 12, 88, generator=torch.Generator().manual_seed(seed)) < 0.1).float()
+
+
+def _check_music_model(name: str, capsys: pytest.CaptureFixture[str], out: Path) -> None:
+    """A registered music model: the plain module loads the same network, and the CLI samples MIDI files."""
+    model, loaded = PianoRollLM.from_pretrained(name), checkpoints.load(name)
+    with torch.no_grad():
+        assert torch.equal(model(_piano_rolls())[0], loaded.model(_piano_rolls())[0])
+    capsys.readouterr()
+    assert cli.main(["generate", name, "--num-samples", "2", "--frames", "16", "--seed", "1", "--out", str(out)]) == 0
+    assert (out / "sample-2.mid").is_file() and (out / "sample-2.png").is_file()
+
+
 @pytest.mark.parametrize("name", list(ENTRIES))
-def test_plain_module_and_lightning_module_agree(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plain_module_and_lightning_module_agree(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    if ENTRIES[name].is_music:
+        _check_music_model(name, capsys, tmp_path / "samples")
+        return
     model, tokenizer = RecurrentLM.from_pretrained(name)
     module = LanguageModel.from_pretrained(name).eval()
     ids = torch.tensor([tokenizer.encode("the company said")[:3] or [0]])
@@ -116,7 +137,10 @@ def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
         # re-measures; here the downloaded copy must load into the same network: equal scores on a window.
         downloaded = checkpoints.load(name)
         assert downloaded.source != bundled[name].source
-        ids = torch.arange(12).remainder(downloaded.tokenizer.vocab_size).unsqueeze(0)  # (1, 12)
+        if downloaded.is_music:
+            ids = _piano_rolls()  # (1, 12, 88)
+        else:
+            ids = torch.arange(12).remainder(downloaded.tokenizer.vocab_size).unsqueeze(0)  # (1, 12)
         with torch.no_grad():
             assert torch.equal(downloaded.model(ids)[0], bundled[name].model(ids)[0])
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 import zoo
 from zoo.base import State, sequence_dropout_mask
-from zoo.errors import ConfigError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
 from zoo.nce import SAMPLERS, NCEHead
 
@@ -395,9 +395,15 @@ class RecurrentLM(nn.Module):
             ``(model, tokenizer)``; ``tokenizer.encode`` / ``decode`` map text to ids and back.
 
         Raises:
-            zoo.errors.LMZooError: the source cannot be loaded; the message says why and what to do.
+            zoo.errors.LMZooError: the source cannot be loaded, or is a music model (``PianoRollLM.from_pretrained``);
+                the message says why and what to do.
         """
         from checkpoints import load  # the loaders are another package; the network itself never needs them
 
         loaded = load(source, revision, endpoint=endpoint)
+        if loaded.tokenizer is None:  # a piano-roll model: another class, and no tokenizer to return
+            raise CheckpointError(
+                f"{loaded.source} is a model of piano rolls, not a language model: load it with "
+                "zoo.music.PianoRollLM.from_pretrained"
+            )
         return loaded.model, loaded.tokenizer
