@@ -111,7 +111,49 @@ def scheduler_config(optimizer: Optimizer, lr_scheduler: LRScheduler | ReduceLRO
     return {"optimizer": optimizer, "lr_scheduler": config}
 
 
-class HalveOnPlateau(Callback):
+class _OwnPlateauSchedule(Callback):
+    """What the papers' plateau schedules share as callbacks: they own the learning rate (a config that also sets
+    ``lr_scheduler`` is refused), read the monitored validation figure after each check of ``fit``, multiply every
+    parameter group's rate, and save their counters in the checkpoint (``_STATE``) so a resumed run goes on."""
+
+    _STATE: tuple[str, ...] = ()
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.lr_scheduler_configs:
+            raise ConfigError(f"{type(self).__name__} sets the learning rate itself: remove the config's lr_scheduler")
+
+    def checked_value(self, trainer: L.Trainer) -> float | None:
+        """The monitored figure of a training validation check; ``None`` outside ``fit`` and for the sanity check."""
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return None
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            raise ConfigError(f"{type(self).__name__} monitors {self.monitor!r}, which validation did not log")
+        return float(value)
+
+    def multiply_learning_rate(self, trainer: L.Trainer, factor: float) -> list[float]:
+        """Every parameter group's learning rate times ``factor``, said in one log line; the new rates."""
+        rates = []
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= factor
+                rates.append(group["lr"])
+        shown = ", ".join(f"{rate:.4g}" for rate in rates)
+        rank_zero_info(f"{type(self).__name__}: learning rate x {factor} -> {shown} (step {trainer.global_step})")
+        return rates
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name in self._STATE:
+            setattr(self, name, state_dict[name])
+
+
+class HalveOnPlateau(_OwnPlateauSchedule):
     """Jozefowicz et al. 2015 §3.6, the "schedule for architecture search": halve the learning rate once validation
     has not improved for ``patience`` checks, and again at each check after that, ``decays`` times in all; stop after
     the check that ends the last halved period.
@@ -133,29 +175,26 @@ class HalveOnPlateau(Callback):
         decays: halvings before stopping (4).
     """
 
+    _STATE = ("best", "checks_without_improvement", "decays_done")
+
     def __init__(self, monitor: str = "val_loss", patience: int = 3, factor: float = 0.5, decays: int = 4) -> None:
         if patience < 1 or decays < 1:
             raise ConfigError(f"patience and decays must be at least 1, got {patience} and {decays}")
         if not 0 < factor < 1:
             raise ConfigError(f"factor must be in (0, 1), got {factor}")
-        self.monitor, self.patience, self.factor, self.decays = monitor, patience, factor, decays
+        super().__init__(monitor)
+        self.patience, self.factor, self.decays = patience, factor, decays
         self.best = math.inf
         self.checks_without_improvement = 0
         self.decays_done = 0
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.lr_scheduler_configs:
-            raise ConfigError("HalveOnPlateau sets the learning rate itself: remove the config's lr_scheduler")
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
-        value = trainer.callback_metrics.get(self.monitor)
+        value = self.checked_value(trainer)
         if value is None:
-            raise ConfigError(f"HalveOnPlateau monitors {self.monitor!r}, which validation did not log")
+            return
         if self.decays_done == 0:  # waiting for the plateau
-            if float(value) < self.best:
-                self.best, self.checks_without_improvement = float(value), 0
+            if value < self.best:
+                self.best, self.checks_without_improvement = value, 0
                 return
             self.checks_without_improvement += 1
             if self.checks_without_improvement < self.patience:
@@ -165,26 +204,10 @@ class HalveOnPlateau(Callback):
             trainer.should_stop = True
             return
         self.decays_done += 1
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= self.factor
-        rates = ", ".join(f"{group['lr']:.4g}" for opt in trainer.optimizers for group in opt.param_groups)
-        rank_zero_info(f"HalveOnPlateau: learning rate x {self.factor} -> {rates} (step {trainer.global_step})")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "best": self.best,
-            "checks_without_improvement": self.checks_without_improvement,
-            "decays_done": self.decays_done,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best = state_dict["best"]
-        self.checks_without_improvement = state_dict["checks_without_improvement"]
-        self.decays_done = state_dict["decays_done"]
+        self.multiply_learning_rate(trainer, self.factor)
 
 
-class DecayOnPlateau(Callback):
+class DecayOnPlateau(_OwnPlateauSchedule):
     """Jozefowicz et al. 2015 §3.6, the "MUSIC schedule for evaluation": multiply the learning rate by ``factor`` after
     ``patience`` consecutive checks without a validation improvement, start counting afresh, and stop training once
     the learning rate falls below ``min_lr``.
@@ -207,6 +230,8 @@ class DecayOnPlateau(Callback):
             the factor by which the config's learning rate was scaled, e.g. x35 for a per-step mean loss).
     """
 
+    _STATE = ("best", "checks_without_improvement", "reductions")
+
     def __init__(
         self, monitor: str = "val_loss", patience: int = 10, factor: float = 0.8, min_lr: float = 1e-3
     ) -> None:
@@ -216,50 +241,24 @@ class DecayOnPlateau(Callback):
             raise ConfigError(f"factor must be in (0, 1), got {factor}")
         if min_lr <= 0:
             raise ConfigError(f"min_lr must be > 0, got {min_lr}")
-        self.monitor, self.patience, self.factor, self.min_lr = monitor, patience, factor, min_lr
+        super().__init__(monitor)
+        self.patience, self.factor, self.min_lr = patience, factor, min_lr
         self.best = math.inf
         self.checks_without_improvement = 0
         self.reductions = 0
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.lr_scheduler_configs:
-            raise ConfigError("DecayOnPlateau sets the learning rate itself: remove the config's lr_scheduler")
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
-        value = trainer.callback_metrics.get(self.monitor)
+        value = self.checked_value(trainer)
         if value is None:
-            raise ConfigError(f"DecayOnPlateau monitors {self.monitor!r}, which validation did not log")
-        if float(value) < self.best:
-            self.best, self.checks_without_improvement = float(value), 0
+            return
+        if value < self.best:
+            self.best, self.checks_without_improvement = value, 0
             return
         self.checks_without_improvement += 1
         if self.checks_without_improvement < self.patience:
             return
         self.checks_without_improvement = 0  # "reset the counter"
         self.reductions += 1
-        rates = []
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= self.factor
-                rates.append(group["lr"])
-        rank_zero_info(
-            f"DecayOnPlateau: learning rate x {self.factor} -> {', '.join(f'{r:.4g}' for r in rates)} "
-            f"(step {trainer.global_step})"
-        )
-        if max(rates) < self.min_lr:
+        if max(self.multiply_learning_rate(trainer, self.factor)) < self.min_lr:
             rank_zero_info(f"DecayOnPlateau: stopping, the learning rate is below {self.min_lr:g}")
             trainer.should_stop = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "best": self.best,
-            "checks_without_improvement": self.checks_without_improvement,
-            "reductions": self.reductions,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best = state_dict["best"]
-        self.checks_without_improvement = state_dict["checks_without_improvement"]
-        self.reductions = state_dict["reductions"]
