@@ -323,3 +323,52 @@ optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
     )
     cli.run_lightning(["fit", "--config", str(config)], [Checks()])
     assert Checks.steps == list(np.cumsum(windows))  # one check per epoch, after its last window
+
+
+def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_inside_its_space(tmp_path):
+    # benchmarks/music_table.py runs for an hour; what can drift without anyone noticing is its configs and spaces.
+    import argparse
+    import importlib.util
+
+    import yaml
+
+    import cli
+    from lightning_modules.tuning import check_key, config_values, full_config
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("music_table", root / "benchmarks" / "music_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert list(table.ARCHITECTURES) == [
+        "Tanh",
+        "LSTM",
+        "LSTM-f",
+        "LSTM-i",
+        "LSTM-o",
+        "LSTM-b",
+        "GRU",
+        "MUT1",
+        "MUT2",
+        "MUT3",
+    ]
+    assert all(len(values) == len(table.ARCHITECTURES) for values in table.PAPER.values())
+    args = argparse.Namespace(epochs=2, patience=1, factor=0.5, workdir=tmp_path, data_root=str(DATA))
+    base = full_config(table.BASE_CONFIG)
+    for row, name in [("N-dropout", "MUT1"), ("P", "LSTM-b")]:
+        architecture, options = table.ARCHITECTURES[name]
+        hidden = table.units_for_budget(architecture, 100_000, options)
+        assert (
+            table.parameters(architecture, hidden, options)
+            <= 100_000
+            < table.parameters(architecture, hidden + 1, options)
+        )
+        config, space = table.cell_config(base, row, name, hidden, args), table.cell_space(row, hidden)
+        for key in space:
+            check_key(config, key)
+        first = config_values(config, space, "the cell config")  # --first-trial-from-config: the recipe's values
+        assert first["optimizer.init_args.lr"] == 0.5 * 35 and ("model.init_args.dropout" in first) == (row != "P")
+        path = tmp_path / f"{row}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(SystemExit) as printed:
+            cli.run_lightning(["fit", "--config", str(path), "--print_config"])
+        assert printed.value.code in (0, None)
