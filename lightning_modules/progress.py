@@ -43,8 +43,10 @@ def _clock(seconds: float) -> str:
 class ProgressLines:
     """The non-terminal form of a bar: :meth:`update` prints a line when ``period_seconds()`` have passed."""
 
-    def __init__(self, description: str, total: int | None, unit: str) -> None:
+    def __init__(self, description: str, total: int | None, unit: str, done_before: int = 0) -> None:
+        """``done_before``: units done before these lines started (a resumed epoch), left out of the rate."""
         self.description, self.total, self.unit = description, total, unit
+        self.done_before = done_before
         self.period = period_seconds()
         self.start = self.last = time.monotonic()
 
@@ -55,7 +57,7 @@ class ProgressLines:
         self.last = now
         elapsed = now - self.start
         if self.total:
-            left = elapsed * (self.total - done) / max(done, 1)
+            left = elapsed * (self.total - done) / max(done - self.done_before, 1)
             share = f"{done:,}/{self.total:,} {self.unit} ({done / self.total:.0%})"
             where = f"{share}, {_clock(elapsed)} elapsed, ~{_clock(left)} left"
         else:
@@ -122,18 +124,25 @@ class FitProgressBar(RichProgressBar):
         return items
 
     # ------------------------------------------------------------------------------------- without a terminal
+    def _start_train_lines(self, trainer: L.Trainer, done_before: int = 0) -> None:
+        total = self.total_train_batches
+        self._train_lines = ProgressLines(
+            f"epoch {trainer.current_epoch}", int(total) if total != float("inf") else None, "batches", done_before
+        )
+        self._train_lines_epoch = trainer.current_epoch
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
         if not interactive():
-            total = self.total_train_batches
-            self._train_lines = ProgressLines(
-                f"epoch {trainer.current_epoch}", int(total) if total != float("inf") else None, "batches"
-            )
+            self._start_train_lines(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not interactive() and getattr(self, "_train_lines_epoch", None) != trainer.current_epoch:
+            # A run resumed mid-epoch: Lightning calls no on_train_epoch_start for the epoch it resumes.
+            self._start_train_lines(trainer, done_before=batch_idx)
         lines = getattr(self, "_train_lines", None)
         if lines is not None:
             loss = trainer.callback_metrics.get("train_loss")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,8 +212,20 @@ def test_sigkill_or_ctrl_c_then_resume_ends_like_an_uninterrupted_run(
     assert last_line.startswith(f"lm-zoo: interrupted: SIGINT at step {INTERRUPT_AT_STEP + 1} (epoch 1); {written}")
     assert last_line.endswith(f"resume: lm-zoo fit --config {third} --ckpt_path {written}")
 
-    stderr = _fit(_write_recipe(runs / "fourth.yaml", corpus), env, "--ckpt_path", "last")
+    # The last part, with progress lines as in a log: Lightning starts no epoch for the one it resumes mid-way, and
+    # the lines go on from the resumed batch all the same.
+    lines = {**env, "LM_ZOO_PROGRESS_SECONDS": "0"}
+    stderr = _fit(
+        _write_recipe(runs / "fourth.yaml", corpus),
+        lines,
+        "--ckpt_path",
+        "last",
+        "--trainer.enable_progress_bar",
+        "true",
+    )
     assert "not resumable" not in stderr  # Lightning's warning for loaders without a state: this one resumes exactly
+    first_line = re.search(r"lm-zoo: epoch 1: (\d+)[/ ]", stderr)
+    assert first_line is not None and int(first_line.group(1)) == INTERRUPT_AT_STEP + 2 - epoch_0, stderr[-2000:]
     resumed_dir = runs / "run" / "lightning_logs" / "version_3"
 
     expected, resumed = _last_val_ppl(expected_dir), _last_val_ppl(resumed_dir)
