@@ -201,7 +201,9 @@ def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace
         "paper": paper,
         "difference": result["nll_per_step"] - paper,
         "tune_seconds": round(seconds, 1),
-        "checkpoint": str(checkpoint),
+        "checkpoint": str(checkpoint.resolve().relative_to(ROOT))
+        if checkpoint.resolve().is_relative_to(ROOT)
+        else str(checkpoint),
     }
 
 

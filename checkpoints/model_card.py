@@ -293,7 +293,7 @@ def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]
             task_type=MUSIC_TASK[0],
             task_name=MUSIC_TASK[1],
             dataset_type=dataset,
-            dataset_name=spec.description.split(",")[0] if spec is not None else dataset,
+            dataset_name=spec.title if spec is not None else dataset,
             dataset_split=_SPLIT_NAMES.get(result["split"], result["split"]),
             metric_type=metric,
             metric_value=round(result["nll_per_step"], 4),

@@ -52,6 +52,7 @@ class MusicDataset:
     Attributes:
         name: the name configs and commands use.
         description: one line.
+        title: the collection's name as its users write it (model cards name the dataset so).
         files: the ``.mat`` file and where to download it (a :class:`~datamodules.corpora.FileSet`).
         pieces: pieces per split.
         frames: frames per split.
@@ -61,6 +62,7 @@ class MusicDataset:
 
     name: str
     description: str
+    title: str
     files: tuple[RemoteFile, ...]
     pieces: dict[str, int]
     frames: dict[str, int]
@@ -72,10 +74,13 @@ class MusicDataset:
         return self.files[0].name
 
 
-def _dataset(name: str, file: str, sha256: str, description: str, pieces: tuple, frames: tuple, beats: float = 0.5):
+def _dataset(
+    name: str, file: str, sha256: str, title: str, description: str, pieces: tuple, frames: tuple, beats: float = 0.5
+) -> MusicDataset:
     return MusicDataset(
         name,
         description,
+        title,
         (RemoteFile(file, f"{_TCN_DATA}/{file}", sha256),),
         dict(zip(_SPLIT_KEYS, pieces)),
         dict(zip(_SPLIT_KEYS, frames)),
@@ -90,6 +95,7 @@ MUSIC_DATASETS: dict[str, MusicDataset] = {
             "jsb-chorales",
             "JSB_Chorales.mat",
             "ac0e608527cc411c7e21ef7d38be47f0de7fb6b13b3ae168b8eccf1c2a9b18d4",
+            "JSB Chorales",
             "382 four-part chorales by J. S. Bach, quarter-note frames",
             (229, 76, 77),
             (13_807, 4_602, 4_725),
@@ -99,6 +105,7 @@ MUSIC_DATASETS: dict[str, MusicDataset] = {
             "musedata",
             "MuseData.mat",
             "e8d9eb422ec3833c25f43a9f854d4ee0b9118a20b45f2c183395cdc30ffa14ff",
+            "MuseData",
             "783 orchestral and piano pieces from the CCARH MuseData library, eighth-note frames",
             (524, 135, 124),
             (245_202, 82_755, 64_339),
@@ -107,6 +114,7 @@ MUSIC_DATASETS: dict[str, MusicDataset] = {
             "nottingham",
             "Nottingham.mat",
             "d154f7ca2e90799dc1dc011d8fc048f2fc6ef3f7c69d974b9cf27a471634fbea",
+            "Nottingham",
             "1,037 British and American folk tunes (the Nottingham Music Database), eighth-note frames",
             (694, 173, 170),
             (176_561, 45_513, 44_463),
@@ -115,6 +123,7 @@ MUSIC_DATASETS: dict[str, MusicDataset] = {
             "piano-midi",
             "Piano_midi.mat",
             "990a8a71d5764a7eaa3e78d9e5023d1470380fe2db3a1448265a97a24c8b1c34",
+            "Piano-midi.de",
             "124 classical piano pieces from piano-midi.de, eighth-note frames",
             (87, 12, 25),
             (75_911, 8_540, 19_036),
