@@ -116,10 +116,24 @@ class _OwnPlateauSchedule(Callback):
     ``lr_scheduler`` is refused), read the monitored validation figure after each check of ``fit``, multiply every
     parameter group's rate, and save their counters in the checkpoint (``_STATE``) so a resumed run goes on."""
 
-    _STATE: tuple[str, ...] = ()
+    _STATE: tuple[str, ...] = ("best", "checks_without_improvement")
 
-    def __init__(self, monitor: str) -> None:
-        self.monitor = monitor
+    def __init__(self, monitor: str, patience: int, factor: float) -> None:
+        if patience < 1:
+            raise ConfigError(f"patience must be at least 1, got {patience}")
+        if not 0 < factor < 1:
+            raise ConfigError(f"factor must be in (0, 1), got {factor}")
+        self.monitor, self.patience, self.factor = monitor, patience, factor
+        self.best = math.inf
+        self.checks_without_improvement = 0
+
+    def plateaued(self, value: float) -> bool:
+        """Count ``value`` against the best so far: whether ``patience`` checks in a row have not beaten it."""
+        if value < self.best:
+            self.best, self.checks_without_improvement = value, 0
+            return False
+        self.checks_without_improvement += 1
+        return self.checks_without_improvement >= self.patience
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.lr_scheduler_configs:
@@ -175,17 +189,13 @@ class HalveOnPlateau(_OwnPlateauSchedule):
         decays: halvings before stopping (4).
     """
 
-    _STATE = ("best", "checks_without_improvement", "decays_done")
+    _STATE = (*_OwnPlateauSchedule._STATE, "decays_done")
 
     def __init__(self, monitor: str = "val_loss", patience: int = 3, factor: float = 0.5, decays: int = 4) -> None:
-        if patience < 1 or decays < 1:
-            raise ConfigError(f"patience and decays must be at least 1, got {patience} and {decays}")
-        if not 0 < factor < 1:
-            raise ConfigError(f"factor must be in (0, 1), got {factor}")
-        super().__init__(monitor)
-        self.patience, self.factor, self.decays = patience, factor, decays
-        self.best = math.inf
-        self.checks_without_improvement = 0
+        if decays < 1:
+            raise ConfigError(f"decays must be at least 1, got {decays}")
+        super().__init__(monitor, patience, factor)
+        self.decays = decays
         self.decays_done = 0
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -193,11 +203,7 @@ class HalveOnPlateau(_OwnPlateauSchedule):
         if value is None:
             return
         if self.decays_done == 0:  # waiting for the plateau
-            if value < self.best:
-                self.best, self.checks_without_improvement = value, 0
-                return
-            self.checks_without_improvement += 1
-            if self.checks_without_improvement < self.patience:
+            if not self.plateaued(value):
                 return
         elif self.decays_done == self.decays:  # the last halved period is over
             rank_zero_info(f"HalveOnPlateau: stopping after {self.decays} halvings (step {trainer.global_step})")
@@ -230,32 +236,20 @@ class DecayOnPlateau(_OwnPlateauSchedule):
             the factor by which the config's learning rate was scaled, e.g. x35 for a per-step mean loss).
     """
 
-    _STATE = ("best", "checks_without_improvement", "reductions")
+    _STATE = (*_OwnPlateauSchedule._STATE, "reductions")
 
     def __init__(
         self, monitor: str = "val_loss", patience: int = 10, factor: float = 0.8, min_lr: float = 1e-3
     ) -> None:
-        if patience < 1:
-            raise ConfigError(f"patience must be at least 1, got {patience}")
-        if not 0 < factor < 1:
-            raise ConfigError(f"factor must be in (0, 1), got {factor}")
         if min_lr <= 0:
             raise ConfigError(f"min_lr must be > 0, got {min_lr}")
-        super().__init__(monitor)
-        self.patience, self.factor, self.min_lr = patience, factor, min_lr
-        self.best = math.inf
-        self.checks_without_improvement = 0
+        super().__init__(monitor, patience, factor)
+        self.min_lr = min_lr
         self.reductions = 0
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         value = self.checked_value(trainer)
-        if value is None:
-            return
-        if value < self.best:
-            self.best, self.checks_without_improvement = value, 0
-            return
-        self.checks_without_improvement += 1
-        if self.checks_without_improvement < self.patience:
+        if value is None or not self.plateaued(value):
             return
         self.checks_without_improvement = 0  # "reset the counter"
         self.reductions += 1

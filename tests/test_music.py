@@ -181,20 +181,13 @@ def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
 
 
 # ------------------------------------------------------------------------------------------------ MIDI and PNG
-def test_a_written_midi_file_reads_back_with_the_sampled_notes(tmp_path):
+def roll_from_midi(path: Path, frames: int, frame_beats: float) -> np.ndarray:
+    """Replay a MIDI file's note_on / note_off into a ``(frames, 88)`` piano roll, independently of the writer."""
     import mido
 
-    model = PianoRollLM("gru", hidden_size=8).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.decoder.bias.fill_(-2.0)  # a sparse roll, with held notes and repeated ones
-    roll = model.generate(24, generator=torch.Generator().manual_seed(3))[0].numpy()  # (T, 88)
-    assert roll.any()
-    path = write_midi(roll, tmp_path / "sample.mid", frame_beats=0.5)
-    # Read back with mido, independently of the writer: replay note_on / note_off into a roll of eighth-note frames.
     midi = mido.MidiFile(path)
-    ticks_per_frame = midi.ticks_per_beat // 2
-    back = np.zeros_like(roll)
+    ticks_per_frame = round(midi.ticks_per_beat * frame_beats)
+    roll = np.zeros((frames, NUM_NOTES), dtype=np.uint8)
     sounding: dict[int, int] = {}
     now = 0
     for message in midi.tracks[0]:
@@ -203,9 +196,20 @@ def test_a_written_midi_file_reads_back_with_the_sampled_notes(tmp_path):
             sounding[message.note] = now
         elif message.type in ("note_off", "note_on"):
             start = sounding.pop(message.note)
-            back[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
+            roll[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
     assert not sounding
-    assert np.array_equal(back, roll)
+    return roll
+
+
+def test_a_written_midi_file_reads_back_with_the_sampled_notes(tmp_path):
+    model = PianoRollLM("gru", hidden_size=8).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.decoder.bias.fill_(-2.0)  # a sparse roll, with held notes and repeated ones
+    roll = model.generate(24, generator=torch.Generator().manual_seed(3))[0].numpy()  # (T, 88)
+    assert roll.any()
+    path = write_midi(roll, tmp_path / "sample.mid", frame_beats=0.5)
+    assert np.array_equal(roll_from_midi(path, len(roll), frame_beats=0.5), roll)  # eighth-note frames
 
 
 def test_a_piano_roll_png_has_a_cell_per_note_and_frame(tmp_path):

@@ -38,6 +38,7 @@ from checkpoints.model_card import render_card
 from datamodules.music import MUSIC_DATASETS
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
+from tests.test_music import roll_from_midi
 from tests.test_pretrained import _assert_same_figure, _test_figure
 from zoo import RecurrentLM
 from zoo.errors import CheckpointError, ConfigError
@@ -118,26 +119,6 @@ def _logits(model: PianoRollLM, frames: torch.Tensor) -> torch.Tensor:
         first, state = model(frames[:, :4])
         second, _ = model(frames[:, 4:], state)  # the carried state too
     return torch.cat([first, second], dim=1)
-
-
-def _roll_from_midi(path: Path, frames: int, frame_beats: float) -> np.ndarray:
-    """Replay a MIDI file's note_on / note_off into a piano roll, independently of the writer."""
-    import mido
-
-    midi = mido.MidiFile(path)
-    ticks_per_frame = round(midi.ticks_per_beat * frame_beats)
-    roll = np.zeros((frames, NUM_NOTES), dtype=np.uint8)
-    sounding: dict[int, int] = {}
-    now = 0
-    for message in midi.tracks[0]:
-        now += message.time
-        if message.type == "note_on" and message.velocity > 0:
-            sounding[message.note] = now
-        elif message.type in ("note_off", "note_on"):
-            start = sounding.pop(message.note)
-            roll[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
-    assert not sounding
-    return roll
 
 
 # ------------------------------------------------------------------------------------------------ the export format
@@ -304,7 +285,7 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
     model = PianoRollLM.from_pretrained(NAME)
     roll = model.generate(SAMPLE_FRAMES, generator=torch.Generator().manual_seed(SAMPLE_SEED))[0].numpy()
     assert roll.sum() == sample["notes_sounding"] > 0
-    assert np.array_equal(_roll_from_midi(directory / SAMPLE_MIDI_NAME, SAMPLE_FRAMES, beats), roll)
+    assert np.array_equal(roll_from_midi(directory / SAMPLE_MIDI_NAME, SAMPLE_FRAMES, beats), roll)
     from PIL import Image
 
     with Image.open(directory / SAMPLE_PNG_NAME) as png:
