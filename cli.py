@@ -363,7 +363,7 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> 
     # Importing is what lets a config name these classes by their short names.
     from lightning import LightningDataModule
 
-    from datamodules import GBWDataModule, MusicDataModule, TextDataModule  # noqa: F401
+    from datamodules import GBWDataModule, MusicDataModule, ReverseCopyDataModule, TextDataModule  # noqa: F401
     from lightning_modules import LanguageModel, MusicModel, ZarembaDecay  # noqa: F401
     from lightning_modules.stateful import StatefulTraining
 
@@ -374,7 +374,7 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> 
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
         LMZooCLI(
             StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
-            LightningDataModule,  # any data module: TextDataModule, GBWDataModule, MusicDataModule
+            LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
             subclass_mode_model=True,
             subclass_mode_data=True,
             parser_class=LMZooArgumentParser,

@@ -8,6 +8,7 @@ pickled objects. Files that come from the Hub or an export directory are never r
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,11 +64,15 @@ class LoadedModel:
         settings = dict(self.data)
         data_class = data_module_class(settings.pop("class_path", None), self.source)
         key = "dataset" if self.is_music else "corpus"
-        if not settings.get(key) and corpus is None:
+        # A module that generates its examples from its settings (the reverse-copy task) reads no corpus files.
+        reads_files = key in inspect.signature(data_class).parameters
+        if corpus is not None and not reads_files:
+            raise ConfigError(f"{self.source} generates its data ({data_class.__name__}): --corpus does not apply")
+        if reads_files and not settings.get(key) and corpus is None:
             raise ConfigError(f"{self.source} does not say which {key} it was trained on: pass --corpus")
         if corpus is not None:
             settings[key] = corpus
-        if data_root is not None:
+        if data_root is not None and reads_files:
             settings["data_root"] = data_root
         datamodule = data_class(**settings)
         if self.tokenizer is not None:

@@ -3,6 +3,7 @@
 from datamodules.gbw import GBWDataModule
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.music import FrameBatch, MusicDataModule
+from datamodules.reverse_copy import ReverseCopyDataModule
 from datamodules.streams import LMBatch, StreamWindows
 from datamodules.text import TextDataModule
 from datamodules.tokenizers import Tokenizer
@@ -13,6 +14,7 @@ __all__ = [
     "LMBatch",
     "MultiSequenceWindows",
     "MusicDataModule",
+    "ReverseCopyDataModule",
     "StreamWindows",
     "TextDataModule",
     "Tokenizer",

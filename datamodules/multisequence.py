@@ -105,6 +105,9 @@ class MultiSequenceWindows(ResumableStream):
         world_size: number of ranks.
         epoch: called at the start of every epoch for its number (e.g. the trainer's ``current_epoch``, so a resumed
             run continues the same sequence of orders); ``None``: count the epochs iterated.
+        unscored_prefix: ``(N,)`` for each sentence, how many of its first input steps predict nothing (a task that
+            scores only the answer part of an example, as the reverse-copy task does); ``None``: every step but the
+            last predicts.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class MultiSequenceWindows(ResumableStream):
         rank: int = 0,
         world_size: int = 1,
         epoch: Callable[[], int] | None = None,
+        unscored_prefix: np.ndarray | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
@@ -130,6 +134,12 @@ class MultiSequenceWindows(ResumableStream):
         self.lengths = np.diff(self.offsets)  # (N,)
         if len(self.lengths) == 0:
             raise ValueError("a multi-sequence stream needs at least one sentence")
+        if unscored_prefix is not None:
+            unscored_prefix = np.asarray(unscored_prefix, dtype=np.int64)
+            if unscored_prefix.shape != self.lengths.shape or (unscored_prefix < 0).any():
+                raise ValueError("unscored_prefix needs one count >= 0 per sentence")
+            unscored_prefix = np.minimum(unscored_prefix, self.lengths - 1)
+        self.unscored_prefix = unscored_prefix
         self.bptt = bptt
         self._batch_size = batch_size
         self.pad_id = pad_id
@@ -151,8 +161,9 @@ class MultiSequenceWindows(ResumableStream):
 
     @property
     def num_predicted(self) -> int:
-        """Tokens predicted per epoch over all ranks: every id but each sentence's ``<S>``."""
-        return int(self.offsets[-1] - self.offsets[0]) - self.num_sentences
+        """Tokens predicted per epoch over all ranks: every id but each sentence's ``<S>`` (and its unscored prefix)."""
+        unscored = 0 if self.unscored_prefix is None else int(self.unscored_prefix.sum())
+        return int(self.offsets[-1] - self.offsets[0]) - self.num_sentences - unscored
 
     # ------------------------------------------------------------------------------------------------ layouts
     def layout(self, epoch: int) -> EpochLayout:
@@ -190,8 +201,12 @@ class MultiSequenceWindows(ResumableStream):
         tokens = torch.from_numpy(np.asarray(self.ids[source], dtype=np.int64))  # (B, T + 1)
         inside_t = torch.from_numpy(inside[:, :steps])
         last_of_sentence = torch.from_numpy(stream[:, :steps] + 1 == sentence_end[:, :steps])  # input is </S>
+        unpredicted = ~inside_t | last_of_sentence
+        if self.unscored_prefix is not None:
+            prefix = self.unscored_prefix[layout.order[sentence[:, :steps]]]  # (B, T)
+            unpredicted |= torch.from_numpy(stream[:, :steps] - sentence_start[:, :steps] < prefix)
         inputs = tokens[:, :steps].masked_fill(~inside_t, self.pad_id)
-        targets = tokens[:, 1:].masked_fill(~inside_t | last_of_sentence, IGNORE_INDEX)
+        targets = tokens[:, 1:].masked_fill(unpredicted, IGNORE_INDEX)
         reset = inside_t & torch.from_numpy(stream[:, :steps] == sentence_start[:, :steps])
         return LMBatch(inputs, targets, reset)
 
