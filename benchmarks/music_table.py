@@ -37,15 +37,14 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.tuned_runs import ROOT, relative, tune_cell, units_for_budget  # noqa: E402
+
 BASE_CONFIG = ROOT / "configs" / "music" / "nottingham-lstm.yaml"
 BPTT = 35  # the paper sums the loss over the 35 unrolled steps; lm-zoo averages it: lr x 35, clip / 35
 
@@ -83,18 +82,6 @@ def parameters(architecture: str, hidden_size: int, cell_options: dict[str, Any]
     from zoo.music import PianoRollLM
 
     return PianoRollLM(architecture, hidden_size, 1, cell_options=cell_options).num_parameters()
-
-
-def units_for_budget(architecture: str, budget: int, cell_options: dict[str, Any]) -> int:
-    """The most units whose model has at most ``budget`` parameters (binary search, §3.7)."""
-    low, high = 1, 4096
-    while low < high:
-        middle = (low + high + 1) // 2
-        if parameters(architecture, middle, cell_options) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def cell_config(base: dict[str, Any], row: str, name: str, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -144,12 +131,6 @@ def cell_space(row: str, hidden: int) -> dict[str, dict[str, Any]]:
     return space
 
 
-def best_trial(storage: str, study_name: str) -> Any:
-    import optuna
-
-    return optuna.load_study(study_name=study_name, storage=storage).best_trial
-
-
 def test_nll(checkpoint: Path, data_root: str | None) -> dict[str, Any]:
     """The checkpoint's test NLL per frame (every piece from zero state)."""
     from checkpoints import load
@@ -161,27 +142,12 @@ def test_nll(checkpoint: Path, data_root: str | None) -> dict[str, Any]:
 
 def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Tune one (row, architecture) cell with ``lm-zoo tune`` and score its best trial on the test split."""
-    import yaml
-
     architecture, options = ARCHITECTURES[name]
-    hidden = units_for_budget(architecture, args.params, options)
-    cell = args.workdir / f"{row}-{name}"
-    cell.mkdir(parents=True, exist_ok=True)
-    config, space = cell / "config.yaml", cell / "space.yaml"
-    config.write_text(yaml.safe_dump(cell_config(base, row, name, hidden, args), sort_keys=False))
-    space.write_text(yaml.safe_dump(cell_space(row, hidden), sort_keys=False))
-    storage, study = f"sqlite:///{(cell / 'study.db').resolve()}", f"{row}-{name}"
-    command = [sys.executable, "-m", "cli", "tune", "--config", str(config), "--space", str(space)]
-    command += ["--trials", str(args.trials), "--jobs", str(args.jobs), "--storage", storage, "--study-name", study]
-    command += ["--workdir", str(cell / "trials"), "--pruner", "none", "--seed", "0", "--first-trial-from-config"]
-    start = time.monotonic()
-    with open(cell / "tune.log", "a") as log:  # the trials' progress and summary; this script prints a line a cell
-        done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"lm-zoo tune failed for {row}/{name}; see {cell / 'tune.log'}")
-    seconds = time.monotonic() - start
-    best = best_trial(storage, study)
-    checkpoint = next((cell / "trials" / f"trial_{best.number}").rglob("best.ckpt"))
+    hidden = units_for_budget(lambda units: parameters(architecture, units, options), args.params)
+    config, space = cell_config(base, row, name, hidden, args), cell_space(row, hidden)
+    best, checkpoint, seconds = tune_cell(
+        args.workdir / f"{row}-{name}", f"{row}-{name}", config, space, args.trials, args.jobs
+    )
     result = test_nll(checkpoint, args.data_root)
     paper = PAPER[row][list(ARCHITECTURES).index(name)]
     return {
@@ -202,9 +168,7 @@ def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace
         "paper": paper,
         "difference": result["nll_per_step"] - paper,
         "tune_seconds": round(seconds, 1),
-        "checkpoint": str(checkpoint.resolve().relative_to(ROOT))
-        if checkpoint.resolve().is_relative_to(ROOT)
-        else str(checkpoint),
+        "checkpoint": relative(checkpoint),
     }
 
 

@@ -90,34 +90,50 @@ def _label(value: float) -> str:
     return f"{value:g}"
 
 
+Series = tuple[list[tuple[float, float]], tuple[int, int, int], str | None]  # points, colour, legend label
+
+
 def render(log: RunLog, tokens_per_step: int, out: Path, title: str, music: bool = False) -> Path:
     """Draw the training loss and the validation perplexity against training tokens, side by side, to ``out``.
 
     A music model's (``music``) are the training and validation NLL per frame against training frames.
     """
+    unit = "frame" if music else "token"
+    panels = [
+        (f"training loss (nats per {unit})", log.train_loss, (31, 119, 180)),
+        ("validation NLL (nats per frame)" if music else "validation perplexity", log.valid, (214, 39, 40)),
+    ]
+    return render_panels(
+        [
+            (name, f"training {unit}s", [([(step * tokens_per_step, y) for step, y in points], colour, None)])
+            for name, points, colour in panels
+        ],
+        out,
+        title,
+    )
+
+
+def render_panels(panels: Sequence[tuple[str, str, Sequence[Series]]], out: Path, title: str) -> Path:
+    """Line plots side by side in one PNG: each panel ``(name, x-axis label, series)``, each series drawn as a
+    line (with dots when it has few points) and named in the panel's corner when it has a label."""
     from PIL import Image, ImageDraw
 
     width, height, margin = 1000, 380, 60
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.text((margin, 8), title, fill="black")
-    unit = "frame" if music else "token"
-    panels = [
-        (f"training loss (nats per {unit})", log.train_loss, (31, 119, 180)),
-        ("validation NLL (nats per frame)" if music else "validation perplexity", log.valid, (214, 39, 40)),
-    ]
-    panel_width = (width - 3 * margin) // 2
-    for index, (name, points, colour) in enumerate(panels):
+    panel_width = (width - (len(panels) + 1) * margin) // len(panels)
+    for index, (name, x_label, series) in enumerate(panels):
         left, top = margin + index * (panel_width + margin), 46
         right, bottom = left + panel_width, height - 45
         draw.rectangle((left, top, right, bottom), outline="black")
         draw.text((left, top - 14), name, fill="black")
-        draw.text((right - 90, bottom + 22), f"training {unit}s", fill="black")
-        if not points:
+        draw.text((right - 90, bottom + 22), x_label, fill="black")
+        every = [point for points, _, _ in series for point in points]
+        if not every:
             draw.text((left + 10, top + 10), "not logged", fill="black")
             continue
-        xs = [step * tokens_per_step for step, _ in points]
-        ys = [value for _, value in points]
+        xs, ys = [x for x, _ in every], [y for _, y in every]
         x_low, x_high = 0.0, max(xs) or 1.0
         y_low, y_high = min(ys), max(ys)
         pad = (y_high - y_low) * 0.05 or 1.0
@@ -136,10 +152,13 @@ def render(log: RunLog, tokens_per_step: int, out: Path, title: str, music: bool
             draw.line((left - 4, y, left, y), fill="black")
             draw.line((left + 1, y, right - 1, y), fill=(230, 230, 230))
             draw.text((left - 44, y - 6), _label(round(tick, 6)), fill="black")
-        coordinates = [at(x, y) for x, y in zip(xs, ys, strict=True)]
-        if len(coordinates) > 1:
-            draw.line(coordinates, fill=colour, width=2)
-        for x, y in coordinates if len(coordinates) < 40 else []:
-            draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=colour)
+        for number, (points, colour, label) in enumerate(series):
+            coordinates = [at(x, y) for x, y in points]
+            if len(coordinates) > 1:
+                draw.line(coordinates, fill=colour, width=2)
+            for x, y in coordinates if len(coordinates) < 40 else []:
+                draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=colour)
+            if label is not None:
+                draw.text((right - 120, top + 8 + 14 * number), label, fill=colour)
     image.save(out, format="PNG", optimize=True)
     return out

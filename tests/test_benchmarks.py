@@ -20,3 +20,25 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     # A per-step row only where the default model runs a kernel (nn.LSTM's, the Mogrifier's window kernel).
     assert "lstm (loop)" in rows and "mogrifier (loop)" in rows and "fs_rnn (loop)" not in rows
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
+
+
+def test_reverse_copy_runs_both_models_at_one_budget_and_plots(tmp_path: Path) -> None:
+    """benchmarks/reverse_copy.py end to end at a tiny size: each cell is tuned, scored on the answers of the test
+    split, sized to the budget, written to the results file as it ends and drawn; a rerun skips finished cells."""
+    from benchmarks import reverse_copy
+
+    results, png = tmp_path / "results.json", tmp_path / "plot.png"
+    argv = ["--lengths", "3", "--num-symbols", "5", "--params", "20000", "--train-examples", "64"]
+    argv += ["--eval-examples", "16", "--epochs", "1", "--workdir", str(tmp_path / "work")]
+    reverse_copy.main([*argv, "--results", str(results), "--plot", str(png)])
+    cells = json.loads(results.read_text())
+    assert set(cells) == {"3/LSTM", "3/Mogrifier"}
+    for cell in cells.values():
+        assert cell["test_tokens"] == 16 * 3  # the answers only
+        assert 19_000 < cell["parameters"] <= 20_000  # the most units inside the budget
+        assert cell["test_loss"] > 0
+    assert cells["3/Mogrifier"]["hidden_size"] < cells["3/LSTM"]["hidden_size"]  # its rounds cost parameters
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = results.read_text()
+    reverse_copy.main([*argv, "--results", str(results), "--plot", str(png)])  # nothing left to run
+    assert results.read_text() == before

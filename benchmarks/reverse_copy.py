@@ -1,0 +1,183 @@
+"""Melis et al. 2020, Figure 4 at CPU scale: cross-entropy against sequence length on the reverse-copy task (§4.3),
+the LSTM against the Mogrifier at the same parameter count.
+
+What is the paper's:
+- the task: tokens drawn i.i.d. and uniformly, a marker, the tokens reversed; cross-entropy on the reversed part
+  (``datamodules/reverse_copy.py``);
+- both models at one parameter budget, the hidden size solved from it per architecture;
+- no dropout; the learning rate tuned per model (the paper also tuned the l2 penalty and the embedding size, and the
+  Mogrifier's r and k);
+- the measure: test cross-entropy per answer token (nats) against the length.
+
+What is scaled down to fit a 2-core CPU, and the results file says so:
+- 100 symbols instead of 1,000, lengths from 10 instead of 50-200, ``--train-examples`` (20,000) instead of 500,000
+  and ``--epochs`` passes over them, about 0.36M parameters instead of 10M;
+- one stack reads source and answer (the paper: an encoder and a decoder that starts from the encoder's last state);
+- ``--trials`` learning rates per cell through ``lm-zoo tune`` (the first is the config's, 0.003), best by validation;
+  r = 5 and k = 16 fixed (configs/synthetic/reverse-copy-mogrifier.yaml).
+
+Each (length, architecture) cell is an ``lm-zoo tune`` study under ``--workdir``; results go to ``--results`` as each
+cell ends, a rerun skips the cells already there, and ``--plot`` draws the figure from them::
+
+    python benchmarks/reverse_copy.py --lengths 10 20 30 40 --trials 1 --epochs 10
+    python benchmarks/reverse_copy.py --table-only       # the table and the plot of what --results holds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchmarks.tuned_runs import ROOT, relative, tune_cell, units_for_budget  # noqa: E402
+
+CONFIGS = {
+    "LSTM": ROOT / "configs" / "synthetic" / "reverse-copy-lstm.yaml",
+    "Mogrifier": ROOT / "configs" / "synthetic" / "reverse-copy-mogrifier.yaml",
+}
+COLOURS = {"LSTM": (31, 119, 180), "Mogrifier": (214, 39, 40)}
+LEARNING_RATES = {"low": 1e-3, "high": 1e-2}  # log-uniform; the paper's ranges are not in its text
+
+
+def parameters(model: dict[str, Any], num_symbols: int, hidden_size: int) -> int:
+    """Parameters of the config's network at ``hidden_size`` units, for a task over ``num_symbols``."""
+    from datamodules.reverse_copy import reverse_copy_tokenizer
+    from zoo import RecurrentLM
+
+    vocab_size = reverse_copy_tokenizer(num_symbols).vocab_size
+    settings = {k: v for k, v in model.items() if k in ("architecture", "embedding_size", "num_layers", "cell_options")}
+    return RecurrentLM(vocab_size=vocab_size, hidden_size=hidden_size, **settings).num_parameters()
+
+
+def cell_config(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The full ``lm-zoo fit`` config of one cell: the architecture's recipe at this length, sized to the budget."""
+    from lightning_modules.tuning import full_config, set_key
+
+    config = full_config(CONFIGS[name])
+    model = config["model"]["init_args"]
+    hidden = units_for_budget(lambda units: parameters(model, args.num_symbols, units), args.params)
+    settings = {
+        "data.init_args.num_symbols": args.num_symbols,
+        "data.init_args.min_length": length,
+        "data.init_args.max_length": length,
+        "data.init_args.train_examples": args.train_examples,
+        "data.init_args.eval_examples": args.eval_examples,
+        "model.init_args.hidden_size": hidden,
+        "trainer.max_epochs": args.epochs,
+        "trainer.default_root_dir": str(args.workdir / f"{length}-{name}"),
+        "trainer.enable_progress_bar": False,
+    }
+    for key, value in settings.items():
+        set_key(config, key, value)
+    return config
+
+
+def test_cross_entropy(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's test cross-entropy per answer token (every example from a zero state)."""
+    from checkpoints import load
+    from lightning_modules.evaluation import evaluate
+
+    loaded = load(str(checkpoint))
+    return evaluate(loaded.model, loaded.datamodule(), "test")
+
+
+def run_cell(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Tune one (length, architecture) cell and score its best trial on the test split."""
+    config = cell_config(name, length, args)
+    space = {"optimizer.init_args.lr": {"type": "loguniform", **LEARNING_RATES}}
+    cell = args.workdir / f"{length}-{name}"
+    best, checkpoint, seconds = tune_cell(cell, f"{length}-{name}", config, space, args.trials, args.jobs)
+    result = test_cross_entropy(checkpoint)
+    model = config["model"]["init_args"]
+    return {
+        "architecture": name,
+        "length": length,
+        "hidden_size": model["hidden_size"],
+        "embedding_size": model["embedding_size"],
+        "cell_options": model.get("cell_options") or {},
+        "parameters": parameters(model, args.num_symbols, model["hidden_size"]),
+        "num_symbols": args.num_symbols,
+        "train_examples": args.train_examples,
+        "epochs": args.epochs,
+        "trials": args.trials,
+        "best_params": best.params,
+        "valid_loss": best.value,
+        "test_loss": result["loss"],
+        "test_tokens": result["tokens"],
+        "tune_seconds": round(seconds, 1),
+        "checkpoint": relative(checkpoint),
+    }
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: test cross-entropy (nats per answer token) per length, LSTM and Mogrifier, and their difference."""
+    lengths = sorted({r["length"] for r in results.values()})
+    lines = ["| length | " + " | ".join(CONFIGS) + " | Mogrifier - LSTM |", "|---" * (len(CONFIGS) + 2) + "|"]
+    for length in lengths:
+        cells = [results.get(f"{length}/{name}") for name in CONFIGS]
+        figures = ["-" if r is None else f"{r['test_loss']:.4f}" for r in cells]
+        gap = "-" if None in cells else f"{cells[1]['test_loss'] - cells[0]['test_loss']:+.4f}"  # type: ignore[index]
+        lines.append(f"| {length} | " + " | ".join(figures) + f" | {gap} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], out: Path) -> Path:
+    """Figure 4's shape: test cross-entropy against length, one line per architecture."""
+    from checkpoints.curves import render_panels
+
+    series = [
+        (
+            sorted((r["length"], r["test_loss"]) for r in results.values() if r["architecture"] == name),
+            COLOURS[name],
+            name,
+        )
+        for name in CONFIGS
+    ]
+    title = "reverse copy (Melis et al. 2020 Fig. 4 at CPU scale): test cross-entropy per answer token"
+    return render_panels([("cross-entropy (nats)", "sequence length", series)], out, title)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[10, 20, 30, 40])
+    parser.add_argument("--architectures", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--num-symbols", type=int, default=100, help="vocabulary of the examples (paper: 1000)")
+    parser.add_argument("--params", type=int, default=363_000, help="parameter budget per model (paper: 10M)")
+    parser.add_argument("--train-examples", type=int, default=20_000, help="paper: 500,000")
+    parser.add_argument("--eval-examples", type=int, default=1_000, help="validation and test each; paper: 10,000")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=1, help="learning rates per cell (the first: the config's)")
+    parser.add_argument("--jobs", type=int, default=1, help="trials side by side (lm-zoo tune --jobs)")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "reverse-copy")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "reverse_copy.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "reverse_copy.png")
+    parser.add_argument("--table-only", action="store_true", help="print the table of --results, plot it, stop")
+    args = parser.parse_args(argv)
+
+    results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
+    if not args.table_only:
+        for length in args.lengths:
+            for name in args.architectures:
+                key = f"{length}/{name}"
+                if key in results and results[key]["trials"] >= args.trials:
+                    continue
+                results[key] = r = run_cell(name, length, args)
+                print(
+                    f"{key}: test {r['test_loss']:.4f} nats, valid {r['valid_loss']:.4f}, {r['hidden_size']} units, "
+                    f"{r['parameters']:,} parameters, {r['tune_seconds']:.0f} s",
+                    flush=True,
+                )
+                args.results.parent.mkdir(parents=True, exist_ok=True)
+                args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+    if results:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        print(f"plot: {plot(results, args.plot)}")
+
+
+if __name__ == "__main__":
+    main()
