@@ -155,6 +155,23 @@ def test_switches_on_at_the_right_check(
     assert last["callbacks"]["WeightAveragingOnPlateau"]["switched_on_at_step"] == switch_step
 
 
+def test_checks_every_n_steps_across_epochs_count_as_lambs_turns(tmp_path: Path) -> None:
+    """lamb validates every 200 steps (a "turn") whatever the epoch length, and its averaging trigger counts turns: the
+    Melis recipes set ``val_check_interval: 200`` with ``check_val_every_n_epoch: null``. Here a check every 3 steps of
+    2-step epochs, patience 2: the switch comes at the 4th check, step 12, and later checks see the mean from there."""
+    val_losses = [5.0, 4.0, 4.5, 4.6, 4.7, 4.8]
+    averaging = WeightAveragingOnPlateau(patience=2, start_fraction=None)
+    model, iterates, _ = fit_scripted(
+        tmp_path, val_losses, averaging, max_steps=18, val_check_interval=3, check_val_every_n_epoch=None
+    )
+    assert averaging.history == pytest.approx(val_losses)  # a check at steps 3, 6, ..., 18, across epoch ends
+    assert averaging.switched_on_at_step == 12
+    after = iterates.after_step
+    torch.testing.assert_close(model.seen_at_validation[3], after[11], rtol=0, atol=0)
+    torch.testing.assert_close(model.seen_at_validation[4], mean(after[12:15]))
+    torch.testing.assert_close(model.seen_at_validation[5], mean(after[12:18]))
+
+
 @pytest.mark.parametrize(
     ("bounds", "unsized"),
     [({"max_steps": 10}, False), ({"max_epochs": 5}, False), ({"max_epochs": 5}, True)],

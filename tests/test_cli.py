@@ -95,7 +95,10 @@ def test_every_shipped_config_parses(config: Path, capsys: pytest.CaptureFixture
         assert "class_path: datamodules.MusicDataModule" in printed
         return
     assert "class_path: lightning_modules.LanguageModel" in printed
-    assert any(f"class_path: datamodules.{name}" in printed for name in ("TextDataModule", "GBWDataModule"))
+    assert any(
+        f"class_path: datamodules.{name}" in printed
+        for name in ("TextDataModule", "GBWDataModule", "ReverseCopyDataModule")
+    )
 
 
 def test_models_lists_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,119 @@
+"""The Melis et al. 2020 recipes are deepmind/lamb's released configurations, value for value (issue 15).
+
+lamb's values are written out here as its config files give them (``experiment/mogrifier/config/<tuning>/trial_N/
+config``); the test reads the shipped YAML the way ``lm-zoo fit`` does and checks every mapped setting, including the
+two loss-scale translations (lamb sums the loss over the T steps of a window, lm-zoo averages per token: clip / T and
+l2_penalty / T) and the hidden size that lamb's parameter budget rule solves for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# lamb flag values per released trial.
+LAMB: dict[str, dict[str, Any]] = {
+    "ptb/mogrifier.yaml": {  # 786252db3825+_tune_ptb_24m_lstm_fm_d2_arms/trial_483
+        "num_params": 24e6, "vocab": 10002, "tied": True, "rounds": 5, "rank": 84,
+        "input_dropout": 0.7290787773167251, "inter_layer_dropout": 0.2909822365241189,
+        "state_dropout": 0.38729439899832296, "output_dropout": 0.7156690388448465,
+        "learning_rate": 0.002299987130225388, "l2_penalty": 0.00025235335778471014,
+        "batch_size": 64, "max_time_steps": 70, "turns": 1000, "trigger_averaging_turns": 50,
+        "trigger_averaging_at_the_latest": 800,
+    },
+    "ptb/lstm-melis.yaml": {  # 786252db3825+_tune_ptb_24m_lstm_d2_arms/trial_833
+        "num_params": 24e6, "vocab": 10002, "tied": True, "rounds": 0, "rank": 0,
+        "input_dropout": 0.6275626425150355, "inter_layer_dropout": 0.3069926535017156,
+        "state_dropout": 0.3692225400980858, "output_dropout": 0.6901712653612706,
+        "learning_rate": 0.0030369099569192135, "l2_penalty": 0.00024908138497223704,
+        "batch_size": 64, "max_time_steps": 70, "turns": 1000, "trigger_averaging_turns": 50,
+        "trigger_averaging_at_the_latest": 800,
+    },
+    "ptb-char/mogrifier.yaml": {  # 0393c7dc3532+_tune_ptb_char_24m_lstm_fm_d2_asgd_ts150/trial_596
+        "num_params": 24e6, "vocab": 51, "tied": False, "rounds": 4, "rank": 24,
+        "input_dropout": 0.27860252841733274, "inter_layer_dropout": 0.0737609984911853,
+        "state_dropout": 0.17118611234551975, "output_dropout": 0.2347428361918374,
+        "learning_rate": 0.003739598828019367, "l2_penalty": 0.00025558089199237096,
+        "batch_size": 64, "max_time_steps": 150, "turns": 500, "trigger_averaging_turns": 25,
+        "trigger_averaging_at_the_latest": 400,
+    },
+}  # fmt: skip
+STEPS_PER_TURN, MAX_GRAD_NORM, DROP_STATE, BETA2, EPSILON, FORGET_BIAS = 200, 10.0, 0.01, 0.999, 1e-8, 1.0
+
+
+def lamb_parameters(hidden: int, vocab: int, rounds: int, rank: int, tied: bool, layers: int = 2) -> int:
+    """Trainable parameters as lamb counts them for its budget: embedding (= hidden, ratio 1), the softmax weights
+    unless tied and its bias, per layer one [in + H, 4H] matrix and one bias per gate, and per Mogrifier round the two
+    low-rank factors and a bias (even rounds, 0-based, gate x from h; odd rounds gate h from x)."""
+    total = vocab * hidden + (0 if tied else vocab * hidden) + vocab
+    for _ in range(layers):
+        inp = hidden
+        total += (inp + hidden) * 4 * hidden + 4 * hidden
+        for r in range(rounds):
+            total += rank * (hidden + inp) + (inp if r % 2 == 0 else hidden)
+    return total
+
+
+@pytest.mark.parametrize("name", list(LAMB))
+def test_recipe_is_lambs_released_configuration(name: str) -> None:
+    from lightning_modules.tuning import full_config
+
+    lamb = LAMB[name]
+    config = full_config(ROOT / "configs" / name)
+    trainer, model = config["trainer"], config["model"]["init_args"]
+    data, optimizer = config["data"]["init_args"], config["optimizer"]["init_args"]
+    cell = model["cell_options"]
+    steps = lamb["max_time_steps"]
+
+    assert model["architecture"] == ("mogrifier" if lamb["rounds"] else "lstm")
+    assert (cell.get("rounds", 0), cell.get("rank", 0)) == (lamb["rounds"], lamb["rank"])
+    assert cell.get("round_bias", False) == bool(lamb["rounds"])  # lamb's rounds have a bias each
+    assert cell["cap_input_gate"] and cell["sum_layer_outputs"] and cell["forget_bias"] == FORGET_BIAS
+    assert model["num_layers"] == 2 and model["input_embedding_ratio"] == 1.0 and model["tie_weights"] == lamb["tied"]
+    for dropout in ("input_dropout", "inter_layer_dropout", "output_dropout"):
+        assert model[dropout] == lamb[dropout]
+    assert cell["state_dropout"] == lamb["state_dropout"]
+    assert model["drop_state_probability"] == DROP_STATE
+
+    assert config["optimizer"]["class_path"] == "torch.optim.Adam"
+    assert optimizer["lr"] == lamb["learning_rate"]
+    assert list(optimizer["betas"]) == [0.0, BETA2] and optimizer["eps"] == EPSILON
+    assert optimizer["weight_decay"] == pytest.approx(lamb["l2_penalty"] / steps, rel=1e-9)
+    assert trainer["gradient_clip_val"] == pytest.approx(MAX_GRAD_NORM / steps, rel=1e-5)
+
+    assert (data["batch_size"], data["bptt"]) == (lamb["batch_size"], steps)
+    assert trainer["max_steps"] == lamb["turns"] * STEPS_PER_TURN
+    assert trainer["val_check_interval"] == STEPS_PER_TURN and trainer["check_val_every_n_epoch"] is None
+    [averaging] = [c for c in trainer["callbacks"] if c["class_path"].endswith("WeightAveragingOnPlateau")]
+    assert averaging["init_args"]["patience"] == lamb["trigger_averaging_turns"]
+    assert averaging["init_args"]["start_fraction"] == lamb["trigger_averaging_at_the_latest"] / lamb["turns"]
+
+    # The hidden size is the largest lamb's budget rule allows.
+    size = (model["hidden_size"], lamb["vocab"], lamb["rounds"], lamb["rank"], lamb["tied"])
+    assert lamb_parameters(*size) <= lamb["num_params"] < lamb_parameters(size[0] + 1, *size[1:])
+
+
+def test_lamb_parameter_count_matches_the_zoo_model() -> None:
+    """The count above is the zoo model's own, less the second bias vector nn.LSTM keeps per layer (its sum with the
+    first is the gate's one bias) and the ids lamb's vocabulary has beside ours: the rule counts the same network."""
+    import torch
+
+    from zoo import RecurrentLM
+
+    hidden, vocab, rounds, rank = 40, 30, 5, 6
+    with torch.device("meta"):
+        model = RecurrentLM(
+            vocab_size=vocab,
+            architecture="mogrifier",
+            hidden_size=hidden,
+            input_embedding_ratio=1.0,
+            num_layers=2,
+            tie_weights=False,
+            cell_options={"rounds": rounds, "rank": rank, "round_bias": True},
+        )
+    second_biases = 2 * 4 * hidden
+    assert model.num_parameters() - second_biases == lamb_parameters(hidden, vocab, rounds, rank, tied=False)
