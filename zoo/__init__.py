@@ -20,6 +20,7 @@ from torch import nn
 from zoo.base import STACK_OPTIONS, State, detach_state, mask_state
 from zoo.errors import ConfigError
 from zoo.fs_rnn import FSRNN
+from zoo.genome import Genome
 from zoo.gru import GRU, GRUPaper
 from zoo.lstm import LSTM
 from zoo.lstm_ablations import LSTMNoForget, LSTMNoInput, LSTMNoOutput
@@ -214,6 +215,17 @@ _REGISTRY: dict[str, Architecture] = {
                 "tiny": {**_TINY, "rounds": 5, "rank": 4},
                 # r = 5, k = 84: in the paper's best ranges (r in {5, 6}, k in [40, 90], §4.1); 23.98M.
                 "melis-ptb": {"input_size": 912, "hidden_size": 912, "num_layers": 2, "rounds": 5, "rank": 84},
+            },
+        ),
+        Architecture(
+            "genome",
+            Genome,
+            "any cell written as a computation graph (cell_options.genome: a genome string, or lstm, gru_paper, "
+            "rnn_tanh, mut1-3); what the architecture search mutates",
+            "Jozefowicz et al. 2015 §3.2",
+            {
+                "tiny": {**_TINY, "genome": "lstm"},
+                "jozefowicz-ptb": {"input_size": 650, "hidden_size": 650, "num_layers": 2, "genome": "lstm"},
             },
         ),
         Architecture(
