@@ -59,10 +59,17 @@ def reverse_copy_tokenizer(num_symbols: int) -> WordTokenizer:
 
 
 def reverse_copy_examples(
-    rng: np.random.Generator, num_examples: int, num_symbols: int, min_length: int, max_length: int, first_id: int
+    rng: np.random.Generator,
+    num_examples: int,
+    num_symbols: int,
+    min_length: int,
+    max_length: int,
+    first_id: int,
+    reverse: bool = True,
 ) -> ReverseCopySplit:
     """Draw ``num_examples`` examples: a length ``n`` uniform in ``[min_length, max_length]``, ``n`` symbols uniform
-    over ``num_symbols`` (ids from ``first_id``), the marker (id ``first_id - 1``), the symbols reversed.
+    over ``num_symbols`` (ids from ``first_id``), the marker (id ``first_id - 1``), the symbols reversed (or, with
+    ``reverse=False``, repeated in their order: the memorisation task of Jozefowicz et al. 2015 §3.1).
 
     Every example is ``2 * max_length + 1`` ids long: a shorter one starts with ``2 * (max_length - n)`` padding ids
     (``<eos>``, id 0, unscored like the source). Windows of that length then hold exactly one example per column, so
@@ -72,14 +79,15 @@ def reverse_copy_examples(
     lengths = rng.integers(min_length, max_length + 1, size=num_examples)  # (N,) source lengths
     sources = rng.integers(first_id, first_id + num_symbols, size=int(lengths.sum()), dtype=np.int32)
     ids = np.zeros(num_examples * width, dtype=np.int32)  # <eos> padding where nothing else goes
-    # Where source token k of example i lands, and its mirror after the marker, without a loop over examples:
-    # with s_i the first source position (after the padding), s_i + k and s_i + 2 n_i - k.
+    # Where source token k of example i lands, and its copy after the marker, without a loop over examples: with s_i
+    # the first source position (after the padding), s_i + k and s_i + 2 n_i - k (reversed) or s_i + n_i + 1 + k.
     padding = 2 * (max_length - lengths)  # (N,)
     first_source = np.arange(num_examples) * width + padding  # (N,)
     within = np.arange(len(sources)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # (sum n,) k
     starts = np.repeat(first_source, lengths)
     ids[starts + within] = sources
-    ids[starts + 2 * np.repeat(lengths, lengths) - within] = sources
+    answer = 2 * np.repeat(lengths, lengths) - within if reverse else np.repeat(lengths, lengths) + 1 + within
+    ids[starts + answer] = sources
     ids[first_source + lengths] = first_id - 1
     scored = int(lengths.sum())
     return ReverseCopySplit(
@@ -108,9 +116,10 @@ class ReverseCopyDataModule(StreamDataModule):
         eval_batch_size: validation/test columns.
         eval_bptt: validation/test window length; ``None`` uses ``bptt``.
         seed: generates the three splits (each from its own stream) and orders the training epochs.
+        reverse: ``False`` asks for the source in its own order instead: Jozefowicz et al. 2015's memorisation task
+            (§3.1: 5 symbols of 26, read, then reproduced), the first filter of their architecture search.
     """
 
-    corpus_name = "synthetic-reverse-copy"
     level = "word"
 
     def __init__(
@@ -125,6 +134,7 @@ class ReverseCopyDataModule(StreamDataModule):
         eval_batch_size: int = 64,
         eval_bptt: int | None = None,
         seed: int = 0,
+        reverse: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -140,6 +150,8 @@ class ReverseCopyDataModule(StreamDataModule):
         self.batch_size, self.bptt = batch_size, bptt or 2 * max_length + 1
         self.eval_batch_size, self.eval_bptt = eval_batch_size, eval_bptt or self.bptt
         self.seed = seed
+        self.reverse = reverse
+        self.corpus_name = "synthetic-reverse-copy" if reverse else "synthetic-copy"
         self.tokenizer: Tokenizer = reverse_copy_tokenizer(num_symbols)
         self._splits: dict[str, ReverseCopySplit] = {}
 
@@ -156,7 +168,13 @@ class ReverseCopyDataModule(StreamDataModule):
             rng = np.random.default_rng([self.seed, SPLIT_SEEDS[split]])
             first_symbol = self.tokenizer.index["0"]  # type: ignore[attr-defined]
             self._splits[split] = reverse_copy_examples(
-                rng, self.examples[split], self.num_symbols, self.min_length, self.max_length, first_symbol
+                rng,
+                self.examples[split],
+                self.num_symbols,
+                self.min_length,
+                self.max_length,
+                first_symbol,
+                self.reverse,
             )
         return self._splits[split]
 

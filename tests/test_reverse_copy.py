@@ -55,6 +55,16 @@ def test_the_answer_is_the_source_reversed_and_lengths_lie_in_the_range() -> Non
     assert examples_of(module(seed=1), "train") != examples_of(dm, "train")
 
 
+def test_the_memorisation_task_repeats_the_source_in_order() -> None:
+    """reverse=False: Jozefowicz et al. 2015's memorisation filter (5 symbols of 26, read, then reproduced)."""
+    dm = module(num_symbols=26, min_length=5, max_length=5, reverse=False)
+    assert dm.corpus_name == "synthetic-copy"
+    for source, answer in examples_of(dm, "train"):
+        assert answer == source and len(source) == 5
+    stream = dm.stream("valid", batch_size=2)
+    assert stream.num_predicted == 9 * 5
+
+
 def test_symbols_are_uniform_and_independent() -> None:
     dm = module(num_symbols=10, min_length=30, max_length=30, train_examples=2000)
     sources = np.array([source for source, _ in examples_of(dm, "train")])  # (2000, 30)
