@@ -53,6 +53,8 @@ COMMANDS = {
     "parse": "unsupervised constituency parsing with an ON-LSTM SOURCE: F1 per layer on a treebank, or one --text",
     "syneval": "targeted syntactic evaluation (Marvin & Linzen 2018) of a word-level SOURCE: accuracy per condition",
     "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
+    "search": "Jozefowicz et al. 2015's architecture search (--config X --storage URL --workers N --budget 2h); "
+    "`search report` lists the best cells",
     "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their README table",
 }
 SPLITS = ("train", "valid", "test")
@@ -813,6 +815,13 @@ def cmd_tune(argv: Sequence[str]) -> None:
     tune(argv)
 
 
+def cmd_search(argv: Sequence[str]) -> None:
+    """``lm-zoo search``: the architecture search (:mod:`lightning_modules.evolution`)."""
+    from lightning_modules.evolution import cmd_search as search
+
+    search(argv)
+
+
 def cmd_bundle(argv: Sequence[str]) -> None:
     """``lm-zoo bundle``: the shipped pretrained models (:mod:`checkpoints.bundle`)."""
     from checkpoints.bundle import cmd_bundle as bundle
@@ -830,6 +839,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "parse": cmd_parse,
     "syneval": cmd_syneval,
     "tune": cmd_tune,
+    "search": cmd_search,
     "bundle": cmd_bundle,
 }
 

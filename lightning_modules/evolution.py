@@ -1,0 +1,502 @@
+"""The search procedure of Jozefowicz et al. 2015 (§3.1, §3.3) over a shared store, and ``lm-zoo search``.
+
+The procedure, as §3.1 describes it:
+- a list of the best architectures (``top``, 100 in the paper), started with the LSTM and the GRU, which are first
+  evaluated on ``baseline_settings`` hyperparameter settings per task (the paper: every allowable setting);
+- an architecture's score is ``min over tasks of (its best accuracy on the task / the GRU's best)``;
+- each step either re-evaluates a listed architecture on ``settings_per_task`` fresh settings per task (20 in the
+  paper), or mutates a listed one (:mod:`zoo.mutation`) and puts the mutant through the ladder: one random setting of
+  the memorisation task, kept only at ``memorise_threshold`` (95%) accuracy or more (once passed, never again); then
+  per task in turn ``settings_per_task`` settings, going on only while the best exceeds ``task_threshold`` (90%) of
+  the GRU's best; a mutant that passes every task joins the list if its score ranks in the top;
+- no architecture is evaluated twice with one setting on one task;
+- a mutant's settings (§3.3): from a parent evaluated on more than ``parent_history`` (420) settings, 80% from the
+  parent's 100 best and 20% at random; otherwise a third at random, a third from the LSTM's and GRU's 100 best, a
+  third from those tried on the parent.
+
+Which of the two steps runs is a coin of weight ``reevaluate_probability`` (§3.1 does not give the ratio).
+
+Many workers, no scheduler of ours: every evaluation is a trial of one Optuna study (``--storage``: SQLite on one
+machine, PostgreSQL or MySQL across machines, or a journal file), with the genome, task and setting as the trial's
+attributes and the accuracy as its value. Each worker reads the whole store before every step, so the list, the
+scores and the settings tried are always those of all workers together, and runs the steady-state loop on its own.
+Optuna's heartbeat marks the trial of a killed worker failed after ``grace_period`` seconds, so a kill loses that one
+evaluation; a restarted search reads the store and goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from lightning_modules.search import MEMORISE, Grid, Setting, Task, train_candidate
+from zoo.errors import ConfigError
+from zoo.genome import GenomeError, format_genome, parse
+from zoo.mutation import mutate
+
+BASELINES = ("lstm", "gru_paper")  # the list's first members; the GRU is every score's yardstick
+STUDY = "architecture-search"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """A search: its tasks, the hyperparameter grid and the procedure's numbers (module docstring)."""
+
+    memorise: Task
+    tasks: tuple[Task, ...]
+    grid: Grid = Grid()
+    top: int = 100
+    settings_per_task: int = 20
+    baseline_settings: int = 20
+    memorise_threshold: float = 0.95
+    task_threshold: float = 0.9
+    reevaluate_probability: float = 0.5
+    parent_history: int = 420
+    best_settings: int = 100
+    max_nodes: int = 64
+
+    def task(self, name: str) -> Task:
+        for task in (self.memorise, *self.tasks):
+            if task.name == name:
+                return task
+        raise KeyError(name)
+
+
+def load_config(path: str | Path) -> SearchConfig:
+    """Read a search config (``configs/search/*.yaml``: ``search``, ``grid``, ``memorise``, ``tasks``)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read the search config {path}: {error}") from None
+    if not isinstance(raw, dict) or "tasks" not in raw or "memorise" not in raw:
+        raise ConfigError(f"{path}: a search config needs 'memorise' and 'tasks' (see configs/search/)")
+
+    def task(name: str, spec: dict[str, Any]) -> Task:
+        known = {f.name for f in fields(Task)} - {"name"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ConfigError(f"{path}: task {name!r} has no setting {', '.join(unknown)}")
+        return Task(name=name, **{**spec, "num_params": tuple(spec.get("num_params", ()))})
+
+    procedure = raw.get("search", {}) or {}
+    known = {f.name for f in fields(SearchConfig)} - {"memorise", "tasks", "grid"}
+    unknown = sorted(set(procedure) - known)
+    if unknown:
+        raise ConfigError(f"{path}: the search has no setting {', '.join(unknown)}")
+    grid = Grid(**{k: tuple(v) for k, v in (raw.get("grid", {}) or {}).items()})
+    tasks = tuple(task(name, spec) for name, spec in raw["tasks"].items())
+    return SearchConfig(memorise=task(MEMORISE, raw["memorise"]), tasks=tasks, grid=grid, **procedure)
+
+
+# ---------------------------------------------------------------------------------------------------- the store
+@dataclass(frozen=True)
+class Evaluation:
+    """One finished evaluation: a genome (canonical string) on a task with a setting."""
+
+    genome: str
+    task: str
+    setting: str
+    accuracy: float
+    finished: datetime | None
+    parent: str | None = None
+
+
+class SearchStore:
+    """The search's state in an Optuna storage (module docstring).
+
+    Args:
+        storage: an SQLAlchemy URL (``sqlite:///search.db``, ``postgresql://host/db``, ...) or a journal file path
+            ending in ``.log``.
+        heartbeat: seconds between a running trial's heartbeats; a trial silent for four of them is failed.
+    """
+
+    def __init__(self, storage: str, heartbeat: int = 60) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Heartbeats and failing stale trials are "experimental" in Optuna (since 2.9); they are what we rely on.
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        if storage.endswith(".log"):
+            from optuna.storages.journal import JournalFileBackend
+
+            backend: Any = optuna.storages.JournalStorage(JournalFileBackend(storage))
+        else:
+            backend = optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=4 * heartbeat)
+        self.study = optuna.create_study(storage=backend, study_name=STUDY, direction="maximize", load_if_exists=True)
+
+    def evaluations(self) -> list[Evaluation]:
+        """Every finished evaluation of every worker (failed runs of killed workers are not evaluations)."""
+        import optuna
+
+        self.fail_stale()
+        found = []
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            attrs = trial.user_attrs
+            found.append(
+                Evaluation(
+                    attrs["genome"], attrs["task"], attrs["setting"], float(trial.value), trial.datetime_complete,
+                    attrs.get("parent"),
+                )
+            )  # fmt: skip
+        return found
+
+    def fail_stale(self) -> None:
+        """Fail the running trials of workers whose heartbeat stopped (killed)."""
+        import optuna
+
+        optuna.storages.fail_stale_trials(self.study)
+
+    def claimed(self) -> set[tuple[str, str, str]]:
+        """``(genome, task, setting)`` of every evaluation finished or under way in any worker."""
+        import optuna
+
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+        return {
+            (t.user_attrs["genome"], t.user_attrs["task"], t.user_attrs["setting"])
+            for t in self.study.get_trials(deepcopy=False, states=states)
+            if "setting" in t.user_attrs
+        }
+
+    def record(self, genome: str, task: str, setting: Setting, run: Any, parent: str | None = None) -> float | None:
+        """Run ``run()`` (an :class:`~lightning_modules.search.Outcome`) as a trial of the study and store it.
+
+        The trial runs through ``study.optimize``, which keeps its heartbeat while it trains and marks it failed if
+        ``run`` raises (Ctrl-C included). Returns the accuracy, or ``None`` when another worker claimed the same
+        evaluation first: workers choose from what they read, and two may choose alike between reading and claiming;
+        the trial with the lower number keeps it, so no setting is evaluated twice.
+        """
+        import optuna
+
+        accuracy: list[float] = []
+        wanted = (genome, task, setting.key())
+
+        def objective(trial: optuna.Trial) -> float:
+            for key, value in zip(("genome", "task", "setting"), wanted, strict=True):
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("parent", parent)
+            trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
+            states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+            for other in self.study.get_trials(deepcopy=False, states=states):
+                attrs = other.user_attrs
+                if (
+                    other.number < trial.number
+                    and (attrs.get("genome"), attrs.get("task"), attrs.get("setting")) == wanted
+                ):
+                    raise optuna.TrialPruned()
+            outcome = run()
+            trial.set_user_attr("outcome", outcome.record())
+            accuracy.append(outcome.accuracy)
+            return outcome.accuracy
+
+        self.study.optimize(objective, n_trials=1, catch=())
+        return accuracy[0] if accuracy else None
+
+
+@dataclass
+class Standing:
+    """What the store says: every genome's best accuracy per task, the settings tried, who passed memorisation."""
+
+    best: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    tried: dict[tuple[str, str], dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    memorised: set[str] = field(default_factory=set)
+    parents: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, evaluations: Sequence[Evaluation], config: SearchConfig) -> Standing:
+        standing = cls()
+        for e in evaluations:
+            standing.tried[(e.genome, e.task)][e.setting] = e.accuracy
+            standing.best[e.genome][e.task] = max(standing.best[e.genome].get(e.task, 0.0), e.accuracy)
+            if e.task == MEMORISE and e.accuracy >= config.memorise_threshold:
+                standing.memorised.add(e.genome)
+            if e.parent is not None:
+                standing.parents.setdefault(e.genome, e.parent)
+        return standing
+
+    def gru_best(self, task: str) -> float:
+        return self.best.get(baseline(BASELINES[1]), {}).get(task, 0.0)
+
+    def score(self, genome: str, config: SearchConfig) -> float:
+        """§3.1 eq. (1): min over tasks of the genome's best accuracy over the GRU's best (0 if one is missing)."""
+        ratios = []
+        for task in config.tasks:
+            gru = self.gru_best(task.name)
+            mine = self.best.get(genome, {}).get(task.name)
+            ratios.append(0.0 if mine is None or gru <= 0 else mine / gru)
+        return min(ratios)
+
+    def passes(self, genome: str, task: str, config: SearchConfig) -> bool:
+        return self.best.get(genome, {}).get(task, 0.0) > config.task_threshold * self.gru_best(task)
+
+    def listed(self, config: SearchConfig) -> list[tuple[float, str]]:
+        """The top list: the baselines, and the genomes that passed memorisation and every task's threshold, by
+        score, best first."""
+        baselines = {baseline(name) for name in BASELINES}
+        candidates = [
+            g
+            for g in self.best
+            if g in baselines or (g in self.memorised and all(self.passes(g, t.name, config) for t in config.tasks))
+        ]
+        ranked = sorted(((self.score(g, config), g) for g in candidates), key=lambda p: (-p[0], p[1]))
+        return ranked[: config.top]
+
+
+def baseline(name: str) -> str:
+    """The canonical genome string of a registered cell."""
+    return format_genome(parse(name))
+
+
+# ----------------------------------------------------------------------------------------------- the procedure
+class Worker:
+    """One process of the search: the steady-state loop over the shared store.
+
+    Args:
+        config: the search.
+        store: the shared store.
+        rng: this worker's randomness (mutations, coins, settings).
+        log: called with one line per event worth printing.
+    """
+
+    def __init__(self, config: SearchConfig, store: SearchStore, rng: random.Random, log: Any = print) -> None:
+        self.config, self.store, self.rng, self.log = config, store, rng, log
+
+    def standing(self) -> Standing:
+        """The store's standing, with the evaluations other workers have under way counted as tried."""
+        standing = Standing.of(self.store.evaluations(), self.config)
+        for genome, task, setting in self.store.claimed():
+            standing.tried[(genome, task)].setdefault(setting, 0.0)
+        return standing
+
+    def evaluate(self, genome: str, task: Task, setting: Setting, parent: str | None = None) -> float | None:
+        """Train and score ``genome`` on ``task`` with ``setting``, and store it (a genome the layer refuses
+        scores 0); ``None`` if another worker took this evaluation."""
+        seed = int(hashlib.sha256(f"{genome}|{task.name}|{setting.key()}".encode()).hexdigest()[:8], 16)
+
+        def run() -> Any:
+            from lightning_modules.search import Outcome
+
+            try:
+                return train_candidate("genome", {"genome": genome}, task, setting, seed)
+            except GenomeError:
+                return Outcome(0.0, 0, 0, 0)
+
+        return self.store.record(genome, task.name, setting, run, parent)
+
+    def fresh_settings(
+        self, genome: str, task: Task, count: int, standing: Standing, parent: str | None = None
+    ) -> list[Setting]:
+        """``count`` settings ``genome`` has not been evaluated with on ``task`` (§3.3's mix for a mutant)."""
+        tried = set(standing.tried.get((genome, task.name), {}))
+        pools: list[list[str]] = []
+        if parent is not None:
+            history = standing.tried.get((parent, task.name), {})
+            best_of_parent = [s for s, _ in sorted(history.items(), key=lambda p: -p[1])[: self.config.best_settings]]
+            if len(history) > self.config.parent_history:
+                weights, pools = [0.8, 0.2], [best_of_parent, []]
+            else:
+                baselines: dict[str, float] = {}
+                for name in BASELINES:
+                    baselines.update(standing.tried.get((baseline(name), task.name), {}))
+                best_baselines = [s for s, _ in sorted(baselines.items(), key=lambda p: -p[1])]
+                weights = [1 / 3, 1 / 3, 1 / 3]
+                pools = [[], best_baselines[: self.config.best_settings], list(history)]
+        else:
+            weights, pools = [1.0], [[]]
+        chosen: list[Setting] = []
+        limit = self.config.grid.size(task.num_params)
+        while len(chosen) < count and len(tried) < limit:
+            pool = self.rng.choices(pools, weights)[0]
+            options = [s for s in pool if s not in tried]
+            key = self.rng.choice(options) if options else self.config.grid.draw(self.rng, task.num_params).key()
+            if key in tried:
+                continue
+            tried.add(key)
+            chosen.append(Setting.from_key(key))
+        return chosen
+
+    def evaluate_on_tasks(self, genome: str, parent: str | None, ladder: bool) -> bool:
+        """``settings_per_task`` fresh settings per task; with ``ladder``, stop at the first task whose best stays
+        at or below the threshold. Returns whether every task passed."""
+        for task in self.config.tasks:
+            standing = self.standing()
+            for setting in self.fresh_settings(genome, task, self.config.settings_per_task, standing, parent):
+                self.evaluate(genome, task, setting, parent)
+            if ladder and not self.standing().passes(genome, task.name, self.config):
+                self.log(f"search: {genome} stops at {task.name}")
+                return False
+        return True
+
+    def baseline_step(self, standing: Standing) -> str | None:
+        """One more setting for the LSTM or the GRU on a task where they have fewer than ``baseline_settings``
+        (the list starts with them, evaluated first); ``None`` once they have them all."""
+        for name in BASELINES:
+            genome = baseline(name)
+            for task in self.config.tasks:
+                if len(standing.tried.get((genome, task.name), {})) < self.config.baseline_settings:
+                    settings = self.fresh_settings(genome, task, 1, standing)
+                    if settings:  # else the grid is exhausted: nothing left to try
+                        self.evaluate(genome, task, settings[0])
+                        return f"baseline {name} on {task.name}"
+        return None
+
+    def step(self) -> str:
+        """One step of the procedure; returns what it did."""
+        standing = self.standing()
+        did = self.baseline_step(standing)
+        if did is not None:
+            return did
+        listed = [g for _, g in standing.listed(self.config)]
+        chosen = self.rng.choice(listed)
+        if self.rng.random() < self.config.reevaluate_probability:
+            self.evaluate_on_tasks(chosen, None, ladder=False)
+            return "re-evaluated"
+        child = format_genome(mutate(parse(chosen), self.rng, max_nodes=self.config.max_nodes))
+        if child not in standing.memorised:
+            memorise = self.config.memorise
+            settings = self.fresh_settings(child, memorise, 1, standing)
+            accuracy = self.evaluate(child, memorise, settings[0], chosen) if settings else None
+            if accuracy is None or accuracy < self.config.memorise_threshold:
+                return "mutant failed memorisation"
+        passed = self.evaluate_on_tasks(child, chosen, ladder=True)
+        return "mutant passed every task" if passed else "mutant stopped on a task"
+
+    def run(self, budget_seconds: float) -> int:
+        """Steps until the budget is spent (the step under way finishes); returns the steps taken."""
+        deadline, steps = time.monotonic() + budget_seconds, 0
+        while time.monotonic() < deadline:
+            what = self.step()
+            steps += 1
+            self.log(f"search: step {steps}: {what}")
+        return steps
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def report(store: SearchStore, config: SearchConfig | None, top: int = 100) -> dict[str, Any]:
+    """Statistics of the search and its top list (§3.4's figures and the best genomes)."""
+    evaluations = store.evaluations()
+    baselines = {baseline(name): name for name in BASELINES}
+    tasks = [t.name for t in config.tasks] if config else sorted({e.task for e in evaluations} - {MEMORISE})
+    settings = config or _report_config(tasks)
+    standing = Standing.of(evaluations, settings)
+    proposed = {e.genome for e in evaluations if e.genome not in baselines}
+    times = sorted(e.finished for e in evaluations if e.finished is not None)
+    hours = (times[-1] - times[0]).total_seconds() / 3600 if len(times) > 1 else 0.0
+    listed = standing.listed(settings)[:top]
+    return {
+        "evaluations": len(evaluations),
+        "architectures_proposed": len(proposed),
+        "passed_memorisation": len(standing.memorised & proposed),
+        "passed_every_task": sum(1 for _, g in listed if g not in baselines),
+        "evaluations_per_hour": len(evaluations) / hours if hours > 0 else None,
+        "baselines": {name: dict(standing.best.get(g, {})) for g, name in baselines.items()},
+        "top": [
+            {
+                "rank": rank,
+                "score": score,
+                "genome": genome,
+                "name": baselines.get(genome),
+                "best": dict(standing.best.get(genome, {})),
+                "settings": {t: len(standing.tried.get((genome, t), {})) for t in tasks},
+                "parent": standing.parents.get(genome),
+            }
+            for rank, (score, genome) in enumerate(listed, start=1)
+        ],
+    }
+
+
+def _report_config(tasks: list[str]) -> SearchConfig:
+    """The procedure's defaults over the tasks the store holds (a report without the search's config)."""
+    placeholder = Task(MEMORISE, {}, (1,))
+    return SearchConfig(memorise=placeholder, tasks=tuple(Task(t, {}, (1,)) for t in tasks))
+
+
+def format_report(result: dict[str, Any], shown: int = 10) -> str:
+    lines = [
+        f"evaluations: {result['evaluations']}"
+        + (f" ({result['evaluations_per_hour']:.0f} per hour)" if result["evaluations_per_hour"] else ""),
+        f"architectures proposed: {result['architectures_proposed']}, passed memorisation: "
+        f"{result['passed_memorisation']}, passed every task: {result['passed_every_task']}",
+    ]
+    for name, best in result["baselines"].items():
+        lines.append(f"{name}: " + ", ".join(f"{t} {a:.4f}" for t, a in sorted(best.items())))
+    for row in result["top"][:shown]:
+        label = row["name"] or row["genome"]
+        accuracies = ", ".join(f"{t} {a:.4f}" for t, a in sorted(row["best"].items()))
+        lines.append(f"{row['rank']:>3}. score {row['score']:.4f}  {accuracies}  {label}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- lm-zoo search
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``2h`` or a number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1:] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--budget {text!r} is not a duration: write e.g. 2h, 30m or 90s") from None
+
+
+def cmd_search(argv: Sequence[str]) -> None:
+    """``lm-zoo search`` (run workers) and ``lm-zoo search report``."""
+    argv = list(argv)
+    if argv[:1] == ["report"]:
+        parser = argparse.ArgumentParser(prog="lm-zoo search report", description="the search's statistics and list")
+        parser.add_argument("--storage", required=True, help="the search's storage URL (or journal .log file)")
+        parser.add_argument("--config", help="the search config (its tasks and thresholds; default: the store's)")
+        parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
+        parser.add_argument("--json", action="store_true")
+        args = parser.parse_args(argv[1:])
+        store = SearchStore(args.storage)
+        result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
+        print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
+        return
+    parser = argparse.ArgumentParser(prog="lm-zoo search", description="Jozefowicz et al. 2015's architecture search")
+    parser.add_argument("--config", required=True, help="the search (configs/search/jozefowicz.yaml)")
+    parser.add_argument("--storage", required=True, help="e.g. sqlite:///search.db, postgresql://host/db")
+    parser.add_argument("--workers", type=int, default=1, help="processes on this machine, sharing the storage")
+    parser.add_argument("--budget", default="1h", help="how long to search (e.g. 2h); the running step finishes")
+    parser.add_argument("--seed", type=int, default=0, help="seeds this machine's workers (seed + worker index)")
+    parser.add_argument("--threads", type=int, help="torch threads per worker (default: the cores / workers)")
+    parser.add_argument("--heartbeat", type=int, default=60, help="seconds; a worker silent for 4 is failed")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    budget = parse_duration(args.budget)
+    config = load_config(args.config)
+    store = SearchStore(args.storage, heartbeat=args.heartbeat)
+    import torch
+
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    torch.set_num_threads(threads)
+    helpers = []
+    if not args.worker:
+        for index in range(1, args.workers):
+            command = [sys.executable, "-m", "cli", "search", "--config", args.config, "--storage", args.storage]
+            command += ["--budget", str(budget), "--seed", str(args.seed + index), "--threads", str(threads)]
+            command += ["--heartbeat", str(args.heartbeat)]
+            helpers.append(subprocess.Popen([*command, "--worker"]))
+    worker = Worker(config, store, random.Random(args.seed), log=lambda line: print(line, flush=True))
+    try:
+        steps = worker.run(budget)
+    finally:
+        for helper in helpers:
+            helper.wait()
+    print(f"search: {steps} steps in this process; lm-zoo search report --storage {args.storage}")

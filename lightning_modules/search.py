@@ -1,0 +1,267 @@
+"""The architecture search of Jozefowicz, Zaremba & Sutskever 2015 (§3): candidates, their tasks and
+hyperparameters, and the evaluation of one candidate on one task with one setting.
+
+What is the paper's:
+- a candidate is a cell genome (:mod:`zoo.genome`), run as the ``genome`` architecture of a language model whose
+  embedding is as wide as its hidden layer ("all nodes have the same dimensionality");
+- the hyperparameters of §3.7: the initialisation scale (``Uniform(+-scale / sqrt(units))``), the learning rate, the
+  gradient-norm limit, the number of layers, and the parameter budget (the units found by binary search for it);
+- every task is next-step prediction with a minibatch of 20 unrolled 35 steps, the state carried between windows,
+  SGD, and the §3.6 search schedule: after 3 epochs without a better validation accuracy, halve the rate at every
+  epoch for 4 more epochs, then stop; the measure is the best validation next-step accuracy;
+- the tasks: memorisation (5 symbols of 26, then reproduced; scored on the reproduction, teacher-forced), arithmetic
+  with distractors and XML (:mod:`datamodules.synthetic`), and PTB.
+
+What is scaled to a CPU (options in ``configs/search/*.yaml``): the parameter budgets, the corpus sizes, the number
+of epochs and the training windows per epoch. The learning rate and the gradient limit are the paper's on a loss
+summed over the 35 unrolled steps; lm-zoo's loss is the mean per step, so SGD runs at ``lr x bptt`` with the limit
+``max_grad_norm / bptt`` (as ``configs/music`` and ``benchmarks/music_table.py`` translate them).
+
+The training loop is a plain one over the data module's windows, not a Lightning ``Trainer``: a search runs
+thousands of models of seconds each, for which a trainer's set-up, checkpointing and logging cost more than the
+training; nothing of it is kept but the accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from datamodules.streams import IGNORE_INDEX
+from zoo.errors import ConfigError
+
+# §3.7's grids.
+INIT_SCALES = (0.3, 0.7, 1.0, 1.4, 2.0, 2.8)
+LEARNING_RATES = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+GRADIENT_NORMS = (1.0, 2.5, 5.0, 10.0, 20.0)
+NUM_LAYERS = (1, 2, 3, 4)
+MEMORISE = "memorise"
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One hyperparameter setting of §3.7 (the paper's units)."""
+
+    init_scale: float
+    learning_rate: float
+    max_grad_norm: float
+    num_layers: int
+    num_params: int
+
+    def key(self) -> str:
+        """A stable text form, what the store records and compares."""
+        return (
+            f"scale={self.init_scale:g},lr={self.learning_rate:g},clip={self.max_grad_norm:g},"
+            f"layers={self.num_layers},params={self.num_params}"
+        )
+
+    @classmethod
+    def from_key(cls, key: str) -> Setting:
+        values = dict(part.split("=") for part in key.split(","))
+        return cls(
+            float(values["scale"]),
+            float(values["lr"]),
+            float(values["clip"]),
+            int(values["layers"]),
+            int(values["params"]),
+        )
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The values each hyperparameter may take (§3.7 unless a config narrows them)."""
+
+    init_scale: tuple[float, ...] = INIT_SCALES
+    learning_rate: tuple[float, ...] = LEARNING_RATES
+    max_grad_norm: tuple[float, ...] = GRADIENT_NORMS
+    num_layers: tuple[int, ...] = NUM_LAYERS
+
+    def draw(self, rng: random.Random, num_params: tuple[int, ...]) -> Setting:
+        """A setting drawn uniformly from the grid, with one of the task's parameter budgets."""
+        return Setting(
+            rng.choice(self.init_scale),
+            rng.choice(self.learning_rate),
+            rng.choice(self.max_grad_norm),
+            rng.choice(self.num_layers),
+            rng.choice(num_params),
+        )
+
+    def size(self, num_params: tuple[int, ...]) -> int:
+        return (
+            len(self.init_scale)
+            * len(self.learning_rate)
+            * len(self.max_grad_norm)
+            * len(self.num_layers)
+            * len(num_params)
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    """One of the search's problems.
+
+    Attributes:
+        name: ``memorise``, ``arithmetic``, ``xml``, ``ptb`` or any other name a config gives.
+        data: the data module: ``class_path`` (``datamodules.TextDataModule`` or ``datamodules.ReverseCopyDataModule``)
+            and its ``init_args``.
+        num_params: the parameter budgets a setting may take (§3.7: 250K or 1M for arithmetic and XML, 5M for PTB).
+        epochs: the most epochs a candidate trains (the §3.6 schedule may stop it earlier).
+        train_windows: training windows per epoch (``None``: the whole split).
+        valid_windows: validation windows scored per epoch (``None``: the whole split).
+    """
+
+    name: str
+    data: dict[str, Any]
+    num_params: tuple[int, ...]
+    epochs: int = 10
+    train_windows: int | None = None
+    valid_windows: int | None = None
+
+    def datamodule(self) -> Any:
+        """A fresh data module for the task (its splits are generated or read from the cache)."""
+        import datamodules
+
+        class_name = self.data.get("class_path", "datamodules.TextDataModule").rsplit(".", 1)[-1]
+        if class_name not in datamodules.__all__:
+            raise ConfigError(f"task {self.name!r}: unknown data module {class_name!r}")
+        return getattr(datamodules, class_name)(**self.data.get("init_args", {}))
+
+
+def hidden_for_budget(architecture: str, options: dict[str, Any], vocab_size: int, layers: int, budget: int) -> int:
+    """The most units (embedding = hidden) whose language model has at most ``budget`` parameters (§3.7)."""
+    from zoo import RecurrentLM
+
+    def count(units: int) -> int:
+        with torch.device("meta"):
+            model = RecurrentLM(
+                vocab_size=vocab_size,
+                architecture=architecture,
+                embedding_size=units,
+                hidden_size=units,
+                num_layers=layers,
+                cell_options=options,
+            )
+        return model.num_parameters()
+
+    low, high = 1, 4096
+    if count(low) > budget:
+        raise ConfigError(f"a budget of {budget} parameters is too small for a {layers}-layer {architecture} model")
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if count(middle) <= budget else (low, middle - 1)
+    return low
+
+
+@dataclass
+class Outcome:
+    """What training one candidate on one task with one setting gave.
+
+    Attributes:
+        accuracy: the best validation next-step accuracy over the epochs (0 if training diverged at once).
+        epochs: epochs trained.
+        hidden_size: the units the budget allowed.
+        parameters: the model's parameter count.
+        diverged: training met a non-finite loss (it stops there; the accuracy so far counts).
+        history: validation accuracy after each epoch.
+    """
+
+    accuracy: float
+    epochs: int
+    hidden_size: int
+    parameters: int
+    diverged: bool = False
+    history: list[float] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def window_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """Correct argmax predictions and predicted tokens in a window (targets ``-100`` are not predicted)."""
+    scored = targets != IGNORE_INDEX
+    return int((logits.argmax(-1) == targets)[scored].sum()), int(scored.sum())
+
+
+def validation_accuracy(model: Any, windows: Any, limit: int | None) -> float:
+    """Next-step accuracy over the validation windows, the state carried from window to window."""
+    model.eval()
+    correct = total = 0
+    state = None
+    with torch.no_grad():
+        for index, window in enumerate(windows):
+            if limit is not None and index >= limit:
+                break
+            logits, state = model(window.inputs, state, window.reset)
+            right, count = window_accuracy(logits, window.targets)
+            correct, total = correct + right, total + count
+    return correct / max(total, 1)
+
+
+def train_candidate(architecture: str, options: dict[str, Any], task: Task, setting: Setting, seed: int = 0) -> Outcome:
+    """Train a language model of this cell on ``task`` with ``setting`` and score it (module docstring).
+
+    Args:
+        architecture: a zoo architecture (``genome`` for a candidate; ``lstm``, ``gru_paper``, ... for Table 1).
+        options: its cell options (``{"genome": "..."}`` for a candidate).
+        task: the task.
+        setting: the hyperparameters.
+        seed: seeds the initialisation and the training order.
+    """
+    from zoo import RecurrentLM
+
+    torch.manual_seed(seed)
+    datamodule = task.datamodule()
+    vocab_size = datamodule.vocab_size
+    hidden = hidden_for_budget(architecture, options, vocab_size, setting.num_layers, setting.num_params)
+    model = RecurrentLM(
+        vocab_size=vocab_size,
+        architecture=architecture,
+        embedding_size=hidden,
+        hidden_size=hidden,
+        num_layers=setting.num_layers,
+        init_range=setting.init_scale / math.sqrt(hidden),
+        cell_options=options,
+    )
+    bptt = datamodule.bptt
+    learning_rate = setting.learning_rate * bptt  # the paper's rate on a loss summed over the unrolled steps
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    outcome = Outcome(0.0, 0, hidden, model.num_parameters())
+    best_epoch, decaying = 0, 0
+    train = datamodule.stream("train")  # one stream for the run: it counts the epochs it is read (new orders)
+    for epoch in range(task.epochs):
+        model.train()
+        state = None
+        for index, window in enumerate(train):
+            if task.train_windows is not None and index >= task.train_windows:
+                break
+            nll, state = model.token_nll(window.inputs, window.targets, state, window.reset)
+            predicted = (window.targets != IGNORE_INDEX).sum()
+            if int(predicted) == 0:
+                state = tuple(s.detach() for s in state)
+                continue
+            loss = nll.sum() / predicted
+            if not torch.isfinite(loss):
+                outcome.diverged = True
+                return outcome
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), setting.max_grad_norm / bptt)
+            optimizer.step()
+            state = tuple(s.detach() for s in state)
+        accuracy = validation_accuracy(model, datamodule.stream("valid"), task.valid_windows)
+        outcome.history.append(accuracy)
+        outcome.epochs = epoch + 1
+        if accuracy > outcome.accuracy:
+            outcome.accuracy, best_epoch = accuracy, epoch
+        # §3.6: three epochs without improvement start the decay: x0.5 per epoch for four more, then stop.
+        if decaying or epoch - best_epoch >= 3:
+            if decaying == 4:
+                break
+            decaying += 1
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.5
+    return outcome

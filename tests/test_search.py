@@ -1,0 +1,245 @@
+"""The architecture search (Jozefowicz et al. 2015 §3): settings, scores, the acceptance ladder on a stubbed scorer,
+the shared store, and a tiny real search of two worker processes writing to one SQLite file."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cli
+from lightning_modules import evolution
+from lightning_modules.evolution import BASELINES, SearchConfig, SearchStore, Standing, Worker, baseline, load_config
+from lightning_modules.search import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from zoo.genome import format_genome, parse
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = (Task("arithmetic", {}, (1000,)), Task("xml", {}, (1000,)))
+GRU, LSTM = baseline("gru_paper"), baseline("lstm")
+
+
+def config(**options: Any) -> SearchConfig:
+    settings = {"settings_per_task": 2, "baseline_settings": 2, "top": 5}
+    return SearchConfig(memorise=Task(MEMORISE, {}, (1000,)), tasks=TASKS, **{**settings, **options})
+
+
+def test_a_setting_reads_back_from_its_key() -> None:
+    grid, rng = Grid(), random.Random(0)
+    for _ in range(50):
+        setting = grid.draw(rng, (250_000, 1_000_000))
+        assert Setting.from_key(setting.key()) == setting
+
+
+def test_the_score_is_the_worst_task_relative_to_the_gru() -> None:
+    """§3.1 eq. (1), written out: min over tasks of best accuracy / the GRU's best."""
+    from lightning_modules.evolution import Evaluation
+
+    rows = [
+        (GRU, "arithmetic", 0.8), (GRU, "arithmetic", 0.9), (GRU, "xml", 0.5),
+        ("cell", "arithmetic", 0.95), ("cell", "xml", 0.4), ("cell", "xml", 0.46), ("cell", MEMORISE, 0.97),
+    ]  # fmt: skip
+    standing = Standing.of([Evaluation(g, t, f"s{i}", a, None) for i, (g, t, a) in enumerate(rows)], config())
+    assert standing.score("cell", config()) == pytest.approx(min(0.95 / 0.9, 0.46 / 0.5))
+    assert standing.score(GRU, config()) == 1.0
+    assert "cell" in standing.memorised
+    # 0.46 > 0.9 * 0.5 passes XML ("exceeds 90%"); raise the bar and it does not.
+    assert standing.passes("cell", "xml", config())
+    assert not standing.passes("cell", "xml", config(task_threshold=0.95))
+
+
+class Scripted:
+    """A stand-in for training: each (genome, task) gets the accuracy the test scripts, for every setting."""
+
+    def __init__(self, accuracy: dict[tuple[str, str], float]) -> None:
+        self.accuracy = accuracy
+        self.calls: list[tuple[str, str, str]] = []
+
+    def __call__(self, architecture: str, options: dict[str, Any], task: Task, setting: Setting, seed: int) -> Outcome:
+        genome = options["genome"]
+        self.calls.append((genome, task.name, setting.key()))
+        return Outcome(self.accuracy.get((genome, task.name), 0.0), 1, 4, 100)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SearchStore:
+    return SearchStore(f"sqlite:///{tmp_path / 'search.db'}")
+
+
+def scripted_worker(
+    monkeypatch: pytest.MonkeyPatch, store: SearchStore, child: str, accuracy: dict[tuple[str, str], float], **options
+) -> tuple[Worker, Scripted]:
+    scorer = Scripted({(GRU, "arithmetic"): 0.8, (GRU, "xml"): 0.5, (LSTM, "arithmetic"): 0.7, (LSTM, "xml"): 0.4,
+                       **accuracy})  # fmt: skip
+    monkeypatch.setattr(evolution, "train_candidate", scorer)
+    monkeypatch.setattr(evolution, "mutate", lambda graph, rng, **kw: parse(child))
+    worker = Worker(config(reevaluate_probability=0.0, **options), store, random.Random(0), log=lambda line: None)
+    while worker.baseline_step(worker.standing()) is not None:  # the LSTM and GRU get their settings first
+        pass
+    return worker, scorer
+
+
+CHILD = format_genome(parse("h: h' = tanh(lin0(x) + lin1(h))"))
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "reached", "listed"),
+    [
+        ({(CHILD, MEMORISE): 0.94}, [MEMORISE], False),  # below 95% on memorisation: no task is tried
+        ({(CHILD, MEMORISE): 0.96, (CHILD, "arithmetic"): 0.72}, [MEMORISE, "arithmetic"], False),  # 0.72 <= 0.9 x 0.8
+        ({(CHILD, MEMORISE): 0.96, (CHILD, "arithmetic"): 0.73, (CHILD, "xml"): 0.44},
+         [MEMORISE, "arithmetic", "xml"], False),  # 0.44 < 0.45 on the second task
+        ({(CHILD, MEMORISE): 0.96, (CHILD, "arithmetic"): 0.73, (CHILD, "xml"): 0.46},
+         [MEMORISE, "arithmetic", "xml"], True),  # every task above 90% of the GRU: listed
+    ],
+)  # fmt: skip
+def test_the_acceptance_ladder(
+    monkeypatch: pytest.MonkeyPatch,
+    store: SearchStore,
+    accuracy: dict[tuple[str, str], float],
+    reached: list[str],
+    listed: bool,
+) -> None:
+    worker, scorer = scripted_worker(monkeypatch, store, CHILD, accuracy)
+    worker.step()
+    child_calls = [(task, setting) for genome, task, setting in scorer.calls if genome == CHILD]
+    assert [t for t in dict.fromkeys(t for t, _ in child_calls)] == reached
+    assert sum(t == MEMORISE for t, _ in child_calls) == 1  # one random setting of the memorisation task
+    for task in reached[1:]:
+        assert sum(t == task for t, _ in child_calls) == 2  # settings_per_task
+    standing = worker.standing()
+    assert (CHILD in [g for _, g in standing.listed(worker.config)]) == listed
+    # Every evaluation is in the store, none twice.
+    keys = [(e.genome, e.task, e.setting) for e in store.evaluations()]
+    assert len(keys) == len(set(keys)) == len(scorer.calls)
+
+
+def test_a_memorised_mutant_skips_the_filter_when_drawn_again(
+    monkeypatch: pytest.MonkeyPatch, store: SearchStore
+) -> None:
+    accuracy = {(CHILD, MEMORISE): 0.96, (CHILD, "arithmetic"): 0.5}
+    worker, scorer = scripted_worker(monkeypatch, store, CHILD, accuracy)
+    worker.step()
+    worker.step()  # the same mutant again: memorised, so it goes straight to fresh arithmetic settings
+    memorise_calls = [c for c in scorer.calls if c[0] == CHILD and c[1] == MEMORISE]
+    arithmetic = [c[2] for c in scorer.calls if c[0] == CHILD and c[1] == "arithmetic"]
+    assert len(memorise_calls) == 1 and len(arithmetic) == 4 and len(set(arithmetic)) == 4
+
+
+def test_baselines_come_first_and_the_list_starts_with_them(
+    monkeypatch: pytest.MonkeyPatch, store: SearchStore
+) -> None:
+    worker, scorer = scripted_worker(monkeypatch, store, CHILD, {})
+    assert {(g, t) for g, t, _ in scorer.calls} == {(b, t.name) for b in (GRU, LSTM) for t in TASKS}
+    assert len(scorer.calls) == 2 * 2 * 2  # baseline_settings per baseline and task
+    assert [g for _, g in worker.standing().listed(worker.config)] == [GRU, LSTM]  # scores 1 and min(.7/.8, .4/.5)
+    assert {baseline(name) for name in BASELINES} == {GRU, LSTM}
+
+
+def test_a_mutants_settings_mix_its_parents_and_the_baselines() -> None:
+    """§3.3: with a parent evaluated on few settings, about a third of a mutant's settings come from those tried on
+    the parent, a third from the LSTM's and GRU's best, a third at random; with a long history, 80% from the parent's
+    best."""
+    from lightning_modules.evolution import Evaluation
+
+    rng, task = random.Random(1), TASKS[0]
+    keys = list(dict.fromkeys(Grid().draw(rng, task.num_params).key() for _ in range(2000)))
+    parent, lstm, gru = keys[:30], keys[30:60], keys[60:90]
+    rows = [Evaluation(g, task.name, k, rng.random(), None) for g, ks in (("p", parent), (LSTM, lstm), (GRU, gru))
+            for k in ks]  # fmt: skip
+    worker = Worker(config(), None, random.Random(0), log=lambda line: None)  # type: ignore[arg-type]
+    picked = [s.key() for s in worker.fresh_settings(CHILD, task, 60, Standing.of(rows, config()), parent="p")]
+    assert len(set(picked)) == 60
+    assert 12 <= sum(k in parent for k in picked) <= 30
+    assert 12 <= sum(k in lstm or k in gru for k in picked) <= 30
+    # A parent with more than parent_history settings: 80% of the mutant's from its best 100.
+    long_history = keys[:500]
+    rows = [Evaluation("p", task.name, k, i / 500, None) for i, k in enumerate(long_history)]
+    best = set(long_history[-100:])
+    picked = [s.key() for s in worker.fresh_settings(CHILD, task, 50, Standing.of(rows, config()), parent="p")]
+    assert 32 <= sum(k in best for k in picked) <= 48
+
+
+def test_a_task_ends_when_its_grid_is_exhausted(monkeypatch: pytest.MonkeyPatch, store: SearchStore) -> None:
+    small = Grid(init_scale=(1.0,), learning_rate=(0.5,), max_grad_norm=(5.0,), num_layers=(1,))
+    worker, _ = scripted_worker(monkeypatch, store, CHILD, {}, grid=small, baseline_settings=1)
+    assert worker.fresh_settings(GRU, TASKS[0], 3, worker.standing()) == []  # its one setting is taken
+
+
+def test_shipped_search_config_reads() -> None:
+    loaded = load_config(ROOT / "configs" / "search" / "jozefowicz.yaml")
+    assert [t.name for t in loaded.tasks] == ["arithmetic", "xml", "ptb"]
+    assert loaded.memorise_threshold == 0.95 and loaded.task_threshold == 0.9 and loaded.top == 100
+    assert loaded.memorise.data["init_args"]["reverse"] is False
+
+
+def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import one_line_error
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("memorise: {data: {}, num_params: [1]}\ntasks: {a: {data: {}, num_params: [1], speed: 3}}\n")
+    one_line_error(
+        capsys, cli.main(["search", "--config", str(bad), "--storage", "sqlite:///x.db"]), "no setting speed"
+    )
+    one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s", "--budget", "2x"]), "2x")
+
+
+TINY = """
+search: {{settings_per_task: 1, baseline_settings: 1, memorise_threshold: 0.0, task_threshold: 0.0, top: 10}}
+grid: {{num_layers: [1]}}
+memorise:
+  data:
+    class_path: datamodules.ReverseCopyDataModule
+    init_args: {{num_symbols: 4, min_length: 2, max_length: 2, reverse: false, train_examples: 40, eval_examples: 10,
+                batch_size: 4, eval_batch_size: 5}}
+  num_params: [400]
+  epochs: 1
+tasks:
+  xml:
+    data:
+      class_path: datamodules.TextDataModule
+      init_args: {{corpus: synthetic-xml, tokenizer: char, batch_size: 4, bptt: 10, eval_batch_size: 4,
+                  corpus_options: {{seed: 0, train_chars: 600, valid_chars: 200, test_chars: 200}}}}
+    num_params: [2000]
+    epochs: 1
+"""
+
+
+def test_two_workers_search_one_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A real (tiny) search: two processes train candidates and write to one SQLite file; every evaluation is
+    there once, both wrote, mutants were proposed, and the report counts them."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.format())
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    assert cli.main(["search", "--config", str(path), "--storage", storage, "--workers", "2", "--budget", "8s"]) == 0
+    store = SearchStore(storage)
+    trials = store.study.get_trials(deepcopy=False)
+    workers = {t.user_attrs.get("worker") for t in trials if t.state.name == "COMPLETE"}
+    assert len(workers) == 2
+    keys = [(e.genome, e.task, e.setting) for e in store.evaluations()]
+    assert len(keys) == len(set(keys))
+    capsys.readouterr()
+    assert cli.main(["search", "report", "--storage", storage, "--config", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["evaluations"] == len(keys)
+    assert result["architectures_proposed"] >= 1
+    assert {row["genome"] for row in result["top"]} >= {GRU, LSTM}
+
+
+def test_a_candidate_trains_and_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One evaluation for real: the LSTM genome on a small memorisation task beats chance (1 in 4) by far."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    task = Task(
+        MEMORISE,
+        {"class_path": "datamodules.ReverseCopyDataModule",
+         "init_args": {"num_symbols": 4, "min_length": 3, "max_length": 3, "reverse": False, "train_examples": 400,
+                       "eval_examples": 50, "batch_size": 10, "eval_batch_size": 25}},
+        (3000,),
+        epochs=6,
+    )  # fmt: skip
+    outcome = train_candidate("genome", {"genome": LSTM}, task, Setting(1.0, 0.5, 5.0, 1, 3000))
+    assert outcome.parameters <= 3000 and outcome.epochs >= 4
+    assert outcome.accuracy == max(outcome.history) > 0.6
