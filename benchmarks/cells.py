@@ -18,6 +18,7 @@ large enough for every model's primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 
 
     python benchmarks/cells.py                                # hidden 650, batch 20 and 64, BPTT 35 and 70
     python benchmarks/cells.py --arch lstm mogrifier --batch 20 --bptt 35 --rounds 3
+    python benchmarks/cells.py --arch lstm gru_paper --loop --genomes lstm gru_paper    # genomes vs hand-written
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch import Tensor, nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import zoo  # noqa: E402
+from zoo.genome import GENOMES  # noqa: E402
 
 
 class NaiveLSTM(nn.Module):
@@ -183,6 +185,14 @@ def main(argv: list[str] | None = None) -> None:
         "--bf16", action="store_true", help="also time every zoo architecture under bf16 autocast (bf16-mixed)"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--genomes",
+        nargs="+",
+        default=[],
+        choices=list(GENOMES),
+        help="also time the genome architecture running these cells (zoo/genome.py), to compare with the "
+        "hand-written cell of the same name (with --loop: its per-step path)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -216,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.loop and runs_a_kernel(probe):
             builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
             yardstick_depth[f"{name} (loop)"] = depth
+
+    for cell in args.genomes:
+        builders[f"genome={cell}"] = lambda cell=cell: zoo.build("genome", hidden, hidden, layers, genome=cell)
+        yardstick_depth[f"genome={cell}"] = layers
 
     threads = torch.get_num_threads()
     print(f"# {device} ({threads} threads), torch {torch.__version__}, hidden {hidden} x {layers} layers")
