@@ -42,3 +42,24 @@ def test_reverse_copy_runs_both_models_at_one_budget_and_plots(tmp_path: Path) -
     before = results.read_text()
     reverse_copy.main([*argv, "--results", str(results), "--plot", str(png)])  # nothing left to run
     assert results.read_text() == before
+
+
+def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks/search_table1.py at a tiny size: every architecture is trained with the same drawn settings, the
+    best accuracy is one of its runs', and the table holds the paper's row beside ours."""
+    from benchmarks import search_table1
+    from tests.test_search import TINY
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY.format())
+    results = tmp_path / "table1.json"
+    argv = ["--config", str(config), "--tasks", "xml", "--architectures", "LSTM", "MUT1", "--settings", "2"]
+    search_table1.main([*argv, "--results", str(results)])
+    cells = json.loads(results.read_text())
+    assert set(cells) == {"xml/LSTM", "xml/MUT1"}
+    assert [r["setting"] for r in cells["xml/LSTM"]["runs"]] == [r["setting"] for r in cells["xml/MUT1"]["runs"]]
+    for cell in cells.values():
+        assert cell["accuracy"] == max(r["accuracy"] for r in cell["runs"]) > 0
+        assert cell["parameters"] <= 2000
+    assert "| xml (paper) |" in search_table1.table(cells, ["xml"])
