@@ -243,3 +243,42 @@ def test_a_candidate_trains_and_scores(tmp_path: Path, monkeypatch: pytest.Monke
     outcome = train_candidate("genome", {"genome": LSTM}, task, Setting(1.0, 0.5, 5.0, 1, 3000))
     assert outcome.parameters <= 3000 and outcome.epochs >= 4
     assert outcome.accuracy == max(outcome.history) > 0.6
+
+
+def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_path: Path) -> None:
+    """kill -9 a worker mid-evaluation: once its heartbeat is stale the evaluation is failed (not counted, its setting
+    free again), everything it finished stays, and a restarted search continues in the same store."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slow, quick = tmp_path / "slow.yaml", tmp_path / "quick.yaml"
+    slow.write_text(TINY.format().replace("epochs: 1\ntasks", "epochs: 200\ntasks"))  # memorisation runs long
+    quick.write_text(TINY.format())
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    env = {**os.environ, "LM_ZOO_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "cli", "search", "--storage", storage, "--heartbeat", "1"]
+    worker = subprocess.Popen([*command, "--config", str(slow), "--budget", "120s"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL)  # fmt: skip
+    store = SearchStore(storage, heartbeat=1)
+    deadline = time.monotonic() + 60
+    running: list[Any] = []
+    while time.monotonic() < deadline and not running:  # wait for a mutant's (long) memorisation run
+        time.sleep(0.5)
+        running = [t for t in store.study.get_trials(deepcopy=False) if t.state.name == "RUNNING"
+                   and t.user_attrs.get("task") == MEMORISE]  # fmt: skip
+    assert running, "no memorisation run started"
+    finished = len(store.evaluations())
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    time.sleep(5)  # past the grace period of 4 heartbeats
+    evaluations = store.evaluations()  # reading fails the stale trial
+    assert len(evaluations) == finished
+    states = {t.number: t.state.name for t in store.study.get_trials(deepcopy=False)}
+    assert states[running[0].number] == "FAIL" and "RUNNING" not in states.values()
+    restart = subprocess.run([*command, "--config", str(quick), "--budget", "3s"], cwd=ROOT, env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert restart.returncode == 0, restart.stderr
+    assert len(store.evaluations()) > finished
