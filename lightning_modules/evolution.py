@@ -83,8 +83,8 @@ def load_config(path: str | Path) -> SearchConfig:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read the search config {path}: {error}") from None
-    if not isinstance(raw, dict) or "tasks" not in raw or "memorise" not in raw:
-        raise ConfigError(f"{path}: a search config needs 'memorise' and 'tasks' (see configs/search/)")
+    if not isinstance(raw, dict) or not raw.get("tasks") or "memorise" not in raw:
+        raise ConfigError(f"{path}: a search config needs 'memorise' and one or more 'tasks' (see configs/search/)")
 
     def task(name: str, spec: dict[str, Any]) -> Task:
         known = {f.name for f in fields(Task)} - {"name"}
