@@ -467,7 +467,11 @@ def cmd_search(argv: Sequence[str]) -> None:
         result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
         print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
         return
-    parser = argparse.ArgumentParser(prog="lm-zoo search", description="Jozefowicz et al. 2015's architecture search")
+    parser = argparse.ArgumentParser(
+        prog="lm-zoo search",
+        description="Jozefowicz et al. 2015's architecture search (docs/search.md)",
+        epilog="lm-zoo search report --storage URL [--top N] [--json]: the search's statistics and its best cells",
+    )
     parser.add_argument("--config", required=True, help="the search (configs/search/jozefowicz.yaml)")
     parser.add_argument("--storage", required=True, help="e.g. sqlite:///search.db, postgresql://host/db")
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine, sharing the storage")
