@@ -42,7 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.search import MEMORISE, Grid, Setting, Task, train_candidate
+from lightning_modules.search import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from zoo.errors import ConfigError
 from zoo.genome import GenomeError, format_genome, parse
 from zoo.mutation import mutate
@@ -287,9 +287,7 @@ class Worker:
         scores 0); ``None`` if another worker took this evaluation."""
         seed = int(hashlib.sha256(f"{genome}|{task.name}|{setting.key()}".encode()).hexdigest()[:8], 16)
 
-        def run() -> Any:
-            from lightning_modules.search import Outcome
-
+        def run() -> Outcome:
             try:
                 return train_candidate("genome", {"genome": genome}, task, setting, seed)
             except GenomeError:
