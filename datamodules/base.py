@@ -44,7 +44,13 @@ def cache_key(*parts: Any) -> str:
 
 
 class StreamDataModule(L.LightningDataModule):
-    """The Lightning side of a corpus read as ordered streams (see :mod:`datamodules.streams`)."""
+    """The Lightning side of a corpus read as ordered streams (see :mod:`datamodules.streams`).
+
+    With a ``Trainer`` of your own (not ``lm-zoo fit``, which sets it), pass ``reload_dataloaders_every_n_epochs=1``:
+    an epoch's number of windows can change from one epoch to the next (shuffled sentences or examples packed into
+    columns, variable BPTT), and Lightning, which reads a loader's length once, would otherwise skip the validation
+    of an epoch one window shorter than the first and validate a longer one before its end.
+    """
 
     tokenizer: Any
 
