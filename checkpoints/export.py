@@ -320,7 +320,10 @@ def export(
     loaded = load(source)
     if results is None:
         results = measure(loaded, splits, batch_size, bptt, data_root, device)
-    return export_model(loaded, out_dir, results)
+    # An export re-exported (a bundled or downloaded model) keeps the pictures and samples its card shows.
+    origin = Path(loaded.source)
+    assets = {name: origin / name for name in ASSET_NAMES if origin.is_dir() and (origin / name).is_file()}
+    return export_model(loaded, out_dir, results, assets=assets)
 
 
 # ------------------------------------------------------------------------------------------------------- reading

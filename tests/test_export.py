@@ -440,3 +440,18 @@ def test_registry_entry_from_an_export(run: Path) -> None:
     parsed = registry.parse_registry(data, "generated")["tiny"]
     assert parsed.results["test"]["eval_batch_size"] == 2 and parsed.results["test"]["ppl"] > 1
     assert parsed.description == "1 x 8 lstm on corpus" and parsed.revision == "v1"
+
+
+@pytest.mark.parametrize("name", ["synthetic-xml-lstm", "nottingham-gru"])
+def test_a_bundle_exported_again_keeps_the_files_its_card_shows(name: str, tmp_path: Path) -> None:
+    """`lm-zoo export` of an export (a bundled or downloaded model) ships its learning curve and, for a music model,
+    its sampled piece: the card it writes links them."""
+    from checkpoints.export import ASSET_NAMES, export
+
+    bundle = Path(__file__).resolve().parents[1] / "pretrained" / name
+    out = export(bundle, tmp_path / "again", splits=())
+    shipped = [n for n in ASSET_NAMES if (bundle / n).is_file()]
+    assert "learning_curve.png" in shipped
+    for asset in shipped:
+        assert (out / asset).read_bytes() == (bundle / asset).read_bytes()
+        assert f"]({asset})" in (out / "README.md").read_text()
