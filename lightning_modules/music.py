@@ -21,7 +21,7 @@ from torch import Tensor
 from datamodules.music import FrameBatch, MusicDataModule
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import detach_state
-from zoo.errors import ConfigError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
 TRAINING_OPTIONS = ("divergence_threshold",)  # this module's own; every other argument is the network's
@@ -63,6 +63,36 @@ class MusicModel(StatefulTraining):
         )
         network = {name: self.hparams[name] for name in NETWORK_OPTIONS if name != "num_notes"}
         self.model = PianoRollLM(num_notes=vocab_size, **network)
+
+    @classmethod
+    def from_pretrained(cls, source: str, revision: str | None = None, **overrides: Any) -> MusicModel:
+        """A LightningModule around a trained piano-roll network, e.g. to fine-tune it on another dataset.
+
+        Args:
+            source: what :func:`checkpoints.load` takes: a registered name, an export directory, a Hub repo id or a
+                ``.ckpt``.
+            revision: for a Hub repo: a branch, tag or commit.
+            overrides: constructor arguments to change (dropout rates, ...); the network's shape must stay that of
+                the stored weights.
+
+        Raises:
+            zoo.errors.LMZooError: the source cannot be loaded, is a language model, or the overrides change the
+                weights' shapes.
+        """
+        from checkpoints import load
+        from checkpoints.ckpt import load_weights
+
+        loaded = load(source, revision)
+        if not loaded.is_music:
+            raise CheckpointError(
+                f"{loaded.source} is a language model, not a model of piano rolls: load it with "
+                "lightning_modules.LanguageModel.from_pretrained"
+            )
+        settings = dict(loaded.model.config)
+        settings["vocab_size"] = settings.pop("num_notes")  # the module's name for it (LightningCLI links it)
+        module = cls(**{**settings, **overrides})
+        load_weights(module.model, loaded.model.state_dict(), loaded.source)
+        return module
 
     def forward(self, frames: Tensor, state: Any = None, reset: Tensor | None = None) -> tuple[Tensor, Any]:
         """Note logits ``(B, T, 88)`` and the state: :meth:`zoo.music.PianoRollLM.forward`."""

@@ -16,9 +16,10 @@ import checkpoints
 import cli
 from checkpoints import registry
 from checkpoints.bundle import publish_all, table, xml_nesting
-from lightning_modules import LanguageModel
+from lightning_modules import LanguageModel, MusicModel
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
+from zoo.errors import CheckpointError
 from zoo.music import PianoRollLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,8 +94,12 @@ def _piano_rolls(seed: int = 0) -> torch.Tensor:
 def _check_music_model(name: str, capsys: pytest.CaptureFixture[str], out: Path) -> None:
     """A registered music model: the plain module loads the same network, and the CLI samples MIDI files."""
     model, loaded = PianoRollLM.from_pretrained(name), checkpoints.load(name)
+    module = MusicModel.from_pretrained(name).eval()  # the LightningModule around the same network
     with torch.no_grad():
         assert torch.equal(model(_piano_rolls())[0], loaded.model(_piano_rolls())[0])
+        assert torch.equal(module(_piano_rolls())[0], loaded.model(_piano_rolls())[0])
+    with pytest.raises(CheckpointError, match="LanguageModel.from_pretrained"):
+        MusicModel.from_pretrained("synthetic-xml-lstm")
     capsys.readouterr()
     assert cli.main(["generate", name, "--num-samples", "2", "--frames", "16", "--seed", "1", "--out", str(out)]) == 0
     assert (out / "sample-2.mid").is_file() and (out / "sample-2.png").is_file()
