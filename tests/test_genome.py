@@ -244,6 +244,18 @@ def test_mutants_are_valid_cells_and_every_transformation_occurs() -> None:
     assert mutate(parse("lstm"), random.Random(7)) == mutate(parse("lstm"), random.Random(7))
 
 
+def test_no_mutant_computes_nothing_since_it_could_never_be_mutated_again() -> None:
+    """A small cell's transformation 5 can make ``h' = x``; no transformation anchors to an input, so such a mutant
+    would be a dead end in the top list (CI once drew one as a parent and mutation never ended). It is rejected,
+    and a parent like it is refused at once with a line that says why."""
+    parent = parse("h: h' = tanh(x + lin0(h))")
+    for seed in range(300):
+        child = mutate(parent, random.Random(seed))
+        assert any(node.op != "input" for node in child.nodes)
+    with pytest.raises(ValueError, match="no node to mutate"):
+        mutate(parse("h: h' = x"), random.Random(0))
+
+
 def edited(text: str) -> _Editable:
     return _Editable.of(parse(text))
 

@@ -18,7 +18,10 @@ transformation kinds or applications; since p is what sets a mutation's size, we
 p, and 1 to 3 of the six kinds, and each node independently, with probability p, undergoes one of those kinds (where
 it applies). A transformation that would make the graph cyclic (6, when A's ancestor depends on the node) is not
 applied. The result is rejected, and another drawn, if it is the parent again, if no new state depends on x (a cell
-must read its input), or if it has more than ``max_nodes`` nodes (a guard of ours; the paper names none). The number
+must read its input), if it computes nothing (every new state is an input, as in ``h' = x``: no transformation
+anchors to an input, so such a cell could never be mutated again, and §3.2's "try again, until we find an
+architecture that is accepted" would never end), or if it has more than ``max_nodes`` nodes (a guard of ours; the
+paper names none). The number
 of outputs always matches the number of state inputs here, which is §3.2's other rejection rule.
 """
 
@@ -154,6 +157,10 @@ def _transform(graph: _Editable, kind: int, node: int, rng: random.Random) -> bo
     return True
 
 
+def _computes_nothing(graph: CellGraph) -> bool:
+    return all(node.op == INPUT for node in graph.nodes)
+
+
 def mutate(
     graph: CellGraph,
     rng: random.Random,
@@ -171,9 +178,12 @@ def mutate(
         applied: if given, receives the transformation (1-6) of every change the mutant carries.
 
     Raises:
+        ValueError: ``graph`` computes nothing, so no transformation applies.
         RuntimeError: no acceptable mutant within ``max_tries``.
     """
     parent = graph.canonical()
+    if _computes_nothing(parent):
+        raise ValueError(f"{parent} has no node to mutate: every new state is an input")
     for _ in range(max_tries):
         edit = _Editable.of(parent)
         p = rng.random()
@@ -190,7 +200,7 @@ def mutate(
             continue
         mutant = edit.freeze()
         x_reaches = any(mutant.x in inputs for inputs in (mutant.depends_on()[o] for o in mutant.outputs))
-        if mutant != parent and x_reaches and len(mutant.nodes) <= max_nodes:
+        if mutant != parent and x_reaches and not _computes_nothing(mutant) and len(mutant.nodes) <= max_nodes:
             if applied is not None:
                 applied.extend(kind for kind, _ in edit.applied)
             return mutant
