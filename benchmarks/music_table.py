@@ -43,7 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.tuned_runs import ROOT, relative, tune_cell, units_for_budget  # noqa: E402
+from benchmarks.tuned_runs import ROOT, relative, tune_cell  # noqa: E402
+from zoo import units_for_budget  # noqa: E402
 
 BASE_CONFIG = ROOT / "configs" / "music" / "nottingham-lstm.yaml"
 BPTT = 35  # the paper sums the loss over the 35 unrolled steps; lm-zoo averages it: lr x 35, clip / 35

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.tuned_runs import ROOT, relative, tune_cell, units_for_budget  # noqa: E402
+from benchmarks.tuned_runs import ROOT, relative, tune_cell  # noqa: E402
+from zoo import units_for_budget  # noqa: E402
 
 CONFIGS = {
     "LSTM": ROOT / "configs" / "synthetic" / "reverse-copy-lstm.yaml",

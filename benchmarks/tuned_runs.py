@@ -1,33 +1,16 @@
-"""What the benchmark scripts that tune models per table cell share (music_table.py, reverse_copy.py): a model's
-size for a parameter budget, and one cell's small search through ``lm-zoo tune`` in a directory of its own."""
+"""What the benchmark scripts that tune models per table cell share (music_table.py, reverse_copy.py): one cell's
+small search through ``lm-zoo tune`` in a directory of its own. (A model's size for a parameter budget is
+``zoo.units_for_budget``.)"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def units_for_budget(parameters: Callable[[int], int], budget: int) -> int:
-    """The most units whose model has at most ``budget`` parameters (binary search, Jozefowicz et al. §3.7).
-
-    Args:
-        parameters: a model's parameter count for a number of units (increasing in it).
-        budget: the parameter budget.
-    """
-    low, high = 1, 4096
-    while low < high:
-        middle = (low + high + 1) // 2
-        if parameters(middle) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def tune_cell(

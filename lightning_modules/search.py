@@ -133,7 +133,7 @@ class Task:
 
 def hidden_for_budget(architecture: str, options: dict[str, Any], vocab_size: int, layers: int, budget: int) -> int:
     """The most units (embedding = hidden) whose language model has at most ``budget`` parameters (§3.7)."""
-    from zoo import RecurrentLM
+    from zoo import RecurrentLM, units_for_budget
 
     def count(units: int) -> int:
         with torch.device("meta"):
@@ -147,13 +147,7 @@ def hidden_for_budget(architecture: str, options: dict[str, Any], vocab_size: in
             )
         return model.num_parameters()
 
-    low, high = 1, 4096
-    if count(low) > budget:
-        raise ConfigError(f"a budget of {budget} parameters is too small for a {layers}-layer {architecture} model")
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if count(middle) <= budget else (low, middle - 1)
-    return low
+    return units_for_budget(count, budget, what=f"a {layers}-layer {architecture} model")
 
 
 @dataclass

@@ -360,7 +360,7 @@ def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_ins
     base = full_config(table.BASE_CONFIG)
     for row, name in [("N-dropout", "MUT1"), ("P", "LSTM-b")]:
         architecture, options = table.ARCHITECTURES[name]
-        hidden = table.units_for_budget(lambda units: table.parameters(architecture, units, options), 100_000)
+        hidden = zoo.units_for_budget(lambda units: table.parameters(architecture, units, options), 100_000)
         assert (
             table.parameters(architecture, hidden, options)
             <= 100_000

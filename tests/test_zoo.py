@@ -273,3 +273,13 @@ def test_sum_layer_outputs_is_the_sum_of_each_layers_output(name: str) -> None:
     torch.testing.assert_close(y_last, layer_input, rtol=1e-10, atol=1e-10)  # off: the last layer's, as before
     for a, b in zip(state, state_plain):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the state does not change
+
+
+def test_units_for_budget_is_the_largest_size_within_the_budget() -> None:
+    def lstm_parameters(units: int) -> int:
+        return sum(p.numel() for p in zoo.build("lstm", 10, units, 2).parameters())
+
+    units = zoo.units_for_budget(lstm_parameters, 50_000)
+    assert lstm_parameters(units) <= 50_000 < lstm_parameters(units + 1)
+    with pytest.raises(ConfigError, match="too small for a 2-layer lstm"):
+        zoo.units_for_budget(lstm_parameters, 10, what="a 2-layer lstm")

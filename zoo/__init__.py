@@ -12,6 +12,7 @@ preset (what the tests train) and the paper-size preset.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "mask_state",
     "names",
     "preset",
+    "units_for_budget",
 ]
 
 
@@ -301,6 +303,28 @@ def build(name: str, input_size: int, hidden_size: int, num_layers: int = 1, **o
         return arch.cls(input_size, hidden_size, num_layers, **options)
     except ValueError as error:  # a cell's own check of an option's value: the user's input, so one line
         raise ConfigError(f"architecture {name!r}: {error}") from None
+
+
+def units_for_budget(parameters: Callable[[int], int], budget: int, most: int = 4096, what: str = "the model") -> int:
+    """The most units whose model has at most ``budget`` parameters: the binary search of Jozefowicz et al. 2015
+    §3.7 ("we used binary search to select the appropriate number of units for a given number of parameters").
+
+    Args:
+        parameters: a model's parameter count for a number of units (increasing in it).
+        budget: the parameter budget.
+        most: the largest number of units considered.
+        what: the model, as the error names it.
+
+    Raises:
+        ConfigError: even one unit is over the budget.
+    """
+    if parameters(1) > budget:
+        raise ConfigError(f"a budget of {budget} parameters is too small for {what}: one unit needs {parameters(1)}")
+    low, high = 1, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if parameters(middle) <= budget else (low, middle - 1)
+    return low
 
 
 # Last: the language model builds its stack through ``build`` above.
