@@ -166,3 +166,44 @@ def test_lamb_parameter_count_matches_the_zoo_model(
     mos = components if head == "mos" else 0
     second_biases = 2 * 4 * hidden
     assert model.num_parameters() - second_biases == lamb_parameters(hidden, vocab, rounds, rank, tied, ratio, mos)
+
+
+# The CPU-scale comparison: a Mogrifier and its LSTM twin, the paper's claim measured on one recipe.
+TWINS = [("ptb/mogrifier-cpu.yaml", "ptb/lstm-melis-cpu.yaml")]
+MOGRIFIER_ONLY = {"rounds", "rank", "round_bias"}
+
+
+@pytest.mark.parametrize(("mogrifier", "lstm"), TWINS)
+def test_cpu_twins_differ_in_the_cell_alone_at_one_parameter_count(mogrifier: str, lstm: str) -> None:
+    """Everything but the cell (and the width that keeps the parameter count) is the same in the pair: data,
+    batches, optimiser, schedule, dropouts, seed, epochs; and the counts agree within 0.1%, the Mogrifier's the
+    largest width that stays within the LSTM's."""
+    import torch
+
+    from lightning_modules.tuning import full_config
+    from zoo import RecurrentLM
+
+    configs = [full_config(ROOT / "configs" / name) for name in (mogrifier, lstm)]
+    models = [c["model"]["init_args"] for c in configs]
+    assert [m["architecture"] for m in models] == ["mogrifier", "lstm"]
+    assert set(models[0]["cell_options"]) - set(models[1]["cell_options"]) == MOGRIFIER_ONLY
+    shared = {k: v for k, v in models[0]["cell_options"].items() if k not in MOGRIFIER_ONLY}
+    assert shared == models[1]["cell_options"]
+    unlike = {"architecture", "hidden_size", "cell_options"}
+    assert {k: v for k, v in models[0].items() if k not in unlike} == {
+        k: v for k, v in models[1].items() if k not in unlike
+    }
+    for section in ("data", "optimizer", "lr_scheduler", "seed_everything"):
+        assert configs[0][section] == configs[1][section]
+    trainers = [{k: v for k, v in c["trainer"].items() if k != "default_root_dir"} for c in configs]
+    assert trainers[0] == trainers[1] and trainers[0].get("max_time") is None  # the epochs, not the clock, end both
+
+    def parameters(model: dict[str, Any], hidden: int) -> int:
+        settings = {k: model[k] for k in ("architecture", "num_layers", "tie_weights", "input_embedding_ratio")}
+        with torch.device("meta"):
+            network = RecurrentLM(vocab_size=10_000, hidden_size=hidden, cell_options=model["cell_options"], **settings)
+        return network.num_parameters()
+
+    counts = [parameters(m, m["hidden_size"]) for m in models]
+    assert abs(counts[0] - counts[1]) <= 0.001 * counts[1]
+    assert counts[0] <= counts[1] < parameters(models[0], models[0]["hidden_size"] + 1)
