@@ -1,10 +1,10 @@
 """Learning-rate schedules from the papers, usable from YAML.
 
 LightningCLI builds ``lr_scheduler: {class_path: ..., init_args: ...}`` with the optimizer as first argument and steps
-it once per epoch (:class:`ZarembaDecay`, ``torch.optim.lr_scheduler.LinearLR``), or, for :class:`LinearDecay`, at
-the ``interval`` / ``frequency`` it names (:func:`scheduler_config`). Reduce-on-plateau is Lightning's
-``lightning.pytorch.cli.ReduceLROnPlateau`` (torch's, plus the ``monitor`` Lightning needs). Jozefowicz et al.'s
-halve-then-stop schedule must stop the trainer, so it is a callback (:class:`HalveOnPlateau`, under
+it once per epoch (:class:`ZarembaDecay`, ``torch.optim.lr_scheduler.LinearLR``), or, for :class:`LinearDecay` and
+:class:`CosineDecay`, at the ``interval`` / ``frequency`` it names (:func:`scheduler_config`). Reduce-on-plateau is
+Lightning's ``lightning.pytorch.cli.ReduceLROnPlateau`` (torch's, plus the ``monitor`` Lightning needs). Jozefowicz
+et al.'s halve-then-stop schedule must stop the trainer, so it is a callback (:class:`HalveOnPlateau`, under
 ``trainer.callbacks``).
 """
 
@@ -17,7 +17,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler, ReduceLROnPlateau
 
 from zoo.errors import ConfigError
 
@@ -79,19 +79,54 @@ class LinearDecay(LinearLR):
         frequency: int = 1,
         last_epoch: int = -1,
     ) -> None:
-        if interval not in ("epoch", "step"):
-            raise ConfigError(f"interval must be 'epoch' or 'step', got {interval!r}")
-        if frequency < 1:
-            raise ConfigError(f"frequency must be at least 1, got {frequency}")
-        self.interval, self.frequency = interval, frequency
+        self.interval, self.frequency = _stepping(interval, frequency)
         super().__init__(optimizer, start_factor, end_factor, total_iters, last_epoch)
+
+
+class CosineDecay(CosineAnnealingLR):
+    """``torch.optim.lr_scheduler.CosineAnnealingLR`` that also says how often Lightning steps it.
+
+    LightningCLI steps a YAML-named scheduler once per epoch, so a cosine over a run of a few epochs falls in a few
+    coarse stairs; ``interval: step`` with ``T_max`` = the run's optimizer steps gives the smooth curve (the CPU-scale
+    Mogrifier comparisons, configs/ptb-char/mogrifier-cpu.yaml).
+
+    Args:
+        optimizer: the optimizer.
+        T_max: scheduler steps from the initial learning rate down to ``eta_min``.
+        eta_min: the last learning rate.
+        interval: ``"epoch"`` or ``"step"`` (optimizer steps).
+        frequency: step the schedule every this many intervals.
+        last_epoch: for resuming.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        T_max: int,  # noqa: N803 (torch's name, so a config can switch class_path and keep its init_args)
+        eta_min: float = 0.0,
+        interval: Literal["epoch", "step"] = "epoch",
+        frequency: int = 1,
+        last_epoch: int = -1,
+    ) -> None:
+        self.interval, self.frequency = _stepping(interval, frequency)
+        super().__init__(optimizer, T_max, eta_min, last_epoch)
+
+
+def _stepping(interval: str, frequency: int) -> tuple[str, int]:
+    """The checked ``interval`` and ``frequency`` that :func:`scheduler_config` hands Lightning."""
+    if interval not in ("epoch", "step"):
+        raise ConfigError(f"interval must be 'epoch' or 'step', got {interval!r}")
+    if frequency < 1:
+        raise ConfigError(f"frequency must be at least 1, got {frequency}")
+    return interval, frequency
 
 
 def scheduler_config(optimizer: Optimizer, lr_scheduler: LRScheduler | ReduceLROnPlateau | None) -> Any:
     """What ``configure_optimizers`` returns for the YAML's ``optimizer`` and ``lr_scheduler``.
 
     LightningCLI's own version passes ``monitor`` for ``lightning.pytorch.cli.ReduceLROnPlateau`` and nothing else;
-    this one also passes a scheduler's ``interval`` / ``frequency`` attributes (:class:`LinearDecay`), and turns
+    this one also passes a scheduler's ``interval`` / ``frequency`` attributes (:class:`LinearDecay`,
+    :class:`CosineDecay`), and turns
     torch's ``ReduceLROnPlateau``, which has no ``monitor`` and which Lightning then rejects with a long message,
     into one line saying what to write instead.
     """

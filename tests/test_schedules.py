@@ -7,6 +7,7 @@ reduce-on-plateau, each also configured from YAML through ``lm-zoo fit``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch.optim.lr_scheduler import LinearLR
 from torch.utils.data import DataLoader, TensorDataset
 
 import cli
-from lightning_modules import DecayOnPlateau, HalveOnPlateau, LinearDecay
+from lightning_modules import CosineDecay, DecayOnPlateau, HalveOnPlateau, LinearDecay
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 
 
@@ -229,6 +230,17 @@ def test_linear_decay_per_step_from_yaml(tmp_path: Path, monkeypatch: pytest.Mon
     assert record["per_step"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_cosine_decay_per_step_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One cosine from lr 1 to 0.1 over the run's 10 optimizer steps: the rate of step t (0-based) is
+    # eta_min + (lr - eta_min) (1 + cos(pi t / T_max)) / 2, not a stair per epoch.
+    scheduler = """lr_scheduler:
+  class_path: lightning_modules.CosineDecay
+  init_args: {T_max: 10, eta_min: 0.1, interval: step}"""
+    record = fit_tiny(tmp_path, monkeypatch, max_epochs=1, steps=10, lr=1.0, lr_scheduler=scheduler)
+    expected = [0.1 + 0.9 * (1 + math.cos(math.pi * t / 10)) / 2 for t in range(10)]
+    assert record["per_step"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_reduce_on_plateau_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scheduler = """lr_scheduler:
   class_path: lightning.pytorch.cli.ReduceLROnPlateau
@@ -267,7 +279,9 @@ def test_halve_on_plateau_from_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert per_epoch[-1] == pytest.approx(4.0 / 16) and len(per_epoch) < 12  # four halvings, then it stopped
 
 
-def test_linear_decay_rejects_an_unknown_interval() -> None:
+def test_linear_and_cosine_decay_reject_an_unknown_interval() -> None:
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(Exception, match="interval must be"):
         LinearDecay(optimizer, end_factor=0.1, total_iters=3, interval="batch")  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="frequency must be"):
+        CosineDecay(optimizer, T_max=3, interval="step", frequency=0)
