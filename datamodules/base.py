@@ -53,6 +53,11 @@ class StreamDataModule(L.LightningDataModule):
     """
 
     tokenizer: Any
+    batch_size: int  # the subclass's sizes and seed, which _window_settings reads
+    eval_batch_size: int
+    bptt: int
+    eval_bptt: int
+    seed: int
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,6 +79,22 @@ class StreamDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage or "", SPLITS):
             self.encoded(split)
+
+    def _window_settings(self, split: str, batch_size: int | None, bptt: int | None) -> dict[str, Any]:
+        """What a multi-sequence stream of ``split`` takes besides its data
+        (:class:`~datamodules.multisequence.MultiSequenceWindows`): the training sizes or the evaluation ones unless
+        given, a new order every training epoch (fixed otherwise), and this rank's share."""
+        training = split == "train"
+        rank, world_size = self._rank_world()
+        return {
+            "batch_size": batch_size or (self.batch_size if training else self.eval_batch_size),
+            "bptt": bptt or (self.bptt if training else self.eval_bptt),
+            "shuffle": training,
+            "seed": self.seed,
+            "rank": rank,
+            "world_size": world_size,
+            "epoch": self._training_epoch(split),
+        }
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer

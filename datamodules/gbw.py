@@ -428,18 +428,7 @@ class GBWDataModule(StreamDataModule):
 
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> MultiSequenceWindows:
         """The windows of ``split`` for this rank: shuffled sentences for training, the file order otherwise."""
-        rank, world = self._rank_world()
-        training = split == "train"
         encoded = self.encoded(split)
         return MultiSequenceWindows(
-            encoded.ids,
-            encoded.offsets,
-            batch_size=batch_size or (self.batch_size if training else self.eval_batch_size),
-            bptt=bptt or (self.bptt if training else self.eval_bptt),
-            pad_id=self.tokenizer.eos_id,
-            shuffle=training,
-            seed=self.seed,
-            rank=rank,
-            world_size=world,
-            epoch=self._training_epoch(split),
+            encoded.ids, encoded.offsets, pad_id=self.tokenizer.eos_id, **self._window_settings(split, batch_size, bptt)
         )

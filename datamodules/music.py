@@ -313,18 +313,7 @@ class MusicDataModule(StreamDataModule):
         return self._rolls[split]
 
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> MusicWindows:
-        training = split == "train"
-        rank, world_size = self._rank_world()
-        return MusicWindows(
-            self.encoded(split),
-            batch_size or (self.batch_size if training else self.eval_batch_size),
-            bptt or (self.bptt if training else self.eval_bptt),
-            shuffle=training,
-            seed=self.seed,
-            rank=rank,
-            world_size=world_size,
-            epoch=self._training_epoch(split),
-        )
+        return MusicWindows(self.encoded(split), **self._window_settings(split, batch_size, bptt))
 
     def state_dict(self) -> dict[str, Any]:
         """Stored in every checkpoint: which dataset (so evaluation and sampling find it), the frame layout, and during

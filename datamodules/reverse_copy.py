@@ -194,19 +194,11 @@ class ReverseCopyDataModule(StreamDataModule):
 
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> MultiSequenceWindows:
         """The windows of ``split`` for this rank: a new example order every training epoch, fixed otherwise."""
-        rank, world = self._rank_world()
-        training = split == "train"
         examples = self.encoded(split)
         return MultiSequenceWindows(
             examples.ids,
             examples.offsets,
-            batch_size=batch_size or (self.batch_size if training else self.eval_batch_size),
-            bptt=bptt or (self.bptt if training else self.eval_bptt),
             pad_id=self.tokenizer.eos_id,
-            shuffle=training,
-            seed=self.seed,
-            rank=rank,
-            world_size=world,
-            epoch=self._training_epoch(split),
             unscored_prefix=examples.unscored,
+            **self._window_settings(split, batch_size, bptt),
         )
