@@ -37,7 +37,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,10 @@ def load_config(path: str | Path) -> SearchConfig:
         raise ConfigError(f"{path}: the search has no setting {', '.join(unknown)}")
     grid = Grid(**{k: tuple(v) for k, v in (raw.get("grid", {}) or {}).items()})
     tasks = tuple(task(name, spec) for name, spec in raw["tasks"].items())
-    return SearchConfig(memorise=task(MEMORISE, raw["memorise"]), tasks=tasks, grid=grid, **procedure)
+    config = SearchConfig(memorise=task(MEMORISE, raw["memorise"]), tasks=tasks, grid=grid, **procedure)
+    if config.memorise.stop_at is None:  # memorisation only filters: done once it passes
+        config = replace(config, memorise=replace(config.memorise, stop_at=config.memorise_threshold))
+    return config
 
 
 # ---------------------------------------------------------------------------------------------------- the store

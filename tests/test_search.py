@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,7 @@ def test_shipped_search_config_reads() -> None:
     assert [t.name for t in loaded.tasks] == ["arithmetic", "xml", "ptb"]
     assert loaded.memorise_threshold == 0.95 and loaded.task_threshold == 0.9 and loaded.top == 100
     assert loaded.memorise.data["init_args"]["reverse"] is False
+    assert loaded.memorise.stop_at == 0.95 and all(task.stop_at is None for task in loaded.tasks)
 
 
 def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,6 +245,11 @@ def test_a_candidate_trains_and_scores(tmp_path: Path, monkeypatch: pytest.Monke
     outcome = train_candidate("genome", {"genome": LSTM}, task, Setting(1.0, 0.5, 5.0, 1, 3000))
     assert outcome.parameters <= 3000 and outcome.epochs >= 4
     assert outcome.accuracy == max(outcome.history) > 0.6
+    # A filter stops at its threshold: the same run (same seed), cut at the first epoch that reaches it.
+    first = next(epoch for epoch, accuracy in enumerate(outcome.history) if accuracy >= 0.5)
+    assert first < len(outcome.history) - 1
+    stopped = train_candidate("genome", {"genome": LSTM}, replace(task, stop_at=0.5), Setting(1.0, 0.5, 5.0, 1, 3000))
+    assert stopped.history == outcome.history[: first + 1]
 
 
 def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_path: Path) -> None:
