@@ -126,9 +126,8 @@ def scheduler_config(optimizer: Optimizer, lr_scheduler: LRScheduler | ReduceLRO
 
     LightningCLI's own version passes ``monitor`` for ``lightning.pytorch.cli.ReduceLROnPlateau`` and nothing else;
     this one also passes a scheduler's ``interval`` / ``frequency`` attributes (:class:`LinearDecay`,
-    :class:`CosineDecay`), and turns
-    torch's ``ReduceLROnPlateau``, which has no ``monitor`` and which Lightning then rejects with a long message,
-    into one line saying what to write instead.
+    :class:`CosineDecay`), and turns torch's ``ReduceLROnPlateau``, which has no ``monitor`` and which Lightning then
+    rejects with a long message, into one line saying what to write instead.
     """
     if lr_scheduler is None:
         return optimizer

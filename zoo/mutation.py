@@ -21,8 +21,8 @@ applied. The result is rejected, and another drawn, if it is the parent again, i
 must read its input), if it computes nothing (every new state is an input, as in ``h' = x``: no transformation
 anchors to an input, so such a cell could never be mutated again, and §3.2's "try again, until we find an
 architecture that is accepted" would never end), or if it has more than ``max_nodes`` nodes (a guard of ours; the
-paper names none). The number
-of outputs always matches the number of state inputs here, which is §3.2's other rejection rule.
+paper names none). The number of outputs always matches the number of state inputs here, which is §3.2's other
+rejection rule.
 """
 
 from __future__ import annotations
