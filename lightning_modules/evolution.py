@@ -366,7 +366,13 @@ class Worker:
         if self.rng.random() < self.config.reevaluate_probability:
             self.evaluate_on_tasks(chosen, None, ladder=False)
             return "re-evaluated"
-        child = format_genome(mutate(parse(chosen), self.rng, max_nodes=self.config.max_nodes))
+        try:
+            child = format_genome(mutate(parse(chosen), self.rng, max_nodes=self.config.max_nodes))
+        except (ValueError, RuntimeError) as error:
+            # A listed cell with no acceptable mutant (a store written before mutation refused such cells, or one
+            # that max_nodes has boxed in) is a dead end, not a reason to stop the worker: the next step draws again.
+            self.log(f"search: {error}")
+            return "no acceptable mutant of the chosen parent"
         if child not in standing.memorised:
             memorise = self.config.memorise
             settings = self.fresh_settings(child, memorise, 1, standing)

@@ -129,6 +129,25 @@ def test_a_memorised_mutant_skips_the_filter_when_drawn_again(
     assert len(memorise_calls) == 1 and len(arithmetic) == 4 and len(set(arithmetic)) == 4
 
 
+def test_a_listed_cell_with_no_mutant_costs_a_step_not_the_worker(
+    monkeypatch: pytest.MonkeyPatch, store: SearchStore
+) -> None:
+    """A store can list a cell no transformation applies to (``h' = x``; CI's two-worker search once drew one as a
+    parent and the worker died). The real ``mutate`` refuses it; the step says so and the next step goes on."""
+    dead_end = format_genome(parse("h: h' = x"))
+    worker, scorer = scripted_worker(monkeypatch, store, CHILD, {(dead_end, "arithmetic"): 0.9, (dead_end, "xml"): 0.6})
+    from zoo.mutation import mutate
+
+    monkeypatch.setattr(evolution, "mutate", mutate)
+    for task in TASKS:  # listed above the GRU, as if an older search had put it there
+        worker.evaluate(dead_end, task, Grid().draw(random.Random(task.name), task.num_params))
+    monkeypatch.setattr(worker.rng, "choice", lambda listed: dead_end)
+    lines: list[str] = []
+    worker.log = lines.append
+    assert worker.step() == "no acceptable mutant of the chosen parent"
+    assert any("no node to mutate" in line for line in lines)
+
+
 def test_baselines_come_first_and_the_list_starts_with_them(
     monkeypatch: pytest.MonkeyPatch, store: SearchStore
 ) -> None:
