@@ -350,17 +350,22 @@ def test_window_kernel_gradients_pass_gradcheck() -> None:
     assert torch.autograd.gradcheck(lambda *a: stack(a[0], (a[1], a[2]), reset)[0], (x, h0, c0))
 
 
-def test_window_kernel_equals_the_per_step_path_through_onednn_in_float32() -> None:
-    """At a width whose LSTM weights take oneDNN's packed route (zoo.kernels.ONEDNN_MIN_WEIGHT), in float32."""
+@pytest.mark.parametrize("input_size", [160, 16], ids=["input-as-wide", "narrow-input"])
+@pytest.mark.parametrize("batch", [4, 40], ids=["view", "packed-transpose"])
+def test_window_kernel_equals_the_per_step_path_through_onednn_in_float32(input_size: int, batch: int) -> None:
+    """At a width whose LSTM weights take oneDNN's packed route (zoo.kernels.ONEDNN_MIN_WEIGHT), in float32. With a
+    narrow input, W_x alone falls under the threshold while W_h is over it; the window loops take one layout for
+    both, and once got W_h packed with the flag of W_x (the reverse-copy recipe, embedding 64, died on it)."""
     from zoo.kernels import ONEDNN_MIN_WEIGHT
 
     width = 160
     assert 4 * width * width >= ONEDNN_MIN_WEIGHT
+    assert (4 * width * input_size >= ONEDNN_MIN_WEIGHT) == (input_size == width)
     results = []
     for fused in (True, False):
         torch.manual_seed(5)
-        stack = zoo.build("mogrifier", width, width, 2, fused=fused)
-        x = torch.randn(4, 5, width, requires_grad=True)
+        stack = zoo.build("mogrifier", input_size, width, 2, fused=fused)
+        x = torch.randn(batch, 5, input_size, requires_grad=True)
         y, (h, c) = stack(x)
         grads = torch.autograd.grad((y * y).sum() + h.sum() + c.sum(), [x, *stack.parameters()])
         results.append([y, h, c, *grads])

@@ -230,9 +230,13 @@ class RecurrentMatmul:
         pack_transposed: whether the backward's products read a packed copy of ``W^T`` (made at the first backward
             step) or oneDNN reads ``W``'s transposed view as it is. Packing costs 2-5 ms per 650 x 2600 weight and
             window inside a training step; it pays back over long windows and large batches only.
+        onednn: whether the products go through oneDNN's packed weight; ``None`` decides by the weight's size
+            (``ONEDNN_MIN_WEIGHT``). A kernel that takes several weights in one layout decides for them all.
     """
 
-    def __init__(self, weight: Tensor, batch: int, steps: int, pack_transposed: bool = True) -> None:
+    def __init__(
+        self, weight: Tensor, batch: int, steps: int, pack_transposed: bool = True, onednn: bool | None = None
+    ) -> None:
         detached = weight.detach()
         self.weight = detached  # (O, I)
         self.plain = plain_kernels()
@@ -242,7 +246,7 @@ class RecurrentMatmul:
         self.batch = batch
         self._packed: Tensor | None = None
         self._packed_t: Tensor | None = None  # W.T packed, for the backward; made at its first step
-        if _use_onednn(weight, weight.numel()):
+        if _use_onednn(weight, weight.numel()) if onednn is None else onednn:
             # oneDNN's blocked layout for this batch size, once per window. Measured (2 threads, 20 x 650 by
             # 650 x 2600): 0.20 ms per product, against 0.34 ms with the plain layout of to_mkldnn() and its
             # input/output conversions, 0.62 ms addmm.

@@ -49,6 +49,7 @@ from zoo.errors import clip
 from zoo.kernels import (
     RecurrentMatmul,
     _packed_linear_works,
+    _use_onednn,
     autocast_off,
     gated_product,
     gemm_tn,
@@ -541,8 +542,12 @@ class _MogrifierWindow(torch.autograd.Function):
         # 2 threads, ms per training step, view vs packed): batch 20 186-212 vs 206-240, batch 32 321 vs 334, batch 40
         # 341 vs 339, batch 64 558 vs 518.
         pack_transposed = batch > 32
-        product_x = RecurrentMatmul(w_x, batch, steps, pack_transposed)
-        product_h = RecurrentMatmul(w_h, batch, steps, pack_transposed)
+        # The window loops take W_x and W_h in one layout (one flag), but W_x alone can fall under oneDNN's size
+        # threshold (an input narrower than the layer: the reverse-copy recipe's embedding of 64 died on it), so the
+        # larger weight decides for both.
+        onednn = _use_onednn(w_h, max(w_x.numel(), w_h.numel()))
+        product_x = RecurrentMatmul(w_x, batch, steps, pack_transposed, onednn)
+        product_h = RecurrentMatmul(w_h, batch, steps, pack_transposed, onednn)
         (weight_x, packed), (weight_h, _) = product_x.forward_operand(), product_h.forward_operand()
         keep = [keep_at.get(t) for t in range(steps)]
         loops = _window_loops()
