@@ -246,7 +246,9 @@ class RecurrentMatmul:
         self.batch = batch
         self._packed: Tensor | None = None
         self._packed_t: Tensor | None = None  # W.T packed, for the backward; made at its first step
-        if _use_onednn(weight, weight.numel()) if onednn is None else onednn:
+        if onednn is None:
+            onednn = _use_onednn(weight, weight.numel())
+        if onednn:
             # oneDNN's blocked layout for this batch size, once per window. Measured (2 threads, 20 x 650 by
             # 650 x 2600): 0.20 ms per product, against 0.34 ms with the plain layout of to_mkldnn() and its
             # input/output conversions, 0.62 ms addmm.
