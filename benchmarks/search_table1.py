@@ -3,7 +3,8 @@ the search's tasks (arithmetic, XML; PTB with ``--tasks``), each after a small r
 
 What is the paper's: the architectures (Tanh, LSTM, LSTM-f / -i / -o, LSTM-b, GRU, MUT1-3; names as in
 ``benchmarks/music_table.py``), the tasks and the training of the search (``lightning_modules/search.py``: the §3.7
-grid, the §3.6 search schedule, the best validation next-step accuracy).
+grid, the §3.6 search schedule, the best validation next-step accuracy; on arithmetic, the accuracy on the answers,
+as §3.5 describes the task).
 
 What is scaled down: the tasks as ``configs/search/jozefowicz.yaml`` sizes them (parameter budgets, corpus sizes,
 epochs), and ``--settings`` random settings per cell (the paper: a search of hundreds). Every architecture is trained

@@ -91,7 +91,11 @@ def load_config(path: str | Path) -> SearchConfig:
         unknown = sorted(set(spec) - known)
         if unknown:
             raise ConfigError(f"{path}: task {name!r} has no setting {', '.join(unknown)}")
-        return Task(name=name, **{**spec, "num_params": tuple(spec.get("num_params", ()))})
+        span = spec.get("scored_span")
+        return Task(
+            name=name,
+            **{**spec, "num_params": tuple(spec.get("num_params", ())), "scored_span": span and tuple(span)},
+        )
 
     procedure = raw.get("search", {}) or {}
     known = {f.name for f in fields(SearchConfig)} - {"memorise", "tasks", "grid"}

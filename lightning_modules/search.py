@@ -115,6 +115,11 @@ class Task:
         valid_windows: validation windows scored per epoch (``None``: the whole split).
         stop_at: stop training once the validation accuracy reaches this (``None``: never). A filter passed or failed
             at a threshold (memorisation, §3.1) learns nothing from the epochs after it reaches it.
+        scored_span: score only the targets after an input of the first symbol, up to and including the second
+            (arithmetic: ``("=", ".")``, the answer); ``None``: every target. §3.5 has the network read the problem
+            "until it observes the '=' sign, after which it is to output the answer": the operands and distractors
+            are random, so no cell predicts them, and Table 1's 0.29-0.92 are accuracies on answers. Training still
+            predicts every character (the paper's "next step prediction formulation").
     """
 
     name: str
@@ -124,6 +129,7 @@ class Task:
     train_windows: int | None = None
     valid_windows: int | None = None
     stop_at: float | None = None
+    scored_span: tuple[str, str] | None = None
 
     def datamodule(self) -> Any:
         """A fresh data module for the task (its splits are generated or read from the cache)."""
@@ -184,17 +190,73 @@ def window_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, i
     return int((logits.argmax(-1) == targets)[scored].sum()), int(scored.sum())
 
 
-def validation_accuracy(model: Any, windows: Any, limit: int | None) -> float:
-    """Next-step accuracy over the validation windows, the state carried from window to window."""
+@dataclass(frozen=True)
+class Span:
+    """Token ids of a scored span (``Task.scored_span``): it opens after an input ``start``, closes with the target
+    ``end`` (scored), and a line end closes it too."""
+
+    start: int
+    end: int
+    line_end: int
+
+    @classmethod
+    def of(cls, task: Task, tokenizer: Any) -> Span:
+        """The task's ``scored_span`` in the tokenizer's ids."""
+        ids = [tokenizer.encode(symbol) for symbol in task.scored_span or ()]
+        if len(ids) != 2 or any(len(i) != 1 or i[0] == tokenizer.unk_id for i in ids):
+            raise ConfigError(
+                f"task {task.name!r}: scored_span {list(task.scored_span)} must be two symbols of the corpus, "
+                "e.g. ['=', '.']"
+            )
+        return cls(ids[0][0], ids[1][0], tokenizer.eos_id)
+
+    def targets(
+        self, inputs: torch.Tensor, targets: torch.Tensor, inside: torch.Tensor, reset: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The window's targets with those outside a span set to ``-100``.
+
+        Args:
+            inputs: ``(B, T)`` the window's inputs.
+            targets: ``(B, T)`` its targets.
+            inside: ``(B,)`` bool, whether each stream's previous window ended inside a span.
+            reset: ``(B, T)`` bool or ``None``: a stream that starts anew before step t starts outside a span.
+
+        Returns:
+            The masked targets ``(B, T)`` and ``inside`` after the window ``(B,)``.
+        """
+        scored = torch.empty_like(inputs, dtype=torch.bool)  # (B, T)
+        for t in range(inputs.size(1)):
+            token = inputs[:, t]  # (B,)
+            if reset is not None:
+                inside = inside & ~reset[:, t]
+            inside = (inside | (token == self.start)) & (token != self.end) & (token != self.line_end)
+            scored[:, t] = inside
+        return targets.masked_fill(~scored, IGNORE_INDEX), inside
+
+
+def validation_accuracy(model: Any, windows: Any, limit: int | None, span: Span | None = None) -> float:
+    """Next-step accuracy over the validation windows, the state carried from window to window.
+
+    Args:
+        model: the language model.
+        windows: the validation stream.
+        limit: score at most this many windows (``None``: all).
+        span: score only the targets in this span (``None``: every target).
+    """
     model.eval()
     correct = total = 0
-    state = None
+    state = inside = None
     with torch.no_grad():
         for index, window in enumerate(windows):
             if limit is not None and index >= limit:
                 break
             logits, state = model(window.inputs, state, window.reset)
-            right, count = window_accuracy(logits, window.targets)
+            targets = window.targets
+            if span is not None:
+                if inside is None:
+                    inside = torch.zeros(targets.size(0), dtype=torch.bool)
+                targets, inside = span.targets(window.inputs, targets, inside, window.reset)
+            right, count = window_accuracy(logits, targets)
             correct, total = correct + right, total + count
     return correct / max(total, 1)
 
@@ -224,6 +286,7 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
         init_range=setting.init_scale / math.sqrt(hidden),
         cell_options=options,
     )
+    span = Span.of(task, datamodule.tokenizer) if task.scored_span is not None else None
     optimizer = torch.optim.SGD(model.parameters(), lr=setting.learning_rate)
     outcome = Outcome(0.0, 0, hidden, model.num_parameters())
     best_epoch, decaying = 0, 0
@@ -248,7 +311,7 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
             torch.nn.utils.clip_grad_norm_(model.parameters(), setting.max_grad_norm)
             optimizer.step()
             state = tuple(s.detach() for s in state)
-        accuracy = validation_accuracy(model, datamodule.stream("valid"), task.valid_windows)
+        accuracy = validation_accuracy(model, datamodule.stream("valid"), task.valid_windows, span)
         outcome.history.append(accuracy)
         outcome.epochs = epoch + 1
         if accuracy > outcome.accuracy:

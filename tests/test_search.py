@@ -15,6 +15,7 @@ import cli
 from lightning_modules import evolution
 from lightning_modules.evolution import BASELINES, SearchConfig, SearchStore, Standing, Worker, baseline, load_config
 from lightning_modules.search import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from zoo.errors import ConfigError
 from zoo.genome import format_genome, parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +195,51 @@ def test_shipped_search_config_reads() -> None:
     assert loaded.memorise_threshold == 0.95 and loaded.task_threshold == 0.9 and loaded.top == 100
     assert loaded.memorise.data["init_args"]["reverse"] is False
     assert loaded.memorise.stop_at == 0.95 and all(task.stop_at is None for task in loaded.tasks)
+    assert [t.scored_span for t in loaded.tasks] == [("=", "."), None, None]
+
+
+def test_arithmetic_is_scored_on_its_answers() -> None:
+    """§3.5: the network reads the problem until '=', then outputs the answer; accuracy counts the answer's
+    characters and its end '.'. The scored targets, carried across windows that cut lines anywhere, are exactly the
+    text after each '=' (found here by splitting strings), and the accuracy is the model's on those characters when
+    it reads the whole text at once."""
+    import torch
+
+    from datamodules.streams import LMBatch
+    from datamodules.synthetic import arithmetic_example
+    from datamodules.tokenizers import CharTokenizer
+    from lightning_modules.search import Span, validation_accuracy
+    from zoo import RecurrentLM
+
+    rng = random.Random(0)
+    text = "\n".join(arithmetic_example(rng) for _ in range(12)) + "\n"
+    tokenizer = CharTokenizer.build(text)
+    ids = torch.tensor(tokenizer.encode_text(text), dtype=torch.long)[None]  # (1, N)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    windows = [LMBatch(inputs[:, i : i + 7], targets[:, i : i + 7]) for i in range(0, inputs.size(1), 7)]
+    span = Span.of(Task("arithmetic", {}, (1,), scored_span=("=", ".")), tokenizer)
+
+    inside, scored = torch.zeros(1, dtype=torch.bool), []
+    for window in windows:
+        masked, inside = span.targets(window.inputs, window.targets, inside)
+        scored.extend(int(t) for t in masked[0] if t != -100)
+    answers = "".join(line.split("=")[1] for line in text.splitlines())
+    assert tokenizer.decode(scored) == answers and answers.count(".") == 12
+
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=tokenizer.vocab_size, architecture="lstm", embedding_size=8, hidden_size=8)
+    with torch.no_grad():
+        predicted = model(inputs)[0].argmax(-1)[0].tolist()  # the whole text in one pass
+    read = tokenizer.decode(inputs[0].tolist())  # one character per input: position t has read read[: t + 1]
+    lines_so_far = [read[: t + 1].split("\n")[-1] for t in range(len(read))]
+    in_answer = ["=" in line and not line.endswith(".") for line in lines_so_far]
+    right = [p == int(y) for p, y, keep in zip(predicted, targets[0], in_answer) if keep]
+    assert len(right) == len(answers)
+    assert validation_accuracy(model, windows, None, span) == pytest.approx(sum(right) / len(right))
+    assert validation_accuracy(model, windows, None) != validation_accuracy(model, windows, None, span)
+
+    with pytest.raises(ConfigError, match="two symbols of the corpus"):
+        Span.of(Task("arithmetic", {}, (1,), scored_span=("=", "#")), tokenizer)
 
 
 def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
