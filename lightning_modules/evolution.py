@@ -92,6 +92,10 @@ def load_config(path: str | Path) -> SearchConfig:
         if unknown:
             raise ConfigError(f"{path}: task {name!r} has no setting {', '.join(unknown)}")
         span = spec.get("scored_span")
+        if span is not None and not (
+            isinstance(span, list) and len(span) == 2 and all(isinstance(s, str) for s in span)
+        ):
+            raise ConfigError(f"{path}: task {name!r}: scored_span must be two symbols, e.g. ['=', '.'], not {span!r}")
         return Task(
             name=name,
             **{**spec, "num_params": tuple(spec.get("num_params", ())), "scored_span": span and tuple(span)},

@@ -251,6 +251,8 @@ def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
         capsys, cli.main(["search", "--config", str(bad), "--storage", "sqlite:///x.db"]), "no setting speed"
     )
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s", "--budget", "2x"]), "2x")
+    bad.write_text("memorise: {data: {}, num_params: [1]}\ntasks: {a: {data: {}, num_params: [1], scored_span: 5}}\n")
+    one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s"]), "scored_span must be two")
 
 
 TINY = """
