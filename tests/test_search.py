@@ -329,7 +329,9 @@ def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_pat
     import time
 
     slow, quick = tmp_path / "slow.yaml", tmp_path / "quick.yaml"
-    slow.write_text(TINY.format().replace("epochs: 1\ntasks", "epochs: 200\ntasks"))  # memorisation runs long
+    # Memorisation stops at its first validation (threshold 0.0), so it is made slow by a long epoch: 10,000 steps,
+    # seconds, not the milliseconds in which a 40-example epoch could finish between seeing it run and the kill.
+    slow.write_text(TINY.format().replace("train_examples: 40,", "train_examples: 40000,"))
     quick.write_text(TINY.format())
     storage = f"sqlite:///{tmp_path / 'search.db'}"
     env = {**os.environ, "LM_ZOO_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
