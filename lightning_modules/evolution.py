@@ -125,6 +125,7 @@ class Evaluation:
     accuracy: float
     finished: datetime | None
     parent: str | None = None
+    started: datetime | None = None
 
 
 class SearchStore:
@@ -161,7 +162,7 @@ class SearchStore:
             found.append(
                 Evaluation(
                     attrs["genome"], attrs["task"], attrs["setting"], float(trial.value), trial.datetime_complete,
-                    attrs.get("parent"),
+                    attrs.get("parent"), trial.datetime_start,
                 )
             )  # fmt: skip
         return found
@@ -214,7 +215,14 @@ class SearchStore:
             accuracy.append(outcome.accuracy)
             return outcome.accuracy
 
-        self.study.optimize(objective, n_trials=1, catch=())
+        # Optuna logs a failed trial's traceback before re-raising; the error is ours to report (the CLI turns a
+        # ConfigError into one line and shows any other exception's traceback itself), so its log would only repeat it.
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        try:
+            self.study.optimize(objective, n_trials=1, catch=())
+        finally:
+            optuna.logging.set_verbosity(verbosity)
         return accuracy[0] if accuracy else None
 
 
@@ -401,6 +409,24 @@ class Worker:
 
 
 # ------------------------------------------------------------------------------------------------------ report
+def searching_hours(evaluations: Sequence[Evaluation]) -> float:
+    """Hours during which at least one evaluation ran: the union of their [started, finished] intervals.
+
+    A search resumed later in the same store would otherwise count the time between its runs (first to last
+    evaluation) and understate the rate; overlapping evaluations of parallel workers count once.
+    """
+    spans = sorted((e.started, e.finished) for e in evaluations if e.started is not None and e.finished is not None)
+    seconds, end = 0.0, None
+    for start, finish in spans:
+        if end is None or start > end:
+            seconds += (finish - start).total_seconds()
+            end = finish
+        elif finish > end:
+            seconds += (finish - end).total_seconds()
+            end = finish
+    return seconds / 3600
+
+
 def report(store: SearchStore, config: SearchConfig | None, top: int = 100) -> dict[str, Any]:
     """Statistics of the search and its top list (§3.4's figures and the best genomes)."""
     evaluations = store.evaluations()
@@ -409,8 +435,7 @@ def report(store: SearchStore, config: SearchConfig | None, top: int = 100) -> d
     settings = config or _report_config(tasks)
     standing = Standing.of(evaluations, settings)
     proposed = {e.genome for e in evaluations if e.genome not in baselines}
-    times = sorted(e.finished for e in evaluations if e.finished is not None)
-    hours = (times[-1] - times[0]).total_seconds() / 3600 if len(times) > 1 else 0.0
+    hours = searching_hours(evaluations)
     listed = standing.listed(settings)[:top]
     return {
         "evaluations": len(evaluations),

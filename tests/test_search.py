@@ -242,6 +242,22 @@ def test_arithmetic_is_scored_on_its_answers() -> None:
         Span.of(Task("arithmetic", {}, (1,), scored_span=("=", "#")), tokenizer)
 
 
+def test_the_rate_counts_the_hours_the_search_ran_not_the_gaps_between_its_runs() -> None:
+    """Two workers' overlapping evaluations count once, and a search resumed two hours later adds only its own
+    time: 0:00-1:00 and 0:30-1:30 (one run, 1.5 h), 3:30-4:00 (its resumption, 0.5 h), 2.0 hours in all."""
+    from datetime import datetime, timedelta
+
+    from lightning_modules.evolution import Evaluation, searching_hours
+
+    zero = datetime(2026, 1, 1)
+    spans = [(0, 60), (30, 90), (210, 240), (215, 220)]  # minutes
+    rows = [Evaluation(LSTM, "xml", f"s{i}", 0.5, zero + timedelta(minutes=b), started=zero + timedelta(minutes=a))
+            for i, (a, b) in enumerate(spans)]  # fmt: skip
+    assert searching_hours(rows) == pytest.approx(2.0)
+    assert searching_hours(rows[::-1]) == pytest.approx(2.0)
+    assert searching_hours([]) == 0.0
+
+
 def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.conftest import one_line_error
 
@@ -253,6 +269,23 @@ def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s", "--budget", "2x"]), "2x")
     bad.write_text("memorise: {data: {}, num_params: [1]}\ntasks: {a: {data: {}, num_params: [1], scored_span: 5}}\n")
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s"]), "scored_span must be two")
+
+
+def test_a_config_error_inside_an_evaluation_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A mistake found only when a task is first trained (a scored span whose symbol the corpus lacks) ends the search
+    with one line, not Optuna's log of the failed trial's traceback first; the trial is failed, not an evaluation."""
+    from tests.conftest import one_line_error
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "span.yaml"
+    path.write_text(TINY.format().replace("    epochs: 1\n", '    epochs: 1\n    scored_span: ["=", "."]\n'))
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    one_line_error(capfd, cli.main(["search", "--config", str(path), "--storage", storage, "--budget", "30s"]), "'='")
+    store = SearchStore(storage)
+    assert store.evaluations() == []
+    assert [t.state.name for t in store.study.get_trials(deepcopy=False)] == ["FAIL"]
 
 
 TINY = """
