@@ -408,6 +408,16 @@ class Worker:
         return steps
 
 
+def worker_random(seed: int, store: SearchStore) -> random.Random:
+    """The random source of a worker: its seed and the number of trials the store held when it started.
+
+    A fresh search is reproducible from ``--seed``; a search resumed in the same store with the same seed does not
+    replay the first run's mutations (measured: a restart re-proposed the same first mutants, which fresh settings
+    then evaluated again).
+    """
+    return random.Random(f"{seed}/{len(store.study.get_trials(deepcopy=False))}")
+
+
 # ------------------------------------------------------------------------------------------------------ report
 def searching_hours(evaluations: Sequence[Evaluation]) -> float:
     """Hours during which at least one evaluation ran: the union of their [started, finished] intervals.
@@ -516,7 +526,9 @@ def cmd_search(argv: Sequence[str]) -> None:
     parser.add_argument("--storage", required=True, help="e.g. sqlite:///search.db, postgresql://host/db")
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine, sharing the storage")
     parser.add_argument("--budget", default="1h", help="how long to search (e.g. 2h); the running step finishes")
-    parser.add_argument("--seed", type=int, default=0, help="seeds this machine's workers (seed + worker index)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds this machine's workers (with the worker index and the store's size)"
+    )
     parser.add_argument("--threads", type=int, help="torch threads per worker (default: the cores / workers)")
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds; a worker silent for 4 is failed")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -537,7 +549,7 @@ def cmd_search(argv: Sequence[str]) -> None:
             command += ["--budget", str(budget), "--seed", str(args.seed + index), "--threads", str(threads)]
             command += ["--heartbeat", str(args.heartbeat)]
             helpers.append(subprocess.Popen([*command, "--worker"]))
-    worker = Worker(config, store, random.Random(args.seed), log=lambda line: print(line, flush=True))
+    worker = Worker(config, store, worker_random(args.seed, store), log=lambda line: print(line, flush=True))
     try:
         steps = worker.run(budget)
     finally:

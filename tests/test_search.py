@@ -242,6 +242,18 @@ def test_arithmetic_is_scored_on_its_answers() -> None:
         Span.of(Task("arithmetic", {}, (1,), scored_span=("=", "#")), tokenizer)
 
 
+def test_a_resumed_search_does_not_replay_its_first_run(tmp_path: Path) -> None:
+    """A worker's random source is reproducible for a store as it stands, and another once the store has grown."""
+    import optuna
+
+    store = SearchStore(f"sqlite:///{tmp_path / 'search.db'}")
+    first = [evolution.worker_random(0, store).random() for _ in range(2)]
+    assert first[0] == first[1]
+    store.study.add_trial(optuna.trial.create_trial(value=0.5))
+    assert evolution.worker_random(0, store).random() != first[0]
+    assert evolution.worker_random(1, store).random() != evolution.worker_random(0, store).random()
+
+
 def test_the_rate_counts_the_hours_the_search_ran_not_the_gaps_between_its_runs() -> None:
     """Two workers' overlapping evaluations count once, and a search resumed two hours later adds only its own
     time: 0:00-1:00 and 0:30-1:30 (one run, 1.5 h), 3:30-4:00 (its resumption, 0.5 h), 2.0 hours in all."""
