@@ -411,9 +411,9 @@ class Worker:
 def worker_random(seed: int, store: SearchStore) -> random.Random:
     """The random source of a worker: its seed and the number of trials the store held when it started.
 
-    A fresh search is reproducible from ``--seed``; a search resumed in the same store with the same seed does not
-    replay the first run's mutations (measured: a restart re-proposed the same first mutants, which fresh settings
-    then evaluated again).
+    A fresh one-worker search is reproducible from ``--seed`` (parallel workers interleave their reads of the store, so
+    theirs is not); a search resumed in the same store with the same seed does not replay the first run's mutations
+    (measured: a restart re-proposed the same first mutants, which fresh settings then evaluated again).
     """
     return random.Random(f"{seed}/{len(store.study.get_trials(deepcopy=False))}")
 
@@ -428,12 +428,9 @@ def searching_hours(evaluations: Sequence[Evaluation]) -> float:
     spans = sorted((e.started, e.finished) for e in evaluations if e.started is not None and e.finished is not None)
     seconds, end = 0.0, None
     for start, finish in spans:
-        if end is None or start > end:
-            seconds += (finish - start).total_seconds()
-            end = finish
-        elif finish > end:
-            seconds += (finish - end).total_seconds()
-            end = finish
+        begin = start if end is None else max(start, end)  # what the intervals so far already cover is not counted
+        if finish > begin:
+            seconds, end = seconds + (finish - begin).total_seconds(), finish
     return seconds / 3600
 
 
