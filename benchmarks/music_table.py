@@ -89,7 +89,7 @@ def cell_config(base: dict[str, Any], row: str, name: str, hidden: int, args: ar
     """The full ``lm-zoo fit`` config of one cell: the base recipe with this row's data and this architecture."""
     import copy
 
-    from lightning_modules.tuning import set_key
+    from commands.tune import set_key
 
     dataset, dropout = ROWS[row]
     architecture, options = ARCHITECTURES[name]
@@ -135,7 +135,7 @@ def cell_space(row: str, hidden: int) -> dict[str, dict[str, Any]]:
 def test_nll(checkpoint: Path, data_root: str | None) -> dict[str, Any]:
     """The checkpoint's test NLL per frame (every piece from zero state)."""
     from checkpoints import load
-    from lightning_modules.music import evaluate_music
+    from lightning_modules.evaluation.music import evaluate_music
 
     loaded = load(str(checkpoint))
     return evaluate_music(loaded.model, loaded.datamodule(data_root=data_root), "test")
@@ -205,7 +205,7 @@ def main() -> None:
 
     results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
     if not args.table_only:
-        from lightning_modules.tuning import full_config
+        from commands.tune import full_config
 
         base = full_config(BASE_CONFIG)
         for row in args.rows:

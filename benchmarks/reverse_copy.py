@@ -56,7 +56,7 @@ def parameters(model: dict[str, Any], num_symbols: int, hidden_size: int) -> int
 
 def cell_config(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]:
     """The full ``lm-zoo fit`` config of one cell: the architecture's recipe at this length, sized to the budget."""
-    from lightning_modules.tuning import full_config, set_key
+    from commands.tune import full_config, set_key
 
     config = full_config(CONFIGS[name])
     model = config["model"]["init_args"]
@@ -80,7 +80,7 @@ def cell_config(name: str, length: int, args: argparse.Namespace) -> dict[str, A
 def test_cross_entropy(checkpoint: Path) -> dict[str, Any]:
     """The checkpoint's test cross-entropy per answer token (every example from a zero state)."""
     from checkpoints import load
-    from lightning_modules.evaluation import evaluate
+    from lightning_modules.evaluation.perplexity import evaluate
 
     loaded = load(str(checkpoint))
     return evaluate(loaded.model, loaded.datamodule(), "test")

@@ -2,8 +2,8 @@
 the search's tasks (arithmetic, XML; PTB with ``--tasks``), each after a small random hyperparameter search.
 
 What is the paper's: the architectures (Tanh, LSTM, LSTM-f / -i / -o, LSTM-b, GRU, MUT1-3; names as in
-``benchmarks/music_table.py``), the tasks and the training of the search (``lightning_modules/search.py``: the §3.7
-grid, the §3.6 search schedule, the best validation next-step accuracy; on arithmetic, the accuracy on the answers,
+``benchmarks/music_table.py``), the tasks and the training of the search (``lightning_modules/search/tasks.py``: the
+§3.7 grid, the §3.6 search schedule, the best validation next-step accuracy; on arithmetic, the accuracy on the answers,
 as §3.5 describes the task).
 
 What is scaled down: the tasks as ``configs/search/jozefowicz.yaml`` sizes them (parameter budgets, corpus sizes,
@@ -40,7 +40,7 @@ PAPER = {
 
 def run_cell(task: Any, name: str, settings: list[Any]) -> dict[str, Any]:
     """Train ``name`` on ``task`` with every setting; the best validation accuracy and its setting."""
-    from lightning_modules.search import train_candidate
+    from lightning_modules.search.tasks import train_candidate
 
     architecture, options = ARCHITECTURES[name]
     start = time.monotonic()
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
 
     results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
     if not args.table_only:
-        from lightning_modules.evolution import load_config
+        from lightning_modules.search.evolution import load_config
 
         config = load_config(args.config)
         for name in args.tasks:

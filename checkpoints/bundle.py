@@ -34,18 +34,18 @@ from typing import Any
 import torch
 
 from checkpoints import registry
-from checkpoints.ckpt import LoadedModel, load_checkpoint
+from checkpoints.ckpt import load_checkpoint
 from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, read_run, render
-from checkpoints.export import (
+from checkpoints.export import export_model, measure
+from checkpoints.format import (
     CONFIG_NAME,
     CURVE_NAME,
     EXPORT_FILES,
     SAMPLE_MIDI_NAME,
     SAMPLE_PNG_NAME,
-    export_model,
+    LoadedModel,
     lm_zoo_version,
     load_export,
-    measure,
 )
 from datamodules.corpora import _sha256_file
 from zoo.errors import CheckpointError, ConfigError
@@ -340,53 +340,3 @@ def write_table(readme: Path) -> None:
     head, rest = text.split(TABLE_START, 1)
     _, tail = rest.split(TABLE_END, 1)
     readme.write_text(f"{head}{TABLE_START}\n{table(registry.load_registry())}\n{TABLE_END}{tail}", encoding="utf-8")
-
-
-def cmd_bundle(argv: Sequence[str]) -> None:
-    """``lm-zoo bundle build|publish|table``."""
-    from cli import CommandParser
-
-    parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
-    commands = parser.add_subparsers(dest="action", required=True)
-    build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
-    build_parser.add_argument("name")
-    build_parser.add_argument("--ckpt", type=Path, required=True, help="the run's best checkpoint")
-    build_parser.add_argument("--config", type=Path, required=True, help="the recipe it was trained from")
-    build_parser.add_argument("--command", help="how it was trained (default: lm-zoo fit --config CONFIG)")
-    build_parser.add_argument("--logs", type=Path, nargs="+", default=(), help="TensorBoard dirs (resumed runs: all)")
-    build_parser.add_argument("--commit", help="the lm-zoo commit it was trained at (default: this checkout's)")
-    build_parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
-    build_parser.add_argument("--repo-id", help=f"its Hub repo (default {REPO_OWNER}/NAME)")
-    build_parser.add_argument("--revision", default="v1", help="the tag it is published under (default v1)")
-    build_parser.add_argument("--description", default="", help="one line for the registry")
-    build_parser.add_argument("--max-sample-tokens", type=int, default=60)
-    build_parser.add_argument("--notes", default="", help="a paragraph for the card")
-    build_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    publish_parser = commands.add_parser("publish", help="publish the bundled models (needs HF_TOKEN)")
-    publish_parser.add_argument("names", nargs="*", help="default: every registered model")
-    publish_parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
-    table_parser = commands.add_parser("table", help="rewrite the README's pretrained-models table")
-    table_parser.add_argument("--readme", type=Path, default=Path("README.md"))
-    args = parser.parse_args(argv)
-    if args.action == "build":
-        entry = build(
-            args.name,
-            args.ckpt,
-            args.config,
-            command=args.command,
-            logs=args.logs,
-            commit=args.commit,
-            dtype=args.dtype,
-            repo_id=args.repo_id,
-            revision=args.revision,
-            description=args.description,
-            max_sample_tokens=args.max_sample_tokens,
-            data_root=args.data_root,
-            notes=args.notes,
-        )
-        print(json.dumps(entry.to_json(), indent=2))
-    elif args.action == "publish":
-        for name, url in publish_all(args.names, endpoint=args.endpoint):
-            print(f"{name}: {url}")
-    else:
-        write_table(args.readme)

@@ -1,81 +1,43 @@
-"""The export format: a directory a model can be shared as, loaded without unpickling anything.
-
-::
-
-    config.json        what the model is: {"format": "lm-zoo", "format_version", "lm_zoo_version", "architecture",
-                       "head", "model": <every zoo.RecurrentLM constructor argument>, "num_parameters", "dtype",
-                       "tokenizer": {"kind", "vocab_size", "file", "options"} (null for music),
-                       "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
-                                    "weight_averaged", "config": <the run's LightningCLI config, when found>},
-                       "results": [<lm-zoo evaluate results>]}
-    model.safetensors  the weights (tied weights stored once)
-    vocab.txt          word/char vocabularies: one "symbol<TAB>training count" per line, in id order
-    tokenizer.model    SentencePiece models: the model proto
-    README.md          the model card (checkpoints.model_card), whose model-index holds the results
-    learning_curve.png, sample.mid, sample.png   optional: the run's learning curve and, for a music model, a sampled
-                       piece (checkpoints.bundle writes them; the card shows them)
-
-``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
-settings are copied from ``RecurrentLM.config`` as they are: options added to it later travel without any change here.
-
-Format 2 (every text model's export) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its
-constructor arguments and ``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s settings,
-training-only ``ar`` / ``tar`` included; its tensor names are the same, so a format-1 export loads as it is (those two
-options are ignored).
-
-Format 3 adds models of piano-roll music (:class:`zoo.music.PianoRollLM`), told apart by ``"head": "bernoulli"`` (one
-Bernoulli per note; a text model's head is ``softmax``, ``nce``, ...). Their ``model`` holds ``PianoRollLM.config``,
-``"tokenizer"`` is ``null`` (a frame of 88 notes is its own input: there is no tokenizer and no tokenizer file),
-``training.data`` the ``MusicDataModule`` settings (``dataset``, batch sizes, BPTT, ...) and ``results`` the
-``lm-zoo evaluate`` records of music (:data:`MUSIC_RESULT_KEYS`: ``nll_per_step``, nats per frame summed over the
-notes, and ``nll_per_note``, with the frames, pieces, eval batch size and BPTT). An export says the lowest version
-that describes it: text exports are still written as format 2, byte for byte as before, so an lm-zoo from before
-music reads them; a music export is format 3, so such an lm-zoo asks to be upgraded instead of failing on its
-``null`` tokenizer.
-"""
+"""Writing the export format (:mod:`checkpoints.format` describes it and reads it back): ``lm-zoo export``, with the
+results measured for the model card."""
 
 from __future__ import annotations
 
 import base64
 import copy
-import importlib.metadata
 import json
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import zoo
-from checkpoints.ckpt import LoadedModel, build_model, build_music_model, load_weights
+from checkpoints.format import (
+    ASSET_NAMES,
+    CARD_NAME,
+    CONFIG_NAME,
+    CURVE_NAME,
+    EXPORT_FILES,
+    FORMAT,
+    FORMAT_VERSION,
+    MUSIC_HEAD,
+    SENTENCEPIECE_NAME,
+    STORED_DTYPES,
+    TEXT_FORMAT_VERSION,
+    VOCAB_NAME,
+    WEIGHTS_NAME,
+    LoadedModel,
+    lm_zoo_version,
+    read_config,
+)
 from datamodules.tokenizers import Tokenizer
-from zoo.errors import CheckpointError, LMZooError, clip
+from zoo.errors import CheckpointError
 
-FORMAT = "lm-zoo"
-FORMAT_VERSION = 3  # the newest this lm-zoo reads (and writes, for music)
-TEXT_FORMAT_VERSION = 2  # what a text model's export is written as: unchanged since format 2
-MUSIC_HEAD = "bernoulli"  # config.json's "head" of a piano-roll model: one Bernoulli per note (zoo.music)
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-VOCAB_NAME = "vocab.txt"
-SENTENCEPIECE_NAME = "tokenizer.model"
-CARD_NAME = "README.md"
-CURVE_NAME = "learning_curve.png"  # the run's learning curve, when the export was built from one (checkpoints.bundle)
-SAMPLE_MIDI_NAME = "sample.mid"  # a music model's sampled piece (checkpoints.bundle), to listen to
-SAMPLE_PNG_NAME = "sample.png"  # the same piece as a piano roll, which the card shows
-# Files an export may ship besides its config, weights, tokenizer and card: copied in by export_model(assets=...).
-ASSET_NAMES = (CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)
-EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, *ASSET_NAMES)
-# How the weights may be stored; the loaded model computes in float32 either way.
-STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-# Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
 _LOCAL_DATA_SETTINGS = ("data_root",)
 # What an evaluation result keeps in config.json and the card ("source" is a local path).
 RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
-# The same for a music model (lightning_modules.music.evaluate_music): nats per frame, summed over the 88 notes.
+# The same for a music model (lightning_modules.evaluation.music.evaluate_music): nats per frame, summed over the 88
+# notes.
 MUSIC_RESULT_KEYS = ("split", "dataset", "nll_per_step", "nll_per_note", "frames", "pieces", "eval_batch_size", "bptt")
 # How a result was obtained (lm-zoo evaluate's procedures): kept, so a tempered, MC-dropout or dynamic-evaluation
 # number is never shown as a plain deterministic one.
@@ -90,15 +52,6 @@ PROCEDURE_KEYS = (
 )
 
 
-def lm_zoo_version() -> str:
-    """The installed lm-zoo version (``unknown`` when running from a source tree that is not installed)."""
-    try:
-        return importlib.metadata.version("lm-zoo")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-# ------------------------------------------------------------------------------------------------------- writing
 def _jsonable(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value))
@@ -278,11 +231,11 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
-    A music model is scored by :func:`lightning_modules.music.evaluate_music` (NLL per frame), a text model by
-    :func:`lightning_modules.evaluation.evaluate` (deterministic, full softmax).
+    A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
+    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax).
     """
-    from lightning_modules.evaluation import evaluate
-    from lightning_modules.music import evaluate_music
+    from lightning_modules.evaluation.music import evaluate_music
+    from lightning_modules.evaluation.perplexity import evaluate
 
     splits = list(splits)
     if not splits:
@@ -324,171 +277,3 @@ def export(
     origin = Path(loaded.source)
     assets = {name: origin / name for name in ASSET_NAMES if origin.is_dir() and (origin / name).is_file()}
     return export_model(loaded, out_dir, results, assets=assets)
-
-
-# ------------------------------------------------------------------------------------------------------- reading
-def pickle_refusal(where: str, pickles: Sequence[str]) -> CheckpointError:
-    """The error for weights stored as pickles (``pytorch_model.bin``, ``*.pt``, ...) instead of safetensors."""
-    return CheckpointError(
-        f"{where} holds {', '.join(pickles[:3])} but no {WEIGHTS_NAME}: lm-zoo never loads pickled weights from a "
-        "directory or the Hub (unpickling can run arbitrary code); for your own run pass the .ckpt file itself, or "
-        "ask the publisher for an `lm-zoo export`"
-    )
-
-
-def refuse_pickles(directory: Path, where: str) -> None:
-    """Refuse a directory whose weights are pickles instead of safetensors.
-
-    Raises:
-        CheckpointError: explaining why such files are never loaded.
-    """
-    if (directory / WEIGHTS_NAME).is_file():
-        return  # the weights are safetensors; any pickle beside them is never read
-    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise pickle_refusal(where, pickles)
-
-
-def read_config(directory: Path, where: str) -> dict[str, Any]:
-    """Read and check an export's ``config.json``.
-
-    Raises:
-        CheckpointError: no such file, not JSON, not an lm-zoo config, or a newer format.
-    """
-    path = directory / CONFIG_NAME
-    if not path.is_file():
-        raise CheckpointError(
-            f"{where} is not an lm-zoo export (no {CONFIG_NAME}) nor a run (no checkpoints/best.ckpt under it): pass "
-            "a .ckpt, a run's directory, a directory written by `lm-zoo export`, or a Hub repo id"
-        )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{where}: {CONFIG_NAME} is not valid JSON ({err}); export the model again") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        library = config.get("library_name") or config.get("model_type") if isinstance(config, dict) else None
-        raise CheckpointError(
-            f'{where} is not an lm-zoo model: its {CONFIG_NAME} has no "format": "{FORMAT}"'
-            + (f" (it looks like a {library} model)" if library else "")
-            + "; lm-zoo loads only models written by `lm-zoo export`"
-        )
-    version = config.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{where} is in export format {version!r}, newer than this lm-zoo reads ({FORMAT_VERSION}): upgrade lm-zoo"
-        )
-    music = is_music_config(config)
-    for key in ("model",) if music else ("model", "tokenizer"):
-        if not isinstance(config.get(key), dict):
-            raise CheckpointError(f'{where}: {CONFIG_NAME} has no "{key}" object; export the model again')
-    if music and config.get("tokenizer") is not None:
-        raise CheckpointError(
-            f'{where}: {CONFIG_NAME} is a music model\'s ("head": "{MUSIC_HEAD}") yet names a tokenizer; a piano-roll '
-            'model has none ("tokenizer": null): export the model again'
-        )
-    return config
-
-
-def is_music_config(config: dict[str, Any]) -> bool:
-    """Whether an export's ``config.json`` is a piano-roll model's (``"head": "bernoulli"``)."""
-    return config.get("head") == MUSIC_HEAD
-
-
-def _read_vocab(path: Path, where: str) -> tuple[list[str], list[int]]:
-    symbols: list[str] = []
-    counts: list[int] = []
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{where}: cannot read {path.name} ({err}); export the model again") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    for number, line in enumerate(lines, 1):
-        symbol, _, count = line.rpartition("\t")
-        if not symbol or not count.isdigit():
-            raise CheckpointError(f"{where}: {path.name} line {number} is not 'symbol<TAB>count'; export again")
-        symbols.append(symbol)
-        counts.append(int(count))
-    return symbols, counts
-
-
-def _read_tokenizer(directory: Path, entry: dict[str, Any], where: str) -> Tokenizer:
-    state: dict[str, Any] = {"kind": entry.get("kind"), **(entry.get("options") or {})}
-    file = entry.get("file")
-    if file is not None:
-        if file not in (VOCAB_NAME, SENTENCEPIECE_NAME):
-            raise CheckpointError(f"{where}: {CONFIG_NAME} names an unknown tokenizer file {file!r}")
-        if not (directory / file).is_file():
-            raise CheckpointError(f"{where} has no {file}, which its {CONFIG_NAME} names: download or export again")
-    if file == VOCAB_NAME:
-        state["symbols"], state["counts"] = _read_vocab(directory / VOCAB_NAME, where)
-    elif file == SENTENCEPIECE_NAME:
-        state["model_proto"] = base64.b64encode((directory / SENTENCEPIECE_NAME).read_bytes()).decode("ascii")
-    try:
-        tokenizer = Tokenizer.from_state_dict(state)
-    except LMZooError as err:
-        raise CheckpointError(f"{where}: its tokenizer cannot be rebuilt ({err})") from None
-    except (RuntimeError, OSError) as err:  # sentencepiece refuses a corrupt model proto
-        raise CheckpointError(f"{where}: {file} is not a valid tokenizer ({clip(str(err))})") from None
-    if entry.get("vocab_size") != tokenizer.vocab_size:
-        raise CheckpointError(
-            f"{where}: {file} has {tokenizer.vocab_size} entries but {CONFIG_NAME} says the vocabulary has "
-            f"{entry.get('vocab_size')}; the export is inconsistent, export it again"
-        )
-    return tokenizer
-
-
-def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise CheckpointError(f"{where} has no {WEIGHTS_NAME}: download or export the model again")
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(
-            f"{where}: {WEIGHTS_NAME} is not a readable safetensors file ({clip(reason)}); it may be truncated: "
-            "download or export the model again"
-        ) from None
-
-
-def load_export(directory: str | Path, source: str | None = None) -> LoadedModel:
-    """Load an export directory: JSON, safetensors and the tokenizer files only, never a pickle.
-
-    A music export (``"head": "bernoulli"``) gives a :class:`zoo.music.PianoRollLM` and no tokenizer.
-
-    Args:
-        directory: the directory (an ``lm-zoo export`` output, or a downloaded Hub snapshot).
-        source: how to name it in messages and ``LoadedModel.source`` (e.g. the repo id); default the path.
-
-    Raises:
-        CheckpointError: it is not an export, a file is missing or corrupt, the architecture is unknown, or the
-            weights do not fit the settings or vocabulary (the message names the tensors).
-    """
-    directory = Path(directory)
-    where = source or str(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{where} is not a directory: pass a directory written by `lm-zoo export`")
-    refuse_pickles(directory, where)
-    config = read_config(directory, where)
-    hparams = config["model"]
-    architecture = hparams.get("architecture")
-    if architecture not in zoo.names():
-        raise CheckpointError(
-            f"{where}: {CONFIG_NAME} names architecture {architecture!r}, which this lm-zoo does not have "
-            f"(it has {', '.join(zoo.names())}): upgrade lm-zoo"
-        )
-    if is_music_config(config):
-        tokenizer = None  # a frame is its own input
-        model = build_music_model(hparams, where)
-    else:
-        tokenizer = _read_tokenizer(directory, config["tokenizer"], where)
-        model = build_model(hparams, tokenizer, where)
-    load_weights(model, _read_weights(directory / WEIGHTS_NAME, where), where)
-    training = dict(config.get("training") or {})
-    data = training.pop("data", {}) or {}
-    results = [r for r in config.get("results") or [] if isinstance(r, dict)]
-    return LoadedModel(model.eval(), tokenizer, data, where, training=training, results=results)

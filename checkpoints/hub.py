@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpoints.export import (
+from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
     EXPORT_FILES,
@@ -270,7 +270,7 @@ def publish(
     Raises:
         CheckpointError: the directory is not a loadable export, or the Hub refused or could not be reached.
     """
-    from checkpoints.export import read_config
+    from checkpoints.format import read_config
     from checkpoints.model_card import GENERATED_MARK, render_card
 
     settings = hub_settings(endpoint, token)

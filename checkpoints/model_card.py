@@ -16,7 +16,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from checkpoints.export import CURVE_NAME, is_music_config
+from checkpoints.format import CURVE_NAME, is_music_config
 from datamodules.corpora import CORPORA
 
 # `lm-zoo publish` re-renders a card that still has this line (to name the repo id); deleting it keeps your edits.

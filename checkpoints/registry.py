@@ -56,7 +56,7 @@ _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
 _OPTIONAL = {"description", "num_parameters", "size_bytes", "files", "training"}
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _TEXT_METRICS = ("ppl", "bpc")
-_MUSIC_METRICS = ("nll_per_step",)  # a piano-roll model's (lightning_modules.music.evaluate_music)
+_MUSIC_METRICS = ("nll_per_step",)  # a piano-roll model's (lightning_modules.evaluation.music.evaluate_music)
 _METRICS = _TEXT_METRICS + _MUSIC_METRICS
 _RESULT_KEYS = {*_METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames"}
 
@@ -198,7 +198,7 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         CheckpointError: naming the first file that is missing, extra (an export file the registry does not list) or
             different, and what to do.
     """
-    from checkpoints.export import EXPORT_FILES
+    from checkpoints.format import EXPORT_FILES
 
     for file, expected in sorted(entry.files.items()):
         path = directory / file

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
+from datamodules.progress import Progress
 from zoo.errors import DataError
 
 DEFAULT_DATA_ROOT: Path = Path("~/.cache/lm-zoo/data").expanduser()
@@ -503,8 +504,6 @@ def _download(url: str, directory: Path) -> tuple[Path, str]:
     size = 0
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            from lightning_modules.progress import Progress
-
             expected = response.headers.get("Content-Length")
             chunks = iter(lambda: response.read(_CHUNK), b"")
             total = -(-int(expected) // _CHUNK) if expected is not None and expected.isdigit() else None

@@ -40,6 +40,7 @@ import numpy as np
 from datamodules.base import SPLITS, StreamDataModule, atomic_write, cache_key
 from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
 from datamodules.multisequence import MultiSequenceWindows
+from datamodules.progress import Progress
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 
@@ -179,7 +180,6 @@ def count_words(paths: list[Path], workers: int | None = None) -> tuple[Counter[
     total: Counter[bytes] = Counter()
     sentences = 0
     processes = _pool_size(paths, workers)
-    from lightning_modules.progress import Progress
 
     if processes == 1:
         for counter, n in Progress(map(_count_file, paths), "counting words", "files", len(paths)):
@@ -242,7 +242,6 @@ def encode_files(paths: list[Path], tokenizer: SentenceTokenizer, directory: Pat
     With several workers, forked processes encode whole files into parts that are then joined in file order.
     """
     global _ENCODER
-    from lightning_modules.progress import Progress
 
     processes = _pool_size(paths, workers)
     with open(directory / "ids.bin", "wb") as out:

@@ -145,7 +145,7 @@ class LanguageModel(StatefulTraining):
             zoo.errors.LMZooError: the source cannot be loaded or the overrides change the weights' shapes.
         """
         from checkpoints import load
-        from checkpoints.ckpt import load_weights
+        from checkpoints.format import load_weights
 
         loaded = load(source, revision)
         if loaded.is_music:

@@ -15,10 +15,9 @@ import inspect
 import math
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from datamodules.music import FrameBatch, MusicDataModule
+from datamodules.music import FrameBatch
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import detach_state
 from zoo.errors import CheckpointError, ConfigError
@@ -80,7 +79,7 @@ class MusicModel(StatefulTraining):
                 weights' shapes.
         """
         from checkpoints import load
-        from checkpoints.ckpt import load_weights
+        from checkpoints.format import load_weights
 
         loaded = load(source, revision)
         if not loaded.is_music:
@@ -123,62 +122,3 @@ class MusicModel(StatefulTraining):
     def generate(self, num_frames: int, *options: Any, **named: Any) -> Tensor:
         """Sample pieces: :meth:`zoo.music.PianoRollLM.generate`, which takes the options."""
         return self.model.generate(num_frames, *options, **named)
-
-
-@torch.no_grad()
-def evaluate_music(
-    model: PianoRollLM,
-    datamodule: MusicDataModule,
-    split: str = "test",
-    batch_size: int | None = None,
-    bptt: int | None = None,
-    device: str | torch.device = "cpu",
-) -> dict[str, Any]:
-    """The negative log-likelihood per frame of a split (Jozefowicz et al. 2015, Table 2), every piece from zero state.
-
-    Args:
-        model: the network.
-        datamodule: its dataset.
-        split: ``train``, ``valid`` or ``test``.
-        batch_size: pieces side by side (default: the data module's evaluation batch); it does not change the figure.
-        bptt: frames per window (default: the data module's); it does not change the figure either.
-        device: where to run.
-
-    Returns:
-        ``split, dataset, nll_per_step`` (nats per frame, summed over the notes), ``nll_per_note``, ``frames``,
-        ``pieces``, ``eval_batch_size``, ``bptt``.
-    """
-    from lightning_modules.progress import Progress
-
-    batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
-    model.eval().to(device)
-    stream = datamodule.stream(split, batch_size=batch_size, bptt=bptt)
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    frames = 0
-    state = None
-    for batch in Progress(stream, split):
-        mask = batch.mask.to(device)
-        nll, state = model.frame_nll(batch.inputs.to(device), batch.targets.to(device), state, batch.reset.to(device))
-        total += (nll.double() * mask).sum()
-        frames += int(batch.mask.sum())
-    nll_per_step = float(total) / max(frames, 1)
-    return {
-        "split": split,
-        "dataset": datamodule.dataset,
-        "nll_per_step": nll_per_step,
-        "nll_per_note": nll_per_step / model.num_notes,
-        "frames": frames,
-        "pieces": datamodule.encoded(split).num_pieces,
-        "eval_batch_size": batch_size,
-        "bptt": bptt,
-    }
-
-
-def describe_music(result: dict[str, Any]) -> str:
-    """One line for a human: :func:`evaluate_music`'s result."""
-    return (
-        f"{result['split']}: {result['nll_per_step']:.4f} nats per frame (negative log-likelihood per time step, "
-        f"summed over the notes), {result['nll_per_note']:.5f} per note; {result['frames']:,} frames in "
-        f"{result['pieces']:,} pieces of {result['dataset']} (eval batch size {result['eval_batch_size']}, "
-        f"bptt {result['bptt']})"
-    )

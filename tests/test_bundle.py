@@ -17,7 +17,7 @@ from safetensors import safe_open
 import checkpoints
 import cli
 from checkpoints import registry
-from checkpoints.export import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
+from checkpoints.format import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
 from datamodules.corpora import _sha256_file
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub

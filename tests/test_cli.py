@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import cli
+from commands.common import device_argument
+from commands.lightning import continue_logging_in
 from tests.conftest import one_line_error, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,7 +283,7 @@ def test_a_gpu_asked_for_where_there_is_none(trained: Path, workdir: Path, capsy
     config = _config(workdir, workdir / "corpus")
     code = cli.main(["fit", "--config", str(config), "--trainer.accelerator", "gpu"])
     one_line_error(capsys, code, "--trainer.accelerator gpu", "no CUDA GPU", "--trainer.accelerator cpu")
-    assert cli.device_argument("auto") == "cpu"  # every command's default
+    assert device_argument("auto") == "cpu"  # every command's default
     for command in ("evaluate", "generate", "export"):
         code = cli.main([command, str(trained), "--device", "cuda", *(["--out", "x"] if command == "export" else [])])
         one_line_error(capsys, code, "--device", "no CUDA GPU", "--device cpu")
@@ -365,7 +367,7 @@ def test_a_resumed_run_logs_on_in_its_tensorboard_version(tmp_path: Path) -> Non
 
     checkpoint = tmp_path / "lightning_logs" / "version_3" / "checkpoints" / "last.ckpt"
     trainer = Trainer(logger=TensorBoardLogger(tmp_path), default_root_dir=tmp_path)
-    cli.continue_logging_in(trainer, checkpoint)
+    continue_logging_in(trainer, checkpoint)
     assert trainer.logger.version == 3 and Path(trainer.logger.log_dir) == checkpoint.parent.parent
     # A checkpoint elsewhere (a dirpath of its own) or a CSVLogger (which would delete the earlier metrics.csv): a new
     # version, as before.
@@ -374,7 +376,7 @@ def test_a_resumed_run_logs_on_in_its_tensorboard_version(tmp_path: Path) -> Non
         (CSVLogger(tmp_path), checkpoint),
     ]:
         trainer = Trainer(logger=logger, default_root_dir=tmp_path)
-        cli.continue_logging_in(trainer, elsewhere)
+        continue_logging_in(trainer, elsewhere)
         assert trainer.logger.version == 0
 
 

@@ -17,16 +17,23 @@ import cli
 from datamodules import TextDataModule
 from datamodules.streams import IGNORE_INDEX, LMBatch, StreamWindows
 from lightning_modules import LanguageModel
-from lightning_modules.dynamic_evaluation import (
+from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
     adapted_parameters,
     adapting,
     dynamic_nll,
     mean_squared_gradients,
 )
-from lightning_modules.evaluation import deterministic_nll, evaluate
-from lightning_modules.mc_dropout import DROPOUT_RATES, MCDropout, mc_nll, replica_nll, row_groups, sampled_dropout
-from lightning_modules.temperature import collect_features, golden_section_search, total_nll
+from lightning_modules.evaluation.mc_dropout import (
+    DROPOUT_RATES,
+    MCDropout,
+    mc_nll,
+    replica_nll,
+    row_groups,
+    sampled_dropout,
+)
+from lightning_modules.evaluation.perplexity import deterministic_nll, evaluate
+from lightning_modules.evaluation.temperature import collect_features, golden_section_search, total_nll
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from zoo.base import detach_state
 from zoo.language_model import RecurrentLM

@@ -22,8 +22,8 @@ import checkpoints
 import cli
 import zoo
 from checkpoints import registry
-from checkpoints.ckpt import LoadedModel
-from checkpoints.export import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, export_model, load_export
+from checkpoints.export import export_model
+from checkpoints.format import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, LoadedModel, load_export
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, write_word_corpus
@@ -446,7 +446,8 @@ def test_registry_entry_from_an_export(run: Path) -> None:
 def test_a_bundle_exported_again_keeps_the_files_its_card_shows(name: str, tmp_path: Path) -> None:
     """`lm-zoo export` of an export (a bundled or downloaded model) ships its learning curve and, for a music model,
     its sampled piece: the card it writes links them."""
-    from checkpoints.export import ASSET_NAMES, export
+    from checkpoints.export import export
+    from checkpoints.format import ASSET_NAMES
 
     bundle = Path(__file__).resolve().parents[1] / "pretrained" / name
     out = export(bundle, tmp_path / "again", splits=())

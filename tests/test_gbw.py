@@ -391,8 +391,8 @@ def test_a_gbw_checkpoint_rebuilds_its_data_module_and_samples_sentences(
 
 
 def test_word_models_keep_temperature_1_and_start_at_eos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from checkpoints.ckpt import LoadedModel
     from checkpoints.export import export_model
+    from checkpoints.format import LoadedModel
 
     tokenizer = build_tokenizer("word", "a b c\nb c\n")
     model = LanguageModel(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()

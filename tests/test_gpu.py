@@ -91,8 +91,8 @@ def test_mixed_precision_training_steps_are_finite(name: str, dtype: torch.dtype
 
 def test_dynamic_evaluation_runs_on_cuda_and_equals_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from datamodules import TextDataModule
-    from lightning_modules.dynamic_evaluation import DynamicEvaluation
-    from lightning_modules.evaluation import evaluate
+    from lightning_modules.evaluation.dynamic import DynamicEvaluation
+    from lightning_modules.evaluation.perplexity import evaluate
     from tests.conftest import write_word_corpus
     from zoo import RecurrentLM
 

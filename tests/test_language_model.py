@@ -12,7 +12,7 @@ import torch
 from datamodules import TextDataModule
 from datamodules.streams import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
-from lightning_modules.evaluation import evaluate
+from lightning_modules.evaluation.perplexity import evaluate
 from lightning_modules.language_model import TRAINING_OPTIONS
 from tests.conftest import quiet_trainer, write_word_corpus
 from zoo import RecurrentLM

@@ -88,7 +88,7 @@ def lamb_parameters(
 
 @pytest.mark.parametrize("name", list(LAMB))
 def test_recipe_is_lambs_released_configuration(name: str) -> None:
-    from lightning_modules.tuning import full_config
+    from commands.tune import full_config
 
     lamb = LAMB[name]
     config = full_config(ROOT / "configs" / name)
@@ -183,7 +183,7 @@ def test_cpu_twins_differ_in_the_cell_alone_at_one_parameter_count(mogrifier: st
     largest width that stays within the LSTM's."""
     import torch
 
-    from lightning_modules.tuning import full_config
+    from commands.tune import full_config
     from zoo import RecurrentLM
 
     configs = [full_config(ROOT / "configs" / name) for name in (mogrifier, lstm)]

@@ -296,7 +296,7 @@ def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in
     # epoch shorter than the first skipped its validation and a longer one validated before its end.
     import lightning as L
 
-    import cli
+    from commands.lightning import run_lightning
 
     monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
     data = MusicDataModule("jsb-chorales", batch_size=8, bptt=16, data_root=str(DATA))
@@ -325,7 +325,7 @@ data:
 optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
 """
     )
-    cli.run_lightning(["fit", "--config", str(config)], [Checks()])
+    run_lightning(["fit", "--config", str(config)], [Checks()])
     assert Checks.steps == list(np.cumsum(windows))  # one check per epoch, after its last window
 
 
@@ -336,8 +336,8 @@ def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_ins
 
     import yaml
 
-    import cli
-    from lightning_modules.tuning import check_key, config_values, full_config
+    from commands.lightning import run_lightning
+    from commands.tune import check_key, config_values, full_config
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("music_table", root / "benchmarks" / "music_table.py")
@@ -374,5 +374,5 @@ def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_ins
         path = tmp_path / f"{row}.yaml"
         path.write_text(yaml.safe_dump(config))
         with pytest.raises(SystemExit) as printed:
-            cli.run_lightning(["fit", "--config", str(path), "--print_config"])
+            run_lightning(["fit", "--config", str(path), "--print_config"])
         assert printed.value.code in (0, None)

@@ -21,7 +21,8 @@ import checkpoints
 import cli
 from checkpoints import registry
 from checkpoints.bundle import SAMPLE_FRAMES, SAMPLE_SEED, table
-from checkpoints.export import (
+from checkpoints.export import export_model
+from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
@@ -30,7 +31,6 @@ from checkpoints.export import (
     SAMPLE_PNG_NAME,
     VOCAB_NAME,
     WEIGHTS_NAME,
-    export_model,
     load_export,
     read_config,
 )

@@ -20,7 +20,7 @@ from datamodules import TextDataModule
 from datamodules.gbw import GBWDataModule
 from datamodules.streams import LMBatch
 from lightning_modules import LanguageModel
-from lightning_modules.evaluation import evaluate
+from lightning_modules.evaluation.perplexity import evaluate
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG
 from zoo.errors import ConfigError

@@ -1,4 +1,5 @@
-"""Unsupervised constituency parsing (lightning_modules.parsing; Shen et al. 2019 §5.2): the greedy splitter, spans,
+"""Unsupervised constituency parsing (lightning_modules.evaluation.parsing; Shen et al. 2019 §5.2): the greedy
+splitter, spans,
 F1 and the baselines against hand-made trees and hand counts, the treebank reader against the NLTK sample, and the
 model's split points against a per-sentence run."""
 
@@ -16,8 +17,8 @@ import torch
 from nltk import Tree
 
 from datamodules.tokenizers import WordTokenizer
-from lightning_modules import parsing
-from lightning_modules.parsing import (
+from lightning_modules.evaluation import parsing
+from lightning_modules.evaluation.parsing import (
     balanced,
     draw_text,
     gold_sentence,

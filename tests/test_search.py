@@ -12,9 +12,17 @@ from typing import Any
 import pytest
 
 import cli
-from lightning_modules import evolution
-from lightning_modules.evolution import BASELINES, SearchConfig, SearchStore, Standing, Worker, baseline, load_config
-from lightning_modules.search import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from lightning_modules.search import evolution
+from lightning_modules.search.evolution import (
+    BASELINES,
+    SearchConfig,
+    SearchStore,
+    Standing,
+    Worker,
+    baseline,
+    load_config,
+)
+from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from zoo.errors import ConfigError
 from zoo.genome import format_genome, parse
 
@@ -37,7 +45,7 @@ def test_a_setting_reads_back_from_its_key() -> None:
 
 def test_the_score_is_the_worst_task_relative_to_the_gru() -> None:
     """§3.1 eq. (1), written out: min over tasks of best accuracy / the GRU's best."""
-    from lightning_modules.evolution import Evaluation
+    from lightning_modules.search.evolution import Evaluation
 
     rows = [
         (GRU, "arithmetic", 0.8), (GRU, "arithmetic", 0.9), (GRU, "xml", 0.5),
@@ -163,7 +171,7 @@ def test_a_mutants_settings_mix_its_parents_and_the_baselines() -> None:
     """§3.3: with a parent evaluated on few settings, about a third of a mutant's settings come from those tried on
     the parent, a third from the LSTM's and GRU's best, a third at random; with a long history, 80% from the parent's
     best."""
-    from lightning_modules.evolution import Evaluation
+    from lightning_modules.search.evolution import Evaluation
 
     rng, task = random.Random(1), TASKS[0]
     keys = list(dict.fromkeys(Grid().draw(rng, task.num_params).key() for _ in range(2000)))
@@ -208,7 +216,7 @@ def test_arithmetic_is_scored_on_its_answers() -> None:
     from datamodules.streams import LMBatch
     from datamodules.synthetic import arithmetic_example
     from datamodules.tokenizers import CharTokenizer
-    from lightning_modules.search import Span, validation_accuracy
+    from lightning_modules.search.tasks import Span, validation_accuracy
     from zoo import RecurrentLM
 
     rng = random.Random(0)
@@ -259,7 +267,7 @@ def test_the_rate_counts_the_hours_the_search_ran_not_the_gaps_between_its_runs(
     time: 0:00-1:00 and 0:30-1:30 (one run, 1.5 h), 3:30-4:00 (its resumption, 0.5 h), 2.0 hours in all."""
     from datetime import datetime, timedelta
 
-    from lightning_modules.evolution import Evaluation, searching_hours
+    from lightning_modules.search.evolution import Evaluation, searching_hours
 
     zero = datetime(2026, 1, 1)
     spans = [(0, 60), (30, 90), (210, 240), (215, 220)]  # minutes

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import cli
 from datamodules import TextDataModule
 from lightning_modules import LanguageModel
-from lightning_modules.dynamic_evaluation import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
+from lightning_modules.evaluation.dynamic import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG

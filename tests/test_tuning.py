@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import cli
-from lightning_modules.tuning import load_space
+from commands.tune import load_space
 from tests.conftest import one_line_error, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_shipped_table_4_space_fits_the_mogrifier_config() -> None:
     text = (ROOT / "configs" / "tune" / "melis-table4.yaml").read_text()
     assert re.search(r"Table 4", text)
     # Every key names a setting of the paper's PTB config.
-    from lightning_modules.tuning import check_key, full_config
+    from commands.tune import check_key, full_config
 
     base = full_config(ROOT / "configs" / "ptb" / "mogrifier.yaml")
     for key in space:
@@ -195,7 +195,7 @@ def test_tune_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_helper_processes_get_their_share_of_the_cores() -> None:
-    from lightning_modules.tuning import worker_command
+    from commands.tune import worker_command
 
     argv = ["--config", "c.yaml", "--space", "s.yaml", "--trials", "9", "--jobs", "2", "--threads", "8"]
     command = worker_command(argv, "sqlite:///t.db", "study", 4, 7, threads=1)
@@ -205,7 +205,7 @@ def test_helper_processes_get_their_share_of_the_cores() -> None:
 
 
 def test_trials_of_the_main_process_show_progress_helpers_do_not(tmp_path: Path) -> None:
-    from lightning_modules.tuning import Objective
+    from commands.tune import Objective
 
     base = {"trainer": {"max_epochs": 1}}
     for progress in (True, False):

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import zoo
+from zoo.architectures import build
 from zoo.base import State, sequence_dropout_mask
 from zoo.errors import CheckpointError, ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
@@ -204,9 +204,7 @@ class RecurrentLM(nn.Module):
             stack_options["locked_dropout"] = True
         stack_options.update(cell_options)  # the cell's own setting wins
         self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
-        self.rnn = zoo.build(
-            architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options
-        )
+        self.rnn = build(architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options)
         # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
         # state-dict keys are those of checkpoints written before heads existed.
         self.projection: nn.Linear | None = None

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import zoo
+from zoo.architectures import build
 from zoo.base import State
 from zoo.errors import CheckpointError, ConfigError
 
@@ -100,7 +100,7 @@ class PianoRollLM(nn.Module):
             if not 0.0 <= rate < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {rate}")
         stack_options = {"dropout": inter_layer, **cell_options}
-        self.rnn = zoo.build(architecture, num_notes, hidden_size, num_layers, init_range=init_range, **stack_options)
+        self.rnn = build(architecture, num_notes, hidden_size, num_layers, init_range=init_range, **stack_options)
         self.decoder = nn.Linear(hidden_size, num_notes)
         if init_range is not None:
             nn.init.uniform_(self.decoder.weight, -init_range, init_range)

@@ -5,11 +5,11 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 * **deterministic** (dropout off), the default, at an eval batch size and BPTT that the result records (each of the
   B streams starts without context, so perplexity depends on them); ``long_context``: one stream over the whole split;
 * **softmax temperature**: a given one, or ``"auto"``: the one minimising validation cross-entropy
-  (:mod:`lightning_modules.temperature`), then applied to the requested split;
+  (:mod:`lightning_modules.evaluation.temperature`), then applied to the requested split;
 * **MC dropout**: predictions averaged over sampled dropout masks in probability space, dropout rates optionally
-  scaled (:mod:`lightning_modules.mc_dropout`);
+  scaled (:mod:`lightning_modules.evaluation.mc_dropout`);
 * **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
-  tuned on validation over Table 6's ranges (:mod:`lightning_modules.dynamic_evaluation`).
+  tuned on validation over Table 6's ranges (:mod:`lightning_modules.evaluation.dynamic`).
 
 The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
 float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
@@ -19,7 +19,6 @@ full softmax, whatever the training head); the temperature search re-scores kept
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -28,16 +27,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.progress import Progress
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from datamodules.text import TextDataModule
-from lightning_modules.dynamic_evaluation import (
+from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
     adapting,
     dynamic_nll,
     mean_squared_gradients,
     tune,
 )
-from lightning_modules.mc_dropout import (
+from lightning_modules.evaluation.mc_dropout import (
     DEFAULT_ROWS_PER_CALL,
     MCDropout,
     head_is_stochastic,
@@ -45,8 +45,7 @@ from lightning_modules.mc_dropout import (
     row_groups,
     shares_masks_across_rows,
 )
-from lightning_modules.progress import Progress
-from lightning_modules.temperature import (
+from lightning_modules.evaluation.temperature import (
     CACHE_BYTES,
     TEMPERATURE_RANGE,
     TEMPERATURE_TOLERANCE,
@@ -377,138 +376,3 @@ def describe(result: dict[str, Any], char_level: bool) -> str:
         f"{result['corpus']} {result['split']}: {metric(result)}  (loss {result['loss']:.4f} nats/token over "
         f"{result['tokens']:,} tokens{unknown}; {'; '.join(settings)})"
     )
-
-
-# ------------------------------------------------------------------------------------------------ command line
-def option(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
-    """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
-    one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""
-    bound = f"> {minimum:g}" if above else f">= {minimum:g}"
-    what = f"an integer {bound}" if kind is int else f"a number {bound}"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ConfigError(f"{flag} must be {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (above and value == minimum):
-            raise ConfigError(f"{flag} must be {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
-    """``lm-zoo evaluate``'s procedure flags; a bad value is one :class:`ConfigError` line naming the flag."""
-    group = parser.add_argument_group("procedures (Melis et al. 2020 §3.3; the result records every setting)")
-    group.add_argument(
-        "--long-context", action="store_true", help="score the split as one stream (batch size 1, BPTT as given)"
-    )
-    group.add_argument(
-        "--temperature",
-        type=parse_temperature,
-        default=1.0,
-        metavar="T|auto",
-        help="softmax temperature (default 1); auto: golden-section search on the valid split in [0.5, 2], then "
-        "applied to --split (with --dynamic, or MoS dropout under --mc-samples, each trial re-runs the pass)",
-    )
-    group.add_argument(
-        "--mc-samples",
-        type=option("--mc-samples", int, 1),
-        metavar="N",
-        help="MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
-    )
-    group.add_argument(
-        "--dropout-scale",
-        type=option("--dropout-scale", float, 0),
-        metavar="F",
-        help="MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
-    )
-    group.add_argument(
-        "--mc-batch",
-        type=option("--mc-batch", int, 1),
-        metavar="ROWS",
-        help=f"MC dropout: most stream replicas (streams x samples) per forward call (default {DEFAULT_ROWS_PER_CALL})",
-    )
-    group.add_argument("--seed", type=option("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)")
-    group.add_argument(
-        "--dynamic",
-        action="store_true",
-        help="dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step on it",
-    )
-    defaults = DynamicEvaluation()
-    for flag, metavar, text in (
-        ("--dyn-lr", "ETA", f"learning rate (default {defaults.learning_rate:g}; Table 6: 1e-6 .. 1e-3)"),
-        ("--dyn-decay", "LAMBDA", f"decay towards the trained weights (default {defaults.decay_rate:g}; 1e-6 .. 1e-2)"),
-        ("--dyn-eps", "EPS", f"epsilon of the RMS-normalised step (default {defaults.epsilon:g}; 1e-8 .. 1e-2)"),
-    ):
-        group.add_argument(flag, type=option(flag, float, 0), metavar=metavar, help=text)
-    for flag, metavar, text in (
-        ("--dyn-max-time-steps", "T", "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)"),
-        (
-            "--dyn-stat-batches",
-            "K",
-            f"training batches for the mean squared gradients (default {defaults.stat_batches})",
-        ),
-        ("--dyn-stat-batch-size", "B", f"streams per such batch (default {defaults.stat_batch_size}, the paper's)"),
-    ):
-        group.add_argument(flag, type=option(flag, int, 1), metavar=metavar, help=text)
-    group.add_argument(
-        "--tune",
-        action="store_true",
-        help="with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score --split",
-    )
-    group.add_argument(
-        "--tune-trials",
-        type=option("--tune-trials", int, 1),
-        metavar="N",
-        help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
-    )
-    group.add_argument(
-        "--tune-tokens",
-        type=option("--tune-tokens", int, 1),
-        metavar="N",
-        help="score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
-    )
-
-
-def procedure_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags of :func:`add_procedure_arguments` as :func:`evaluate` arguments (``mc``, ``dynamic``,
-    ``tune_trials``, ``tune_tokens``).
-
-    Raises:
-        ConfigError: a flag given without the procedure it belongs to.
-    """
-    flags = ("mc_samples", "dropout_scale", "mc_batch", "dynamic", "tune", "tune_trials", "tune_tokens", *DYNAMIC_FLAGS)
-    values = {name: getattr(args, name, None) for name in flags}
-    given = {name: v for name, v in values.items() if v is not None and v is not False}  # 0 is a given value
-    for flag, needs, mode in (
-        ("dropout_scale", "mc_samples", "--mc-samples N"),
-        ("mc_batch", "mc_samples", "--mc-samples N"),
-        ("tune_trials", "tune", "--tune"),
-        ("tune_tokens", "tune", "--tune"),
-        *((name, "dynamic", "--dynamic") for name in DYNAMIC_FLAGS),
-        ("tune", "dynamic", "--dynamic"),
-    ):
-        if flag in given and needs not in given:
-            raise ConfigError(f"--{flag.replace('_', '-')} applies only with {mode}: add it or drop the flag")
-    mc = None
-    if "mc_samples" in given:
-        mc = MCDropout(given["mc_samples"], given.get("dropout_scale", 1.0), given.get("mc_batch"))
-    dynamic = None
-    if "dynamic" in given:
-        dynamic = DynamicEvaluation(**{field: given[flag] for flag, field in DYNAMIC_FLAGS.items() if flag in given})
-    trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
-    return {"mc": mc, "dynamic": dynamic, "tune_trials": trials, "tune_tokens": given.get("tune_tokens")}
-
-
-#: ``lm-zoo evaluate`` flag (argparse dest) -> :class:`DynamicEvaluation` field.
-DYNAMIC_FLAGS = {
-    "dyn_lr": "learning_rate",
-    "dyn_decay": "decay_rate",
-    "dyn_eps": "epsilon",
-    "dyn_max_time_steps": "max_time_steps",
-    "dyn_stat_batches": "stat_batches",
-    "dyn_stat_batch_size": "stat_batch_size",
-}
-DEFAULT_TUNE_TRIALS = 20

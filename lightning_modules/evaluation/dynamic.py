@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from lightning_modules.temperature import total_nll
+from lightning_modules.evaluation.temperature import total_nll
 from zoo.base import State, detach_state
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM

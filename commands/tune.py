@@ -35,6 +35,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from commands.common import CommandParser, user_error
+from commands.lightning import run_lightning
 from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
 
 SPACE_TYPES = ("float", "loguniform", "int", "categorical")
@@ -111,8 +113,6 @@ def suggest(trial: Any, key: str, entry: dict[str, Any]) -> Any:
 # ------------------------------------------------------------------------------------------ configs by key
 def full_config(config: str | Path) -> dict[str, Any]:
     """The config as ``lm-zoo fit --config X --print_config`` prints it: every key of every class with a value."""
-    from cli import run_lightning
-
     if not Path(config).is_file():
         raise ConfigError(f"--config {config}: no such file")
     out = io.StringIO()
@@ -216,8 +216,6 @@ class ReportToOptuna(Callback):
 
 def run_fit(config: Path, callbacks: list[Callback]) -> None:
     """``lm-zoo fit --config config`` in this process, with extra callbacks that the config cannot name."""
-    from cli import run_lightning
-
     run_lightning(["fit", "--config", str(config)], callbacks)
 
 
@@ -268,8 +266,6 @@ class Objective:
             trial.set_user_attr("diverged", str(err))
             raise
         except Exception as err:  # e.g. a value the model refuses (wrapped in jsonargparse's error): name the trial
-            from cli import user_error
-
             ours = user_error(err)
             if ours is None:
                 raise
@@ -289,8 +285,6 @@ class Objective:
 
 # --------------------------------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
-    from cli import CommandParser
-
     parser = CommandParser(
         prog="lm-zoo tune",
         description="search hyperparameters with Optuna; writes the best trial's config for lm-zoo fit --config",
@@ -400,8 +394,6 @@ def cmd_tune(argv: Sequence[str]) -> None:
 
 def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], workdir: Path) -> None:
     """Parse the config with every key at the low end (first choice) of its range, as a trial would start."""
-    from cli import run_lightning
-
     low = {key: e["choices"][0] if e["type"] == "categorical" else e["low"] for key, e in space.items()}
     path = workdir / "check.yaml"
     path.write_text(yaml.safe_dump(objective.trial_config(low, None), sort_keys=False))
@@ -411,7 +403,7 @@ def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], w
         except SystemExit as stop:  # --print_config's normal end
             if stop.code not in (0, None):
                 raise
-        except ConfigError as err:  # the parser's one line (cli.LMZooArgumentParser)
+        except ConfigError as err:  # the parser's one line (commands.lightning.LMZooArgumentParser)
             raise ConfigError(f"--space {', '.join(space)}: LightningCLI rejects the values ({err})") from None
     path.unlink()
 

@@ -1,0 +1,58 @@
+"""``lm-zoo bundle build|publish|table``: maintainers' commands for the models shipped under ``pretrained/``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from checkpoints.bundle import REPO_OWNER, build, publish_all, write_table
+from commands.common import CommandParser
+
+
+def cmd_bundle(argv: Sequence[str]) -> None:
+    """``lm-zoo bundle build|publish|table``."""
+    parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
+    commands = parser.add_subparsers(dest="action", required=True)
+    build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
+    build_parser.add_argument("name")
+    build_parser.add_argument("--ckpt", type=Path, required=True, help="the run's best checkpoint")
+    build_parser.add_argument("--config", type=Path, required=True, help="the recipe it was trained from")
+    build_parser.add_argument("--command", help="how it was trained (default: lm-zoo fit --config CONFIG)")
+    build_parser.add_argument("--logs", type=Path, nargs="+", default=(), help="TensorBoard dirs (resumed runs: all)")
+    build_parser.add_argument("--commit", help="the lm-zoo commit it was trained at (default: this checkout's)")
+    build_parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    build_parser.add_argument("--repo-id", help=f"its Hub repo (default {REPO_OWNER}/NAME)")
+    build_parser.add_argument("--revision", default="v1", help="the tag it is published under (default v1)")
+    build_parser.add_argument("--description", default="", help="one line for the registry")
+    build_parser.add_argument("--max-sample-tokens", type=int, default=60)
+    build_parser.add_argument("--notes", default="", help="a paragraph for the card")
+    build_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
+    publish_parser = commands.add_parser("publish", help="publish the bundled models (needs HF_TOKEN)")
+    publish_parser.add_argument("names", nargs="*", help="default: every registered model")
+    publish_parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    table_parser = commands.add_parser("table", help="rewrite the README's pretrained-models table")
+    table_parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        entry = build(
+            args.name,
+            args.ckpt,
+            args.config,
+            command=args.command,
+            logs=args.logs,
+            commit=args.commit,
+            dtype=args.dtype,
+            repo_id=args.repo_id,
+            revision=args.revision,
+            description=args.description,
+            max_sample_tokens=args.max_sample_tokens,
+            data_root=args.data_root,
+            notes=args.notes,
+        )
+        print(json.dumps(entry.to_json(), indent=2))
+    elif args.action == "publish":
+        for name, url in publish_all(args.names, endpoint=args.endpoint):
+            print(f"{name}: {url}")
+    else:
+        write_table(args.readme)

@@ -1,0 +1,111 @@
+"""What every subcommand shares: its argument parser, the SOURCE and ``--device`` arguments, and
+:func:`user_error`, the one place where an exception becomes the one-line message ``lm-zoo`` prints."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+
+from zoo.errors import ConfigError, DataError, LMZooError
+
+if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
+    pass
+
+
+SPLITS = ("train", "valid", "test")
+
+SOURCE_HELP = (
+    "a .ckpt written by lm-zoo fit, a run's directory (its newest best.ckpt, e.g. runs/ptb/lstm-small), a directory "
+    "written by lm-zoo export, a Hub repo id or a registered name"
+)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of lm-zoo's own subcommands: a bad argument is one line (``main`` prints it), not usage plus an
+    error; ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}; {self.prog} --help lists the options")
+
+
+DEVICE_HELP = "auto (a CUDA GPU where there is one, else cpu), cpu, cuda or cuda:N"
+
+
+def device_argument(text: str) -> str:
+    """``--device``: ``auto`` (the GPU where there is one), or a device PyTorch knows and this machine has."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no device: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: PyTorch sees no CUDA GPU on this machine: use --device cpu")
+    return text
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+# errno values that say something about the user's paths (permissions, a file where a directory should be, a full
+# disk), not about lm-zoo: these become one line too.
+_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def user_error(err: BaseException) -> LMZooError | None:
+    """The one-line error for ``err``, or ``None`` for a bug (which keeps its traceback).
+
+    This is the one place where exceptions become messages: lm-zoo's own errors (also when jsonargparse or Lightning
+    re-raised them wrapped in one of theirs), Lightning's verdicts on a configuration, and operating-system errors
+    about the user's paths.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    chain = _chain(err)
+    ours = next((e for e in chain if isinstance(e, LMZooError)), None)
+    if ours is not None:
+        return ours
+    for current in chain:
+        if isinstance(current, MisconfigurationException):
+            text = " ".join(str(current).split())
+            return ConfigError(f"Lightning: {text}")
+        if isinstance(current, OSError) and current.filename and current.errno in _PATH_ERRNOS:
+            from datamodules.corpora import cache_root
+
+            path = Path(current.filename)
+            cache = cache_root()
+            hint = "set LM_ZOO_CACHE to a writable directory" if path.is_relative_to(cache) else "check the path"
+            return DataError(f"{path}: {current.strerror.lower()}: {hint}")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def option(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
+    one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""
+    bound = f"> {minimum:g}" if above else f">= {minimum:g}"
+    what = f"an integer {bound}" if kind is int else f"a number {bound}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{flag} must be {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (above and value == minimum):
+            raise ConfigError(f"{flag} must be {what}, got {text!r}")
+        return value
+
+    return parse

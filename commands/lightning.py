@@ -1,0 +1,344 @@
+"""``lm-zoo fit|validate|test|predict``: LightningCLI with lm-zoo's checkpoints, progress bar, resume and one-line
+errors."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import inspect
+import logging
+import re
+import shlex
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from zoo.errors import ConfigError, LMZooError
+
+if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
+    pass
+
+
+class LMZooArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with its errors raised as one line (:class:`zoo.errors.ConfigError`, which ``main``
+    prints) instead of 70-80 lines of usage before a multi-line report; ``--help`` still prints the usage.
+
+    jsonargparse's own inner parsers are made with ``exit_on_error=False`` and catch their ``ArgumentError``s while
+    trying alternatives (union types, subclasses); only the error that would end the program is turned into ours.
+    """
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        raise ConfigError(parser_message(self, message)) from ex
+
+
+# Lines of jsonargparse's reports that say how it searched rather than what is wrong.
+_PARSER_NOISE = re.compile(
+    r"^(Does not validate against any of the Union subtypes|Subtypes:|Errors:|Expected a <class 'NoneType'>|"
+    r"Given value type:|Given value:|Problem with given class_path)"
+)
+
+
+def parser_message(parser: argparse.ArgumentParser, message: str) -> str:
+    """One line from a jsonargparse error report, naming the option, with a "did you mean" for a misspelt one."""
+    unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)
+    key = re.match(r'Parser key "([^"]+)"', message)
+    if unknown and key:
+        class_path, option = unknown.groups()
+        module, _, name = class_path.rpartition(".")
+        accepted = list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+        near = difflib.get_close_matches(option, accepted, n=1)
+        hint = f" (did you mean --{key[1]}.init_args.{near[0]}?)" if near else ""
+        return f"--{key[1]}.init_args.{option}: {name} has no option {option!r}{hint}"
+    extra = re.match(r"unrecognized arguments: (--[\w.]+)", message)
+    if extra:
+        options = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+        near = difflib.get_close_matches(extra[1], options, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        return f"{message}{hint}; lm-zoo {parser.prog.split()[-1]} --help lists the options"
+    # A value's problem: the innermost report, under the option's full name (a class's options are under init_args).
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    key = ".init_args.".join(keys) if "Problem with given class_path" in message else keys[0] if keys else None
+    lines = [re.sub(r'^Parser key "[^"]+":\s*', "", line.strip().removeprefix("- ")) for line in message.splitlines()]
+    lines = [line for line in lines if line and not _PARSER_NOISE.match(line)]
+    text = "; ".join(lines) or message.strip()
+    text = re.sub(r"Expected a <class '([\w.]+)'>\. Got value: ([^;]*)", r"expected \1, got '\2'", text)
+    text = re.sub(r"<class '([\w.]+)'>", r"\1", text)
+    text = text[:1].lower() + text[1:]
+    return text if key is None else f"--{key}: {text}"
+
+
+class LMZooCLI(LightningCLI):
+    """LightningCLI with the vocabulary linked from the data, ``best.ckpt`` (``checkpoint.*``) and ``last.ckpt``
+    (``last_checkpoint.*``) callbacks, atomic checkpoint writes, and a ``--ckpt_path last`` that finds the last
+    checkpoint of the config's previous runs."""
+
+    @staticmethod
+    def configure_optimizers(
+        lightning_module: object,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> object:
+        """The YAML's optimizer and scheduler, stepped at the scheduler's own ``interval`` / ``frequency`` if it has
+        them (``lightning_modules.schedules.scheduler_config``)."""
+        from lightning_modules.schedules import scheduler_config
+
+        return scheduler_config(optimizer, lr_scheduler)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # The vocabulary is built from the training split when the data module is created.
+        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_loss",
+                "checkpoint.mode": "min",
+                "checkpoint.filename": "best",
+                "checkpoint.save_last": False,  # last.ckpt is last_checkpoint's, kept fresher than this one would
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        from checkpoints.writing import LastCheckpoint
+
+        # last.ckpt, for `--ckpt_path last`: every 30 minutes (or every_n_train_steps / train_time_interval), after
+        # every validation and at the end, in the best checkpoint's directory.
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
+        file is said in one line (:func:`checkpoints.ckpt.unreadable`) instead of ``torch.load``'s traceback."""
+        try:
+            super()._parse_ckpt_path()
+        except LMZooError:
+            raise
+        except Exception as err:
+            from checkpoints.ckpt import unreadable
+
+            subcommand = self.config.get("subcommand")
+            raise unreadable(self.config[subcommand].get("ckpt_path"), err) from None
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own, with
+        lm-zoo's progress bar (:class:`lightning_modules.progress.FitProgressBar`) unless the config names one or turns
+        it off, and the learning rate logged (``LearningRateMonitor``) wherever there is a logger."""
+        from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+
+        from checkpoints.writing import AtomicCheckpointIO
+        from lightning_modules.progress import FitProgressBar
+
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        if trainer_config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
+            callbacks.append(FitProgressBar())
+        if trainer_config.get("logger") is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
+            callbacks.append(LearningRateMonitor())  # the schedule, as TensorBoard's lr-<Optimizer> curve
+        kwargs = {"callbacks": callbacks, **kwargs}
+        from datamodules.base import StreamDataModule
+
+        reloads = trainer_config.get("reload_dataloaders_every_n_epochs")
+        if isinstance(self.datamodule, StreamDataModule) and not reloads:
+            # A training epoch's number of windows can change from epoch to epoch (shuffled pieces or sentences packed
+            # into columns, AWD's variable BPTT), but Lightning reads the loader's length once and validates when the
+            # batch index reaches it: an epoch one window shorter would skip its validation, a longer one validate
+            # mid-epoch. A loader made afresh each epoch has that epoch's length (the stream takes its epoch from the
+            # trainer, so the orders and a resumed position are unchanged).
+            kwargs["reload_dataloaders_every_n_epochs"] = 1
+        accelerator = str(trainer_config.get("accelerator") or "auto")
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--trainer.accelerator {accelerator}: PyTorch sees no CUDA GPU on this machine: use "
+                "--trainer.accelerator cpu (or auto, which picks a GPU where there is one)"
+            )
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            plugins.append(AtomicCheckpointIO())
+        if self.subcommand == "fit" and self._get(self.config_init, "ckpt_path"):
+            # A resumed run logs where it was interrupted when there are no version_N directories (logger: false, a
+            # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
+            self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
+        return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+
+    def after_fit(self) -> None:
+        """Say where the run's work is and what to do with it next."""
+        trainer = self.trainer
+        if trainer.state.status != "finished" or not trainer.is_global_zero:
+            return
+        from checkpoints.writing import LastCheckpoint
+
+        best = next((c for c in trainer.checkpoint_callbacks if not isinstance(c, LastCheckpoint)), None)
+        last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+        lines = []
+        if best is not None and best.best_model_path:
+            score = f" ({best.monitor} {float(best.best_model_score):.4f})" if best.best_model_score is not None else ""
+            lines.append(f"best checkpoint: {best.best_model_path}{score}")
+        if last is not None and last.last_model_path:
+            lines.append(f"last checkpoint: {last.last_model_path}")
+        if trainer.loggers and trainer.log_dir:
+            lines.append(f"logs: {trainer.log_dir}  (tensorboard --logdir {Path(trainer.log_dir).parent})")
+        if best is not None and best.best_model_path:
+            lines.append(f"evaluate: lm-zoo evaluate {shlex.quote(best.best_model_path)} --split test")
+            lines.append(f"sample: lm-zoo generate {shlex.quote(best.best_model_path)} --num-samples 3")
+        if last is not None and last.last_model_path:
+            configs = " ".join(
+                f"--config {shlex.quote(str(c))}" for c in self.config[self.subcommand].get("config") or []
+            )
+            limit = "--trainer.max_steps N" if trainer.max_steps and trainer.max_steps > 0 else "--trainer.max_epochs N"
+            lines.append(f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} {limit}")
+        for line in lines:
+            print(f"lm-zoo: {line}", file=sys.stderr)
+
+    def before_fit(self) -> None:
+        """Resolve ``--ckpt_path``: a resumed run logs on in its checkpoint's TensorBoard version; ``last`` without a
+        ``checkpoint.dirpath`` takes the newest ``last*.ckpt`` of the earlier versions (Lightning would look only in
+        this run's new ``version_N/checkpoints``), and ``last`` with nothing to resume is one line, not a fresh start
+        after a warning."""
+        config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") not in (None, "last"):
+            continue_logging_in(self.trainer, Path(config["ckpt_path"]))
+        if config.get("ckpt_path") != "last":
+            return
+        directories = [Path(c.dirpath) for c in self.trainer.checkpoint_callbacks if c.dirpath]
+        if directories:  # Lightning finds last.ckpt there itself, but starts afresh with a warning if there is none
+            found = max(
+                (p for d in directories for p in d.glob("last*.ckpt") if p.is_file()),
+                key=lambda p: p.stat().st_mtime,
+                default=None,
+            )
+        else:
+            found = latest_last_checkpoint(self.trainer)
+            if found is not None:
+                config["ckpt_path"] = str(found)
+        if found is None:
+            where = ", ".join(map(str, directories)) or f"{versions_root(self.trainer)}/*/checkpoints"
+            raise ConfigError(
+                f"--ckpt_path last: nothing to resume, no last.ckpt from an earlier run of this config (looked in "
+                f"{where}): leave out --ckpt_path to start a new run"
+            )
+        continue_logging_in(self.trainer, found)
+
+
+def latest_last_checkpoint(trainer: Trainer) -> Path | None:
+    """The newest ``last*.ckpt`` under the first logger's version directories (``<save_dir>/<name>/*/checkpoints``),
+    where checkpoints go when ``checkpoint.dirpath`` is not set; ``None`` if there is none (or no logger)."""
+    root = versions_root(trainer)
+    found = [] if root is None else [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def continue_logging_in(trainer: Trainer, checkpoint: Path) -> None:
+    """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs on in ``version_N``: one TensorBoard run with
+    one curve, not two halves in two versions (and ``best.ckpt`` keeps being tracked in the same directory)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    root = versions_root(trainer)
+    logger = trainer.loggers[0] if trainer.loggers else None
+    version = checkpoint.resolve().parent.parent
+    if root is None or version.parent != root.resolve() or checkpoint.parent.name != "checkpoints":
+        return
+    # TensorBoard adds an event file beside the earlier ones and shows them as one run; CSVLogger would delete the
+    # earlier metrics.csv, so it gets a new version. TensorBoardLogger chooses its version when first asked for it
+    # (`_version`); a version given in the config is the user's to keep.
+    if isinstance(logger, TensorBoardLogger) and logger._version is None:
+        number = re.fullmatch(r"version_(\d+)", version.name)
+        logger._version = int(number[1]) if number else version.name  # type: ignore[union-attr]
+
+
+def versions_root(trainer: Trainer) -> Path | None:
+    """Where the first logger's ``version_N`` directories are (``None`` without a logger)."""
+    if not trainer.loggers:
+        return None
+    logger = trainer.loggers[0]
+    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_known_noise() -> None:
+    """Filter, by message, third-party warnings that every fit prints and that say nothing about this run.
+
+    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's ``_pytree`` calls an API that PyTorch 2.13
+      deprecates; Lightning's to update, nothing for a user to change.
+    - ``IterableDataset`` has ``__len__`` ... ``num_workers > 1``: lm-zoo's loaders use no worker processes
+      (``datamodules.base``), so the length is exact.
+    - Lightning's "Tip" advertising a logging service, logged at every Trainer creation.
+    """
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdverts) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropAdverts())
+
+
+def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> None:
+    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``.
+
+    Args:
+        argv: the subcommand and its arguments, or ``None``.
+        callbacks: trainer callbacks a config cannot name (``lm-zoo tune``'s reporting to Optuna), added to the
+            config's own.
+    """
+    # Importing is what lets a config name these classes by their short names.
+    from lightning import LightningDataModule
+
+    from datamodules import GBWDataModule, MusicDataModule, ReverseCopyDataModule, TextDataModule  # noqa: F401
+    from lightning_modules import LanguageModel, MusicModel, ZarembaDecay  # noqa: F401
+    from lightning_modules.stateful import StatefulTraining
+
+    quiet_known_noise()
+    check_config_files(sys.argv[2:] if argv is None else argv[1:])
+    with warnings.catch_warnings():
+        # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        LMZooCLI(
+            StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
+            LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=LMZooArgumentParser,
+            args=None if argv is None else list(argv),
+            trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
+        )
+
+
+def check_config_files(args: Sequence[str]) -> None:
+    """Every ``--config FILE`` that exists parses as YAML, or one line naming the file, line and column.
+
+    jsonargparse reports a YAML error without the file's name (``in "<unicode string>"``); a tab in the indentation,
+    the usual cause, gets said in words.
+    """
+    import yaml
+
+    paths = [b for a, b in zip(args, args[1:], strict=False) if a == "--config"]
+    paths += [a.removeprefix("--config=") for a in args if a.startswith("--config=")]
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue  # the parser says that the file does not exist
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            lines = text.splitlines()
+            tab = mark is not None and mark.line < len(lines) and "\t" in lines[mark.line]
+            hint = ": YAML indents with spaces, not tabs" if tab else ""
+            raise ConfigError(f"{path}{where}: not valid YAML ({problem}){hint}") from None

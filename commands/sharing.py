@@ -1,0 +1,113 @@
+"""``lm-zoo export``, ``publish`` and ``download``: a model as a shareable directory, on the Hugging Face Hub, and
+back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from zoo.errors import ConfigError
+
+if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
+    from checkpoints.hub import Published
+
+from commands import COMMANDS
+from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
+
+
+def cmd_export(argv: Sequence[str]) -> None:
+    """``lm-zoo export SOURCE --out DIR``: the shareable format, with the results measured for its model card."""
+    parser = CommandParser(prog="lm-zoo export", description=COMMANDS["export"])
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
+    splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
+    parser.add_argument("--splits", nargs="*", default=["valid", "test"], choices=SPLITS, help=splits_help)
+    results_help = "use `lm-zoo evaluate --json` outputs saved in these files instead of evaluating"
+    parser.add_argument("--results", nargs="+", metavar="JSON", help=results_help)
+    parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
+    parser.add_argument("--bptt", type=int, help="eval BPTT (default: the training run's)")
+    parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    from checkpoints.export import export
+    from checkpoints.format import CONFIG_NAME
+
+    results = [_read_result(path) for path in args.results] if args.results else None
+    evaluation = {"batch_size": args.batch_size, "bptt": args.bptt, "data_root": args.data_root, "device": args.device}
+    out = export(args.source, args.out, splits=args.splits, results=results, **evaluation)
+    config = json.loads((out / CONFIG_NAME).read_text())
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    if args.json:
+        print(json.dumps({"out": str(out), "files": files, "results": config["results"]}))
+        return
+    print(f"{out}: " + ", ".join(f"{name} ({size:,} bytes)" for name, size in files.items()))
+    for result in config["results"]:
+        if "nll_per_step" in result:  # a music model: nats per frame
+            metric = f"NLL per step {result['nll_per_step']:.4f}"
+        else:
+            metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
+        print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
+
+
+def _read_result(path: str) -> dict:
+    try:
+        return json.loads(open(path, encoding="utf-8").read())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--results {path}: not a saved `lm-zoo evaluate --json` output ({err})") from None
+
+
+def cmd_publish(argv: Sequence[str]) -> None:
+    """``lm-zoo publish DIR --repo-id owner/name``: create the repo if needed, upload, print the URL."""
+    parser = CommandParser(prog="lm-zoo publish", description=COMMANDS["publish"])
+    parser.add_argument("directory", help="a directory written by lm-zoo export")
+    parser.add_argument("--repo-id", required=True, help="owner/name on the Hub (HF_TOKEN: a token with write access)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--revision", help="the branch to commit to, created if missing (default main)")
+    parser.add_argument("--tag", help="also tag the commit (e.g. v1), so downloads can pin it")
+    parser.add_argument("--commit-message")
+    parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument("--name", help="short name for the registry entry printed with --json (default: repo name)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (with a registry entry)")
+    args = parser.parse_args(argv)
+
+    from checkpoints import hub, registry
+    from checkpoints.format import CONFIG_NAME
+
+    options = {"revision": args.revision, "tag": args.tag, "commit_message": args.commit_message}
+    published: Published = hub.publish(
+        args.directory, args.repo_id, private=args.private, endpoint=args.endpoint, **options
+    )
+    if args.json:
+        config = json.loads(open(f"{args.directory}/{CONFIG_NAME}", encoding="utf-8").read())
+        name = args.name or args.repo_id.split("/")[-1].lower()
+        entry = registry.entry_for(config, name, args.repo_id, published.tag or published.commit)
+        print(json.dumps({**published.__dict__, "registry_entry": entry.to_json()}))
+        return
+    print(published.url)
+    print(f"commit {published.commit} on {published.revision}" + (f", tagged {published.tag}" if published.tag else ""))
+
+
+def cmd_download(argv: Sequence[str]) -> None:
+    """``lm-zoo download ID``: a repo id or registered short name into the Hugging Face cache; prints the path."""
+    parser = CommandParser(prog="lm-zoo download", description=COMMANDS["download"])
+    parser.add_argument("model", help="owner/name, or a short name from lm-zoo models --pretrained")
+    parser.add_argument("--revision", help="branch, tag or commit (default main, or the registry's pinned revision)")
+    parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    from checkpoints import hub, registered_directory, registry
+
+    entry = registry.lookup(args.model) if "/" not in args.model else None
+    if entry is not None:
+        repo_id, revision = entry.repo_id, args.revision or entry.revision
+        path = registered_directory(entry, args.revision, endpoint=args.endpoint)
+    elif "/" in args.model:
+        repo_id, revision = args.model, args.revision
+        path = hub.download(repo_id, revision, endpoint=args.endpoint)
+    else:
+        raise ConfigError(f"{args.model!r} is no registered model (lm-zoo models --pretrained) and no owner/name")
+    print(json.dumps({"repo_id": repo_id, "revision": revision, "path": str(path)}) if args.json else path)

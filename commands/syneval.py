@@ -1,0 +1,52 @@
+"""``lm-zoo syneval SOURCE``: targeted syntactic evaluation on Marvin & Linzen's minimal pairs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from zoo.errors import ConfigError
+
+if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
+    pass
+
+from commands import COMMANDS
+from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+
+
+def cmd_syneval(argv: Sequence[str]) -> None:
+    """``lm-zoo syneval SOURCE``: Marvin & Linzen's minimal pairs, accuracy per condition (Shen et al. 2019 §5.3)."""
+    parser = CommandParser(prog="lm-zoo syneval", description=COMMANDS["syneval"])
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    parser.add_argument(
+        "--templates", help="templates.tar.xz or emnlp2018_templates.tar.xz (MANIFEST.md), or a directory of the "
+        "original pickles (default: $LM_ZOO_DATA/syneval/templates.tar.xz)"
+    )  # fmt: skip
+    parser.add_argument("--max-tuples", type=int, help="score only the first N tuples of each condition (a quick look)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sentences per forward pass")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or (args.max_tuples is not None and args.max_tuples < 1):
+        raise ConfigError("--batch-size and --max-tuples must be at least 1")
+
+    import checkpoints
+    from datamodules.corpora import data_root
+    from lightning_modules.evaluation import syneval
+
+    templates = Path(args.templates) if args.templates else data_root() / "syneval" / "templates.tar.xz"
+    conditions = syneval.read_templates(templates)  # before loading a model: a refused file stops at once
+    loaded = checkpoints.load(args.source, args.revision)
+    if loaded.tokenizer.kind not in ("word", "sentence"):
+        raise ConfigError(
+            f"syneval scores sentences word by word, and {args.source} reads {loaded.tokenizer.kind} tokens: "
+            "give a word-level model"
+        )
+    result = syneval.evaluate_syneval(
+        loaded.model.to(args.device), loaded.tokenizer, conditions, args.batch_size, args.max_tuples
+    )
+    result = {"source": loaded.source, "templates": str(templates), **result}
+    print(json.dumps(result) if args.json else syneval.describe(result))
