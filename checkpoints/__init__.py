@@ -8,7 +8,7 @@ JSON, safetensors and tokenizer files only: nothing from them is ever unpickled.
 """
 
 from checkpoints.format import LoadedModel, load_export
-from checkpoints.sources import load, registered_directory
+from checkpoints.sources import from_pretrained, load, registered_directory
 from zoo.errors import LMZooError
 
-__all__ = ["LMZooError", "LoadedModel", "load", "load_export", "registered_directory"]
+__all__ = ["LMZooError", "LoadedModel", "from_pretrained", "load", "load_export", "registered_directory"]

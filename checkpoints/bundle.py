@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from checkpoints import registry
+from checkpoints import hub, registry
 from checkpoints.ckpt import load_checkpoint
 from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, read_run, render
 from checkpoints.export import export_model, measure
@@ -48,6 +49,9 @@ from checkpoints.format import (
     load_export,
 )
 from datamodules.corpora import _sha256_file
+from datamodules.midi import write_midi, write_png
+from datamodules.piano_rolls import music_dataset
+from datamodules.synthetic import xml_closing_tags_matched
 from zoo.errors import CheckpointError, ConfigError
 
 SAMPLE_SEED = 1
@@ -90,8 +94,6 @@ def _git_commit(directory: Path) -> str:
 
 def _run_config(log_dir: Path) -> dict[str, Any] | None:
     """The LightningCLI ``config.yaml`` a run saved in its log directory, if any."""
-    import yaml
-
     path = log_dir / "config.yaml"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -128,9 +130,6 @@ def music_sample(loaded: LoadedModel, directory: Path) -> dict[str, Any]:
 
     The frame length in beats is the dataset's (a quarter note for JSB Chorales, an eighth for the others).
     """
-    from datamodules.midi import write_midi, write_png
-    from datamodules.music import music_dataset
-
     beats = music_dataset(str(loaded.data.get("dataset"))).frame_beats
     generator = torch.Generator().manual_seed(SAMPLE_SEED)
     roll = loaded.model.generate(SAMPLE_FRAMES, generator=generator)[0].numpy()  # (T, 88) uint8
@@ -152,8 +151,6 @@ def xml_nesting(loaded: LoadedModel) -> dict[str, Any]:
     """The XML task's measure (Jozefowicz et al. 2015 §3.5): of the closing tags in sampled documents, the fraction
     that close the innermost open tag (:func:`datamodules.synthetic.xml_closing_tags_matched`). Each sample is one
     document, from the start of a line to its end."""
-    from datamodules.synthetic import xml_closing_tags_matched
-
     texts, temperature = loaded.sample("", XML_SAMPLES, XML_MAX_TOKENS, seed=SAMPLE_SEED)
     counts = [xml_closing_tags_matched(text) for text in texts]
     matched, closing = sum(m for m, _ in counts), sum(c for _, c in counts)
@@ -284,8 +281,6 @@ def publish_all(names: Sequence[str] = (), *, endpoint: str | None = None) -> li
     Raises:
         CheckpointError: a bundle is missing or does not match the registry, or the Hub refused.
     """
-    from checkpoints import hub
-
     entries = registry.load_registry()
     unknown = [n for n in names if n not in entries]
     if unknown:

@@ -20,6 +20,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from checkpoints import hub, load
+from checkpoints.export import export_model, measure
 from zoo.errors import CheckpointError
 
 
@@ -72,8 +74,6 @@ class PublishBest(Callback):
         """Export (and publish) once, on the global-zero process, after the last checkpoint is written."""
         if not trainer.is_global_zero:
             return
-        from checkpoints import hub, load
-        from checkpoints.export import export_model, measure
 
         callback = trainer.checkpoint_callback
         best = getattr(callback, "best_model_path", "") or getattr(callback, "last_model_path", "")

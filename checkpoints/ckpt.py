@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import Tensor
 
 from checkpoints.format import LoadedModel, build_model, build_music_model, load_weights, public_settings
@@ -113,8 +114,6 @@ def _run_config(path: Path, ckpt: dict[str, Any]) -> dict[str, Any] | None:
     (``<root>/lightning_logs/version_N/checkpoints/best.ckpt`` next to ``version_N/config.yaml``.) It is used only if
     its corpus is the checkpoint's, so a config of another run is never attached.
     """
-    import yaml
-
     candidate = path.parent.parent / "config.yaml"
     if not candidate.is_file():
         return None

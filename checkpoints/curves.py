@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from zoo.errors import CheckpointError
 
 CURVE_NAME = "learning_curve.png"
@@ -48,8 +50,6 @@ def read_run(directories: Sequence[Path], valid_tag: str = VALID_TAG) -> RunLog:
     Raises:
         CheckpointError: a directory holds no events with a training loss.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     log = RunLog()
     for directory in directories:
         events = EventAccumulator(str(directory), size_guidance={"scalars": 0})  # 0: keep every point

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_model
+
+from checkpoints import load
 from checkpoints.format import (
     ASSET_NAMES,
     CARD_NAME,
@@ -29,7 +32,10 @@ from checkpoints.format import (
     lm_zoo_version,
     read_config,
 )
+from checkpoints.model_card import render_card
 from datamodules.tokenizers import Tokenizer
+from lightning_modules.evaluation.music import evaluate_music
+from lightning_modules.evaluation.perplexity import evaluate
 from zoo.errors import CheckpointError
 
 # Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
@@ -174,10 +180,6 @@ def export_model(
         CheckpointError: ``out_dir`` holds something that is not an export, a setting is not JSON-like, an asset has
             a name an export does not ship, or a result is of the other kind of model (text / music).
     """
-    from safetensors.torch import save_model
-
-    from checkpoints.model_card import render_card
-
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out} is a file: choose a directory")
@@ -234,9 +236,6 @@ def measure(
     A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
     by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax).
     """
-    from lightning_modules.evaluation.music import evaluate_music
-    from lightning_modules.evaluation.perplexity import evaluate
-
     splits = list(splits)
     if not splits:
         return []
@@ -268,8 +267,6 @@ def export(
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         device: where to evaluate.
     """
-    from checkpoints import load
-
     loaded = load(source)
     if results is None:
         results = measure(loaded, splits, batch_size, bptt, data_root, device)

@@ -46,8 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
+import datamodules
 import zoo
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, ConfigError, LMZooError, clip
@@ -184,8 +187,6 @@ def data_module_class(class_path: str | None, where: str) -> type[LightningDataM
         CheckpointError: the class is not one of lm-zoo's data modules.
     """
     from lightning import LightningDataModule
-
-    import datamodules
 
     name = (class_path or "TextDataModule").rsplit(".", 1)[-1]
     found = getattr(datamodules, name, None) if name in datamodules.__all__ else None
@@ -391,9 +392,6 @@ def _read_tokenizer(directory: Path, entry: dict[str, Any], where: str) -> Token
 
 
 def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise CheckpointError(f"{where} has no {WEIGHTS_NAME}: download or export the model again")
     try:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub import HfApi, constants, errors, snapshot_download
+
 from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
@@ -28,7 +30,9 @@ from checkpoints.format import (
     lm_zoo_version,
     load_export,
     pickle_refusal,
+    read_config,
 )
+from checkpoints.model_card import GENERATED_MARK, render_card
 from zoo.errors import CheckpointError, clip
 
 if TYPE_CHECKING:
@@ -51,8 +55,6 @@ def _true(value: str | None) -> bool:
 
 def hub_settings(endpoint: str | None = None, token: str | None = None) -> HubSettings:
     """The Hub settings for a call: explicit arguments first, then the environment as it is now."""
-    from huggingface_hub import constants
-
     env = os.environ
     if env.get("HF_HUB_CACHE"):
         cache_dir = env["HF_HUB_CACHE"]
@@ -69,8 +71,6 @@ def hub_settings(endpoint: str | None = None, token: str | None = None) -> HubSe
 
 
 def _api(settings: HubSettings) -> HfApi:
-    from huggingface_hub import HfApi
-
     return HfApi(
         endpoint=settings.endpoint, token=settings.token, library_name="lm-zoo", library_version=lm_zoo_version()
     )
@@ -91,7 +91,6 @@ def _translate(
 ) -> CheckpointError | None:
     """The one-line error for a huggingface_hub or network error; ``None`` for anything else."""
     import httpx2
-    from huggingface_hub import errors
 
     label, endpoint = _label(repo_id, revision), settings.endpoint
     if isinstance(err, errors.HFValidationError):
@@ -155,8 +154,6 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings, writi
 # ------------------------------------------------------------------------------------------------------ download
 def _cached_snapshot(repo_id: str, revision: str | None, settings: HubSettings) -> Path | None:
     """The cached export of ``repo_id`` at ``revision``, if a complete one is in the cache."""
-    from huggingface_hub import errors, snapshot_download
-
     try:
         path = snapshot_download(
             repo_id,
@@ -200,8 +197,6 @@ def download(
         CheckpointError: the repo or revision does not exist, is gated or private, is no lm-zoo model, or the Hub
             cannot be reached (the message says whether the cache has it and ``HF_HUB_OFFLINE=1`` would do).
     """
-    from huggingface_hub import snapshot_download
-
     settings = hub_settings(endpoint, token)
     label = _label(repo_id, revision)
     if settings.offline:
@@ -270,9 +265,6 @@ def publish(
     Raises:
         CheckpointError: the directory is not a loadable export, or the Hub refused or could not be reached.
     """
-    from checkpoints.format import read_config
-    from checkpoints.model_card import GENERATED_MARK, render_card
-
     settings = hub_settings(endpoint, token)
     if settings.offline:
         raise CheckpointError("HF_HUB_OFFLINE is set: publishing needs the network, unset it")

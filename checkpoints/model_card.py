@@ -18,6 +18,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from checkpoints.format import CURVE_NAME, is_music_config
 from datamodules.corpora import CORPORA
+from datamodules.piano_rolls import MUSIC_DATASETS
 
 # `lm-zoo publish` re-renders a card that still has this line (to name the repo id); deleting it keeps your edits.
 GENERATED_MARK = (
@@ -261,8 +262,8 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         "```",
         "",
         "```python",
-        "from zoo import RecurrentLM  # a plain torch.nn.Module",
-        f'model, tokenizer = RecurrentLM.from_pretrained("{ref}")',
+        "from checkpoints import from_pretrained",
+        f'model, tokenizer = from_pretrained("{ref}")  # zoo.RecurrentLM, a plain torch.nn.Module',
         "```",
         "",
         *_recipe(training, "corpus"),
@@ -284,8 +285,6 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
 # ------------------------------------------------------------------------------------------------------------ music
 def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
     """The ``model-index`` entries of a music model: its NLL per time step on each split."""
-    from datamodules.music import MUSIC_DATASETS
-
     spec = MUSIC_DATASETS.get(dataset)
     metric, label = MUSIC_METRIC
     return [
@@ -317,8 +316,6 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str
         config: the export's ``config.json`` contents (``"head": "bernoulli"``).
         repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
     """
-    from datamodules.music import MUSIC_DATASETS
-
     model = config["model"]
     training = config.get("training", {})
     dataset = str(training.get("data", {}).get("dataset") or "unknown")
@@ -385,8 +382,8 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str
         "```",
         "",
         "```python",
-        "from zoo.music import PianoRollLM  # a plain torch.nn.Module",
-        f'model = PianoRollLM.from_pretrained("{ref}")',
+        "from checkpoints import from_pretrained",
+        f'model, _ = from_pretrained("{ref}")  # zoo.music.PianoRollLM, a plain torch.nn.Module; no tokenizer',
         "roll = model.generate(128)  # (1, 128, 88) uint8: column j is MIDI note 21 + j",
         "```",
         "",

@@ -24,8 +24,8 @@ A result holds ``ppl`` (word level) and/or ``bpc`` (character level) with the ev
 at; a music model's holds ``nll_per_step`` (nats per frame, summed over the 88 notes) and ``frames`` instead of
 ``tokens``, e.g. ``{"nll_per_step": 8.54, "eval_batch_size": 20, "bptt": 35, "frames": 4725}``.
 
-``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)``,
-``RecurrentLM.from_pretrained(NAME)`` and (music) ``PianoRollLM.from_pretrained(NAME)`` accept a short name. A model
+``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)`` and
+``checkpoints.from_pretrained(NAME)`` accept a short name. A model
 with ``files`` is served from its bundled export ``pretrained/<name>/`` (``$LM_ZOO_PRETRAINED`` overrides the folder)
 when that exists and every hash matches, and from the Hub otherwise, where the downloaded files must match the same
 hashes. Format-1 registries (no ``files``) still load. ``lm-zoo bundle`` writes the bundle and its entry
@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoints.format import EXPORT_FILES
 from datamodules.corpora import _sha256_file  # the corpora's checksum, as datamodules.gbw uses it
 from zoo.errors import CheckpointError, ConfigError
 
@@ -198,8 +199,6 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         CheckpointError: naming the first file that is missing, extra (an export file the registry does not list) or
             different, and what to do.
     """
-    from checkpoints.format import EXPORT_FILES
-
     for file, expected in sorted(entry.files.items()):
         path = directory / file
         if not path.is_file():

@@ -1,14 +1,24 @@
 """Resolving a SOURCE to a loaded model: a ``.ckpt`` file, a run's directory, an export directory, a registered short
-name (its bundled copy under ``pretrained/``, hash-checked, else its pinned Hub revision) or a Hub repo id."""
+name (its bundled copy under ``pretrained/``, hash-checked, else its pinned Hub revision) or a Hub repo id.
+
+:func:`from_pretrained` is the door for inference: it reads an export (JSON, safetensors, the tokenizer file) and
+imports neither Lightning nor torchmetrics; only a ``.ckpt`` source, whose settings are the LightningModule's, imports
+the training stack (:mod:`checkpoints.ckpt`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from checkpoints import hub, registry
-from checkpoints.ckpt import load_checkpoint
 from checkpoints.format import LoadedModel, load_export
 from zoo.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from datamodules.tokenizers import Tokenizer
+    from zoo.language_model import RecurrentLM
+    from zoo.music import PianoRollLM
 
 
 def load(source: str | Path, revision: str | None = None, *, endpoint: str | None = None) -> LoadedModel:
@@ -29,10 +39,10 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
             raise ConfigError(f"--revision applies to a Hub repo id, not to the local {text}")
         best = newest_best_checkpoint(path) if path.is_dir() and not (path / "config.json").exists() else None
         if best is not None:
-            return load_checkpoint(best)
-        return load_export(path) if path.is_dir() else load_checkpoint(path)
+            return _load_checkpoint(best)
+        return load_export(path) if path.is_dir() else _load_checkpoint(path)
     if path.suffix == ".ckpt":
-        return load_checkpoint(path)  # says it does not exist
+        return _load_checkpoint(path)  # says it does not exist
     entry = registry.lookup(text) if "/" not in text else None
     if entry is not None:
         return load_registered(entry, revision, endpoint=endpoint)
@@ -43,6 +53,41 @@ def load(source: str | Path, revision: str | None = None, *, endpoint: str | Non
         )
     directory = hub.download(text, revision, endpoint=endpoint)
     return load_export(directory, source=f"{text}@{revision}" if revision else text)
+
+
+def from_pretrained(
+    source: str | Path, revision: str | None = None, *, endpoint: str | None = None
+) -> tuple[RecurrentLM | PianoRollLM, Tokenizer | None]:
+    """A trained network, in eval mode, and its tokenizer: ``model, tokenizer = from_pretrained("ptb-lstm-small")``.
+
+    The network is a plain ``torch.nn.Module`` (:class:`zoo.RecurrentLM`, or :class:`zoo.music.PianoRollLM` for a
+    model of piano rolls, which has no tokenizer: ``None``). ``huggingface_hub.PyTorchModelHubMixin`` is not used: it
+    rebuilds a model from a flat ``config.json`` and fetches only the weights, while an lm-zoo model also needs its
+    tokenizer file, accepts registry names served from the bundled ``pretrained/`` directory (hash-checked) and
+    ``.ckpt`` files, and refuses pickled weights. :func:`load` gives the rest of the record (data settings, recipe,
+    results).
+
+    Args:
+        source: a registered name (``lm-zoo models --pretrained``), an export directory, a Hub repo id
+            ``owner/name`` or a ``.ckpt`` written by ``lm-zoo fit``.
+        revision: for a Hub repo: a branch, tag or commit.
+        endpoint: for a Hub repo: the Hub's URL (default ``$HF_ENDPOINT`` or huggingface.co).
+
+    Returns:
+        ``(model, tokenizer)``; ``tokenizer.encode`` / ``decode`` map text to ids and back.
+
+    Raises:
+        zoo.errors.LMZooError: the source cannot be loaded; the message says why and what to do.
+    """
+    loaded = load(source, revision, endpoint=endpoint)
+    return loaded.model, loaded.tokenizer
+
+
+def _load_checkpoint(path: Path) -> LoadedModel:
+    # Deferred: a .ckpt holds the LightningModule's settings, so reading it imports Lightning; an export never does.
+    from checkpoints.ckpt import load_checkpoint
+
+    return load_checkpoint(path)
 
 
 def newest_best_checkpoint(run: Path) -> Path | None:

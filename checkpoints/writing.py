@@ -30,6 +30,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from checkpoints.ckpt import unreadable
 from zoo.errors import CheckpointError, ConfigError, Interrupted
 
 DEFAULT_INTERVAL = timedelta(minutes=30)
@@ -78,7 +79,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         instead of a traceback."""
         if fsspec.utils.get_protocol(str(path)) != "file":
             return super().load_checkpoint(path, map_location, weights_only)
-        from checkpoints.ckpt import unreadable
 
         if not Path(path).is_file():
             raise CheckpointError(f"checkpoint {path} does not exist: check --ckpt_path (or use --ckpt_path last)")

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import torch
-
+from datamodules.corpora import cache_root
 from zoo.errors import ConfigError, DataError, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
@@ -39,6 +38,8 @@ DEVICE_HELP = "auto (a CUDA GPU where there is one, else cpu), cpu, cuda or cuda
 
 def device_argument(text: str) -> str:
     """``--device``: ``auto`` (the GPU where there is one), or a device PyTorch knows and this machine has."""
+    import torch  # deferred: `lm-zoo --help` and the commands without a model should not wait for it
+
     if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -83,8 +84,6 @@ def user_error(err: BaseException) -> LMZooError | None:
             text = " ".join(str(current).split())
             return ConfigError(f"Lightning: {text}")
         if isinstance(current, OSError) and current.filename and current.errno in _PATH_ERRNOS:
-            from datamodules.corpora import cache_root
-
             path = Path(current.filename)
             cache = cache_root()
             hint = "set LM_ZOO_CACHE to a writable directory" if path.is_relative_to(cache) else "check the path"

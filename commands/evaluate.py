@@ -13,11 +13,13 @@ from zoo.errors import ConfigError
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     pass
 
+import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument, option
 from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
-from lightning_modules.evaluation.perplexity import parse_temperature
+from lightning_modules.evaluation.music import describe_music, evaluate_music
+from lightning_modules.evaluation.perplexity import check_settings, describe, evaluate, parse_temperature
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
@@ -34,9 +36,6 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
-
-    import checkpoints
-    from lightning_modules.evaluation.perplexity import check_settings, describe, evaluate
 
     procedure = procedure_from_args(args)  # mc, dynamic, tune_trials
     check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
@@ -56,8 +55,6 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 
 def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:
     """``lm-zoo evaluate`` of a piano-roll model: NLL per frame (the procedures are for softmax models)."""
-    from lightning_modules.evaluation.music import describe_music, evaluate_music
-
     if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
         raise ConfigError(
             f"{loaded.source} is a music model, scored as it is: --temperature, --long-context, --mc-samples and "

@@ -16,8 +16,13 @@ from zoo.errors import ConfigError
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     pass
 
+import numpy as np
+
+import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from datamodules.midi import write_midi, write_png
+from datamodules.piano_rolls import music_dataset
 
 
 def cmd_generate(argv: Sequence[str]) -> None:
@@ -51,8 +56,6 @@ def cmd_generate(argv: Sequence[str]) -> None:
         raise ConfigError("--num-samples and --max-tokens must be at least 1")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
-
-    import checkpoints
 
     loaded = checkpoints.load(args.source, args.revision)
     if loaded.is_music:
@@ -91,11 +94,6 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
 def _generate_music(args: argparse.Namespace, loaded: Any) -> None:
     """``lm-zoo generate`` of a piano-roll model: each sample a MIDI file and a piano-roll PNG under ``--out``."""
-    import numpy as np
-
-    from datamodules.midi import write_midi, write_png
-    from datamodules.music import music_dataset
-
     if args.out is None:
         raise ConfigError(f"{loaded.source} is a music model, whose samples are MIDI files: pass --out DIR")
     if args.prompt or args.top_k is not None:

@@ -17,11 +17,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+import yaml
+from lightning import LightningDataModule
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
+from checkpoints.ckpt import unreadable
+from checkpoints.writing import AtomicCheckpointIO, LastCheckpoint
+from datamodules.base import StreamDataModule
+from datamodules.gbw import GBWDataModule
+from datamodules.music import MusicDataModule
+from datamodules.reverse_copy import ReverseCopyDataModule
+from datamodules.text import TextDataModule
+from lightning_modules.averaging import WeightAveragingOnPlateau
+from lightning_modules.language_model import LanguageModel
+from lightning_modules.music import MusicModel
+from lightning_modules.progress import FitProgressBar
+from lightning_modules.schedules import (
+    CosineDecay,
+    DecayOnPlateau,
+    HalveOnPlateau,
+    LinearDecay,
+    ZarembaDecay,
+    scheduler_config,
+)
+from lightning_modules.stateful import StatefulTraining
 from zoo.errors import ConfigError, LMZooError
 
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
@@ -46,6 +69,23 @@ class LMZooArgumentParser(LightningArgumentParser):
 _PARSER_NOISE = re.compile(
     r"^(Does not validate against any of the Union subtypes|Subtypes:|Errors:|Expected a <class 'NoneType'>|"
     r"Given value type:|Given value:|Problem with given class_path)"
+)
+
+# lm-zoo's classes that a config or the command line may name by their short names (``--model LanguageModel``):
+# jsonargparse resolves a short class name among the subclasses already imported.
+SHORT_NAMES = (
+    GBWDataModule,
+    MusicDataModule,
+    ReverseCopyDataModule,
+    TextDataModule,
+    LanguageModel,
+    MusicModel,
+    CosineDecay,
+    DecayOnPlateau,
+    HalveOnPlateau,
+    LinearDecay,
+    ZarembaDecay,
+    WeightAveragingOnPlateau,
 )
 
 
@@ -91,8 +131,6 @@ class LMZooCLI(LightningCLI):
     ) -> object:
         """The YAML's optimizer and scheduler, stepped at the scheduler's own ``interval`` / ``frequency`` if it has
         them (``lightning_modules.schedules.scheduler_config``)."""
-        from lightning_modules.schedules import scheduler_config
-
         return scheduler_config(optimizer, lr_scheduler)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -108,7 +146,6 @@ class LMZooCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
-        from checkpoints.writing import LastCheckpoint
 
         # last.ckpt, for `--ckpt_path last`: every 30 minutes (or every_n_train_steps / train_time_interval), after
         # every validation and at the end, in the best checkpoint's directory.
@@ -123,8 +160,6 @@ class LMZooCLI(LightningCLI):
         except LMZooError:
             raise
         except Exception as err:
-            from checkpoints.ckpt import unreadable
-
             subcommand = self.config.get("subcommand")
             raise unreadable(self.config[subcommand].get("ckpt_path"), err) from None
 
@@ -132,11 +167,6 @@ class LMZooCLI(LightningCLI):
         """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own, with
         lm-zoo's progress bar (:class:`lightning_modules.progress.FitProgressBar`) unless the config names one or turns
         it off, and the learning rate logged (``LearningRateMonitor``) wherever there is a logger."""
-        from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
-
-        from checkpoints.writing import AtomicCheckpointIO
-        from lightning_modules.progress import FitProgressBar
-
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
@@ -147,7 +177,6 @@ class LMZooCLI(LightningCLI):
         if trainer_config.get("logger") is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
             callbacks.append(LearningRateMonitor())  # the schedule, as TensorBoard's lr-<Optimizer> curve
         kwargs = {"callbacks": callbacks, **kwargs}
-        from datamodules.base import StreamDataModule
 
         reloads = trainer_config.get("reload_dataloaders_every_n_epochs")
         if isinstance(self.datamodule, StreamDataModule) and not reloads:
@@ -178,7 +207,6 @@ class LMZooCLI(LightningCLI):
         trainer = self.trainer
         if trainer.state.status != "finished" or not trainer.is_global_zero:
             return
-        from checkpoints.writing import LastCheckpoint
 
         best = next((c for c in trainer.checkpoint_callbacks if not isinstance(c, LastCheckpoint)), None)
         last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
@@ -243,8 +271,6 @@ def latest_last_checkpoint(trainer: Trainer) -> Path | None:
 def continue_logging_in(trainer: Trainer, checkpoint: Path) -> None:
     """A run resumed from ``<root>/version_N/checkpoints/*.ckpt`` logs on in ``version_N``: one TensorBoard run with
     one curve, not two halves in two versions (and ``best.ckpt`` keeps being tracked in the same directory)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     root = versions_root(trainer)
     logger = trainer.loggers[0] if trainer.loggers else None
     version = checkpoint.resolve().parent.parent
@@ -295,13 +321,6 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> 
         callbacks: trainer callbacks a config cannot name (``lm-zoo tune``'s reporting to Optuna), added to the
             config's own.
     """
-    # Importing is what lets a config name these classes by their short names.
-    from lightning import LightningDataModule
-
-    from datamodules import GBWDataModule, MusicDataModule, ReverseCopyDataModule, TextDataModule  # noqa: F401
-    from lightning_modules import LanguageModel, MusicModel, ZarembaDecay  # noqa: F401
-    from lightning_modules.stateful import StatefulTraining
-
     quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
     with warnings.catch_warnings():
@@ -324,8 +343,6 @@ def check_config_files(args: Sequence[str]) -> None:
     jsonargparse reports a YAML error without the file's name (``in "<unicode string>"``); a tab in the indentation,
     the usual cause, gets said in words.
     """
-    import yaml
-
     paths = [b for a, b in zip(args, args[1:], strict=False) if a == "--config"]
     paths += [a.removeprefix("--config=") for a in args if a.startswith("--config=")]
     for path in map(Path, paths):

@@ -11,6 +11,7 @@ import zoo
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     pass
 
+from checkpoints import registry
 from commands import COMMANDS
 from commands.common import CommandParser
 
@@ -38,8 +39,6 @@ def cmd_models(argv: Sequence[str]) -> None:
 
 
 def _print_registry(as_json: bool) -> None:
-    from checkpoints import registry
-
     entries = registry.load_registry()
     if as_json:
         print(json.dumps([entry.to_json() for entry in entries.values()]))

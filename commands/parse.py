@@ -12,8 +12,11 @@ from zoo.errors import ConfigError
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     pass
 
+import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from datamodules.corpora import data_root
+from lightning_modules.evaluation import parsing
 
 
 def cmd_parse(argv: Sequence[str]) -> None:
@@ -37,10 +40,6 @@ def cmd_parse(argv: Sequence[str]) -> None:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.draw and args.text is None:
         raise ConfigError("--draw draws the tree of --text: give the sentence with --text")
-
-    import checkpoints
-    from datamodules.corpora import data_root
-    from lightning_modules.evaluation import parsing
 
     trees = None
     if args.text is None:  # before loading a model: a missing treebank stops at once

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+import torch
+
 from lightning_modules.search.evolution import SearchStore, Worker, format_report, load_config, report, worker_random
 from zoo.errors import ConfigError
 
@@ -60,7 +62,6 @@ def cmd_search(argv: Sequence[str]) -> None:
     budget = parse_duration(args.budget)
     config = load_config(args.config)
     store = SearchStore(args.storage, heartbeat=args.heartbeat)
-    import torch
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     torch.set_num_threads(threads)

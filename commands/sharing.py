@@ -12,6 +12,9 @@ from zoo.errors import ConfigError
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     from checkpoints.hub import Published
 
+from checkpoints import hub, registered_directory, registry
+from checkpoints.export import export
+from checkpoints.format import CONFIG_NAME
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
 
@@ -31,9 +34,6 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-
-    from checkpoints.export import export
-    from checkpoints.format import CONFIG_NAME
 
     results = [_read_result(path) for path in args.results] if args.results else None
     evaluation = {"batch_size": args.batch_size, "bptt": args.bptt, "data_root": args.data_root, "device": args.device}
@@ -73,9 +73,6 @@ def cmd_publish(argv: Sequence[str]) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (with a registry entry)")
     args = parser.parse_args(argv)
 
-    from checkpoints import hub, registry
-    from checkpoints.format import CONFIG_NAME
-
     options = {"revision": args.revision, "tag": args.tag, "commit_message": args.commit_message}
     published: Published = hub.publish(
         args.directory, args.repo_id, private=args.private, endpoint=args.endpoint, **options
@@ -98,8 +95,6 @@ def cmd_download(argv: Sequence[str]) -> None:
     parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-
-    from checkpoints import hub, registered_directory, registry
 
     entry = registry.lookup(args.model) if "/" not in args.model else None
     if entry is not None:

@@ -12,8 +12,11 @@ from zoo.errors import ConfigError
 if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
     pass
 
+import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from datamodules.corpora import data_root
+from lightning_modules.evaluation import syneval
 
 
 def cmd_syneval(argv: Sequence[str]) -> None:
@@ -32,10 +35,6 @@ def cmd_syneval(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
     if args.batch_size < 1 or (args.max_tuples is not None and args.max_tuples < 1):
         raise ConfigError("--batch-size and --max-tuples must be at least 1")
-
-    import checkpoints
-    from datamodules.corpora import data_root
-    from lightning_modules.evaluation import syneval
 
     templates = Path(args.templates) if args.templates else data_root() / "syneval" / "templates.tar.xz"
     conditions = syneval.read_templates(templates)  # before loading a model: a refused file stops at once

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
@@ -324,8 +325,6 @@ def cmd_tune(argv: Sequence[str]) -> None:
     # many times slower than J processes of C / J threads, as their threads wait on each other's preempted ones.
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
     space = load_space(args.space)
     base = full_config(args.config)

@@ -90,7 +90,7 @@ class SplitSource:
 
 class FileSet(Protocol):
     """What :func:`ensure_files` needs of a dataset: its name, its directory under the data root and its files
-    (:class:`CorpusSpec` for text; :data:`datamodules.music.MUSIC_DATASETS` for piano rolls)."""
+    (:class:`CorpusSpec` for text; :data:`datamodules.piano_rolls.MUSIC_DATASETS` for piano rolls)."""
 
     name: str
     directory: str

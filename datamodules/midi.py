@@ -8,7 +8,7 @@ its repository), so it would add a dependency for the half we do not need.
 A piano roll cannot tell a held note from one struck again in the next frame; like every piano-roll-to-MIDI
 conversion, a note that sounds in consecutive frames is one held note. The tempo is not in the data: a frame is
 ``frame_beats`` quarter notes (an eighth note for Nottingham, MuseData and Piano-midi.de, a quarter note for JSB
-Chorales, :data:`datamodules.music.MUSIC_DATASETS`) at 120 beats per minute unless told otherwise.
+Chorales, :data:`datamodules.piano_rolls.MUSIC_DATASETS`) at 120 beats per minute unless told otherwise.
 """
 
 from __future__ import annotations

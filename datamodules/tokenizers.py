@@ -21,6 +21,7 @@ from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
+import sentencepiece as spm
 
 from zoo.errors import ConfigError
 
@@ -432,8 +433,6 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
     def __init__(self, model_proto: bytes) -> None:
-        import sentencepiece as spm
-
         self.model_proto = model_proto
         self.processor = spm.SentencePieceProcessor(model_proto=model_proto)
 
@@ -449,7 +448,6 @@ class SentencePieceTokenizer(Tokenizer):
             model_type: ``unigram`` or ``bpe``.
             max_sentences: lines sampled for training.
         """
-        import sentencepiece as spm
 
         def sentences() -> Iterator[str]:
             return (line for line in _lines(text) if line)

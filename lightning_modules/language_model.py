@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +46,19 @@ MODEL_PREFIX = "model."
 NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
 # This module's own: the training loss, its guard, and what training does to the carried state.
 TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold", "drop_state_probability")
+
+
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """``source``'s weights into ``target``, which ``from_network`` built from the same settings and some overrides.
+
+    Raises:
+        ConfigError: the overrides changed a weight's shape (the first mismatch named).
+    """
+    try:
+        target.load_state_dict(source.state_dict())
+    except RuntimeError as err:
+        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise ConfigError(f"{mismatch.rstrip('.')}: an override changed the network's shape; keep its sizes") from None
 
 
 def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -131,30 +143,26 @@ class LanguageModel(StatefulTraining):
         self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
 
     @classmethod
-    def from_pretrained(cls, source: str | Path, revision: str | None = None, **overrides: Any) -> LanguageModel:
-        """A LightningModule around a trained network, e.g. to fine-tune it or to run ``Trainer.validate`` on it.
+    def from_network(cls, network: RecurrentLM, **overrides: Any) -> LanguageModel:
+        """A LightningModule around a trained network, e.g. to fine-tune it or to run ``Trainer.validate`` on it::
+
+            module = LanguageModel.from_network(checkpoints.load("ptb-lstm-small").model, dropout=0.3)
 
         Args:
-            source: what :func:`checkpoints.load` takes: a registered name, an export directory, a Hub repo id or a
-                ``.ckpt``.
-            revision: for a Hub repo: a branch, tag or commit.
+            network: the network (:func:`checkpoints.from_pretrained` loads one); its weights are copied.
             overrides: constructor arguments to change (dropout rates, ``ar`` / ``tar``, ...); the network's shape
-                must stay that of the stored weights.
+                must stay that of its weights.
 
         Raises:
-            zoo.errors.LMZooError: the source cannot be loaded or the overrides change the weights' shapes.
+            ConfigError: ``network`` is not a language model, or the overrides change its weights' shapes.
         """
-        from checkpoints import load
-        from checkpoints.format import load_weights
-
-        loaded = load(source, revision)
-        if loaded.is_music:
-            raise CheckpointError(
-                f"{loaded.source} is a model of piano rolls, not a language model: load it with "
-                "zoo.music.PianoRollLM.from_pretrained"
+        if not isinstance(network, RecurrentLM):
+            raise ConfigError(
+                f"{type(network).__name__} is not a language model (zoo.RecurrentLM): a model of piano rolls trains "
+                "in lightning_modules.MusicModel"
             )
-        module = cls(**{**loaded.model.config, **overrides})
-        load_weights(module.model, loaded.model.state_dict(), loaded.source)
+        module = cls(**{**network.config, **overrides})
+        copy_weights(network, module.model)
         return module
 
     # --------------------------------------------------------------------------------------------------- forward

@@ -18,9 +18,10 @@ from typing import Any
 from torch import Tensor
 
 from datamodules.music import FrameBatch
+from lightning_modules.language_model import copy_weights
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import detach_state
-from zoo.errors import CheckpointError, ConfigError
+from zoo.errors import ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
 TRAINING_OPTIONS = ("divergence_threshold",)  # this module's own; every other argument is the network's
@@ -64,33 +65,28 @@ class MusicModel(StatefulTraining):
         self.model = PianoRollLM(num_notes=vocab_size, **network)
 
     @classmethod
-    def from_pretrained(cls, source: str, revision: str | None = None, **overrides: Any) -> MusicModel:
-        """A LightningModule around a trained piano-roll network, e.g. to fine-tune it on another dataset.
+    def from_network(cls, network: PianoRollLM, **overrides: Any) -> MusicModel:
+        """A LightningModule around a trained piano-roll network, e.g. to fine-tune it on another dataset::
+
+            module = MusicModel.from_network(checkpoints.load("nottingham-gru").model)
 
         Args:
-            source: what :func:`checkpoints.load` takes: a registered name, an export directory, a Hub repo id or a
-                ``.ckpt``.
-            revision: for a Hub repo: a branch, tag or commit.
+            network: the network (:func:`checkpoints.from_pretrained` loads one); its weights are copied.
             overrides: constructor arguments to change (dropout rates, ...); the network's shape must stay that of
-                the stored weights.
+                its weights.
 
         Raises:
-            zoo.errors.LMZooError: the source cannot be loaded, is a language model, or the overrides change the
-                weights' shapes.
+            ConfigError: ``network`` is not a piano-roll model, or the overrides change its weights' shapes.
         """
-        from checkpoints import load
-        from checkpoints.format import load_weights
-
-        loaded = load(source, revision)
-        if not loaded.is_music:
-            raise CheckpointError(
-                f"{loaded.source} is a language model, not a model of piano rolls: load it with "
-                "lightning_modules.LanguageModel.from_pretrained"
+        if not isinstance(network, PianoRollLM):
+            raise ConfigError(
+                f"{type(network).__name__} is not a model of piano rolls (zoo.music.PianoRollLM): a language model "
+                "trains in lightning_modules.LanguageModel"
             )
-        settings = dict(loaded.model.config)
+        settings = dict(network.config)
         settings["vocab_size"] = settings.pop("num_notes")  # the module's name for it (LightningCLI links it)
         module = cls(**{**settings, **overrides})
-        load_weights(module.model, loaded.model.state_dict(), loaded.source)
+        copy_weights(network, module.model)
         return module
 
     def forward(self, frames: Tensor, state: Any = None, reset: Tensor | None = None) -> tuple[Tensor, Any]:

@@ -89,7 +89,7 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     with Image.open(directory / CURVE_NAME) as curve:
         assert curve.format == "PNG" and curve.size == (1000, 380)
     # The name loads from the bundle: CLI, the plain module, download's path.
-    model, tokenizer = RecurrentLM.from_pretrained("tiny")
+    model, tokenizer = checkpoints.from_pretrained("tiny")
     assert isinstance(model, RecurrentLM) and tokenizer.vocab_size == config["tokenizer"]["vocab_size"]
     capsys.readouterr()
     assert cli.main(["download", "tiny"]) == 0

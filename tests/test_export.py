@@ -216,7 +216,7 @@ def test_model_card_holds_the_measured_results(run: Path) -> None:
         assert entry.metric_value == pytest.approx(result["ppl"], abs=1e-4)
         assert entry.metric_args["eval_batch_size"] == result["eval_batch_size"] == 2
         assert entry.metric_args["bptt"] == result["bptt"] == 5
-    assert "lm-zoo evaluate" in card.text and "RecurrentLM.from_pretrained" in card.text
+    assert "lm-zoo evaluate" in card.text and "from_pretrained(" in card.text
 
 
 @pytest.mark.parametrize(
@@ -252,8 +252,8 @@ CASES = [(name, "softmax", False) for name in zoo.names()] + [
 
 @pytest.mark.parametrize(("architecture", "head", "tie"), CASES, ids=[f"{a}-{h}{'-tied' * t}" for a, h, t in CASES])
 def test_every_architecture_and_head_round_trips(architecture: str, head: str, tie: bool, tmp_path: Path) -> None:
-    """Exported from the LightningModule; loaded back as the plain network (``RecurrentLM.from_pretrained``) and as
-    the LightningModule (``LanguageModel.from_pretrained``): the same logits, the carried state included."""
+    """Exported from the LightningModule; loaded back as the plain network (``checkpoints.from_pretrained``) and as
+    the LightningModule around it (``LanguageModel.from_network``): the same logits, the carried state included."""
     tokenizer = build_tokenizer("word", "a b c d\ne f a\n")
     options = dict(zoo.preset(architecture, "tiny"))
     size, hidden = options.pop("input_size"), options.pop("hidden_size")
@@ -270,8 +270,8 @@ def test_every_architecture_and_head_round_trips(architecture: str, head: str, t
         tie_weights=tie,
     ).eval()
     export_model(LoadedModel(model.model, tokenizer, {"corpus": "somewhere"}), tmp_path / "out", results=[])
-    network, loaded_tokenizer = RecurrentLM.from_pretrained(tmp_path / "out")
-    module = LanguageModel.from_pretrained(tmp_path / "out").eval()
+    network, loaded_tokenizer = checkpoints.from_pretrained(tmp_path / "out")
+    module = LanguageModel.from_network(network).eval()
     assert type(network) is RecurrentLM and not isinstance(network, LightningModule) and not network.training
     assert loaded_tokenizer.state_dict() == tokenizer.state_dict()
     assert json.loads((tmp_path / "out" / CONFIG_NAME).read_text())["head"] == head

@@ -12,7 +12,8 @@ import torch
 
 import zoo
 from datamodules.midi import write_midi, write_png
-from datamodules.music import MUSIC_DATASETS, MusicDataModule, PianoRolls, read_pieces
+from datamodules.music import MusicDataModule
+from datamodules.piano_rolls import MUSIC_DATASETS, PianoRolls, read_pieces
 from lightning_modules.music import MusicModel
 from tests.conftest import quiet_trainer
 from zoo.errors import ConfigError, DataError

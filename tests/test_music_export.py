@@ -35,12 +35,12 @@ from checkpoints.format import (
     read_config,
 )
 from checkpoints.model_card import render_card
-from datamodules.music import MUSIC_DATASETS
+from datamodules.piano_rolls import MUSIC_DATASETS
+from lightning_modules import LanguageModel
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
 from tests.test_music import roll_from_midi
 from tests.test_pretrained import _assert_same_figure, _test_figure
-from zoo import RecurrentLM
 from zoo.errors import CheckpointError, ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
@@ -152,7 +152,7 @@ def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path,
     assert not loaded.model.training
     frames = _frames()
     assert torch.equal(_logits(loaded.model, frames), _logits(ckpt.model, frames))
-    assert torch.equal(_logits(PianoRollLM.from_pretrained(exported), frames), _logits(ckpt.model, frames))
+    assert torch.equal(_logits(checkpoints.from_pretrained(exported)[0], frames), _logits(ckpt.model, frames))
     # The export a run's PublishBest callback wrote is the same model with the same figure.
     from_callback = json.loads((run / "callback-export" / CONFIG_NAME).read_text())
     assert from_callback["head"] == MUSIC_HEAD and from_callback["results"] == config["results"][1:]
@@ -216,9 +216,9 @@ def test_a_broken_music_export_is_one_clear_line(
     with pytest.raises(CheckpointError, match="is a music model but a result to export is a perplexity / bpc one"):
         export_model(loaded, tmp_path / "mixed", results=[text_result])
     assert not (tmp_path / "mixed").exists() or not any((tmp_path / "mixed").iterdir())
-    # And the plain-module loaders say which class loads which model.
-    with pytest.raises(CheckpointError, match="PianoRollLM.from_pretrained"):
-        RecurrentLM.from_pretrained(exported)
+    # And the LightningModules say which one trains which network.
+    with pytest.raises(ConfigError, match="lightning_modules.MusicModel"):
+        LanguageModel.from_network(checkpoints.from_pretrained(exported)[0])
 
 
 def test_shipped_text_bundles_read_and_render_as_before() -> None:
@@ -282,7 +282,7 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
     sample = config["training"]["run"]["sample"]
     beats = MUSIC_DATASETS["jsb-chorales"].frame_beats
     assert (sample["seed"], sample["frames"], sample["frame_beats"]) == (SAMPLE_SEED, SAMPLE_FRAMES, beats)
-    model = PianoRollLM.from_pretrained(NAME)
+    model, _ = checkpoints.from_pretrained(NAME)
     roll = model.generate(SAMPLE_FRAMES, generator=torch.Generator().manual_seed(SAMPLE_SEED))[0].numpy()
     assert roll.sum() == sample["notes_sounding"] > 0
     assert np.array_equal(roll_from_midi(directory / SAMPLE_MIDI_NAME, SAMPLE_FRAMES, beats), roll)

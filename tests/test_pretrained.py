@@ -19,7 +19,7 @@ from checkpoints.bundle import publish_all, table, xml_nesting
 from lightning_modules import LanguageModel, MusicModel
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
-from zoo.errors import CheckpointError
+from zoo.errors import ConfigError
 from zoo.music import PianoRollLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,13 +93,14 @@ def _piano_rolls(seed: int = 0) -> torch.Tensor:
 
 def _check_music_model(name: str, capsys: pytest.CaptureFixture[str], out: Path) -> None:
     """A registered music model: the plain module loads the same network, and the CLI samples MIDI files."""
-    model, loaded = PianoRollLM.from_pretrained(name), checkpoints.load(name)
-    module = MusicModel.from_pretrained(name).eval()  # the LightningModule around the same network
+    (model, tokenizer), loaded = checkpoints.from_pretrained(name), checkpoints.load(name)
+    assert isinstance(model, PianoRollLM) and tokenizer is None
+    module = MusicModel.from_network(model).eval()  # the LightningModule around the same network
     with torch.no_grad():
         assert torch.equal(model(_piano_rolls())[0], loaded.model(_piano_rolls())[0])
         assert torch.equal(module(_piano_rolls())[0], loaded.model(_piano_rolls())[0])
-    with pytest.raises(CheckpointError, match="LanguageModel.from_pretrained"):
-        MusicModel.from_pretrained("synthetic-xml-lstm")
+    with pytest.raises(ConfigError, match="lightning_modules.LanguageModel"):
+        MusicModel.from_network(checkpoints.load("synthetic-xml-lstm").model)
     capsys.readouterr()
     assert cli.main(["generate", name, "--num-samples", "2", "--frames", "16", "--seed", "1", "--out", str(out)]) == 0
     assert (out / "sample-2.mid").is_file() and (out / "sample-2.png").is_file()
@@ -110,8 +111,9 @@ def test_plain_module_and_lightning_module_agree(name: str, capsys: pytest.Captu
     if ENTRIES[name].is_music:
         _check_music_model(name, capsys, tmp_path / "samples")
         return
-    model, tokenizer = RecurrentLM.from_pretrained(name)
-    module = LanguageModel.from_pretrained(name).eval()
+    model, tokenizer = checkpoints.from_pretrained(name)
+    assert isinstance(model, RecurrentLM)
+    module = LanguageModel.from_network(model).eval()
     ids = torch.tensor([tokenizer.encode("the company said")[:3] or [0]])
     with torch.no_grad():
         assert torch.equal(model(ids)[0], module(ids)[0])

@@ -8,20 +8,37 @@ Every stack follows the contract in :mod:`zoo.base`: ``forward(x, state=None, re
 The catalogue (names, presets, :func:`build`) is :mod:`zoo.architectures`; adding an architecture is one entry there.
 """
 
-from zoo.architectures import Architecture, build, describe, get, names, preset, units_for_budget
-from zoo.base import State, detach_state, mask_state
-from zoo.language_model import RecurrentLM
+from __future__ import annotations
 
-__all__ = [
-    "Architecture",
-    "RecurrentLM",
-    "State",
-    "build",
-    "describe",
-    "detach_state",
-    "get",
-    "mask_state",
-    "names",
-    "preset",
-    "units_for_budget",
-]
+import importlib
+from typing import Any
+
+# name -> the module that defines it. Imported when first used, not with the package, so that ``zoo.errors`` (which
+# every layer raises) costs no torch import: ``lm-zoo --help`` prints at once.
+_HOMES = {
+    "Architecture": "zoo.architectures",
+    "RecurrentLM": "zoo.language_model",
+    "State": "zoo.base",
+    "build": "zoo.architectures",
+    "describe": "zoo.architectures",
+    "detach_state": "zoo.base",
+    "get": "zoo.architectures",
+    "mask_state": "zoo.base",
+    "names": "zoo.architectures",
+    "preset": "zoo.architectures",
+    "units_for_budget": "zoo.architectures",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

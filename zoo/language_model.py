@@ -5,11 +5,11 @@
     ids (B, T) ──► embedding ──► embedding_dropout (whole words) ──► input_dropout ──► stack ──► output_dropout
                ──► [projection to the embedding width, when tied] ──► head: softmax | MoS | NCE | sampled | adaptive
 
-Use it on its own (``RecurrentLM.from_pretrained("ptb-lstm-small")``, ``model.generate(...)``, ``model.token_nll``)
-or through :class:`lightning_modules.LanguageModel`, which wraps it with the training loop. Its ``state_dict`` is what
-an export's ``model.safetensors`` holds (:mod:`checkpoints.export`); the submodule names ``embedding``, ``rnn``,
-``projection`` and ``decoder`` are pytorch/examples' ``word_language_model`` names, kept so exports and checkpoints
-written before this class existed load unchanged.
+Use it on its own (``checkpoints.from_pretrained("ptb-lstm-small")`` loads a trained one; ``model.generate(...)``,
+``model.token_nll``) or through :class:`lightning_modules.LanguageModel`, which wraps it with the training loop. Its
+``state_dict`` is what an export's ``model.safetensors`` holds (:mod:`checkpoints.format`); the submodule names
+``embedding``, ``rnn``, ``projection`` and ``decoder`` are pytorch/examples' ``word_language_model`` names, kept so
+exports and checkpoints written before this class existed load unchanged.
 
 Dropouts act only in training mode; evaluation (``model.eval()``) is deterministic. The recurrent regularisers
 (``state_dropout``, ``weight_drop``) live inside the stack (``cell_options``).
@@ -18,7 +18,6 @@ Dropouts act only in training mode; evaluation (``model.eval()``) is determinist
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,12 +26,12 @@ from torch import Tensor, nn
 
 from zoo.architectures import build
 from zoo.base import State, sequence_dropout_mask
-from zoo.errors import CheckpointError, ConfigError
+from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
 from zoo.nce import SAMPLERS, NCEHead
 
 if TYPE_CHECKING:
-    from datamodules.tokenizers import Tokenizer
+    pass
 
 HEADS = ("softmax", "mos", "nce", "sampled_softmax", "adaptive")
 IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.streams uses the same value)
@@ -370,38 +369,3 @@ class RecurrentLM(nn.Module):
             logits, state = self(token, state)
             logits = logits[:, -1]
         return samples
-
-    # --------------------------------------------------------------------------------------------- pretrained
-    @classmethod
-    def from_pretrained(
-        cls, source: str | Path, revision: str | None = None, *, endpoint: str | None = None
-    ) -> tuple[RecurrentLM, Tokenizer]:
-        """Load a trained model and its tokenizer, in eval mode.
-
-        ``huggingface_hub.PyTorchModelHubMixin`` is not used: it rebuilds a model from a flat ``config.json`` and
-        fetches only the weights, while an lm-zoo model also needs its tokenizer file, accepts registry names served
-        from the bundled ``pretrained/`` directory (hash-checked) and ``.ckpt`` files, and refuses pickled weights;
-        :func:`checkpoints.load` does all of that, and this is that loader without the rest of its record.
-
-        Args:
-            source: a registered name (``lm-zoo models --pretrained``), an export directory, a Hub repo id
-                ``owner/name`` or a ``.ckpt`` written by ``lm-zoo fit``.
-            revision: for a Hub repo: a branch, tag or commit.
-            endpoint: for a Hub repo: the Hub's URL (default ``$HF_ENDPOINT`` or huggingface.co).
-
-        Returns:
-            ``(model, tokenizer)``; ``tokenizer.encode`` / ``decode`` map text to ids and back.
-
-        Raises:
-            zoo.errors.LMZooError: the source cannot be loaded, or is a music model (``PianoRollLM.from_pretrained``);
-                the message says why and what to do.
-        """
-        from checkpoints import load  # the loaders are another package; the network itself never needs them
-
-        loaded = load(source, revision, endpoint=endpoint)
-        if loaded.tokenizer is None:  # a piano-roll model: another class, and no tokenizer to return
-            raise CheckpointError(
-                f"{loaded.source} is a model of piano rolls, not a language model: load it with "
-                "zoo.music.PianoRollLM.from_pretrained"
-            )
-        return loaded.model, loaded.tokenizer

@@ -17,7 +17,6 @@ connections: the input frames, between layers and before the output layer.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from torch import Tensor, nn
 
 from zoo.architectures import build
 from zoo.base import State
-from zoo.errors import CheckpointError, ConfigError
+from zoo.errors import ConfigError
 
 NUM_NOTES = 88  # piano keys A0 .. C8
 LOWEST_NOTE = 21  # MIDI number of A0: column j of a frame is MIDI note 21 + j
@@ -184,29 +183,3 @@ class PianoRollLM(nn.Module):
             frames.append(frame)
             logits, state = self(frame.unsqueeze(1).to(device), state)
         return torch.stack(frames, 1).to(torch.uint8)  # (S, T, N)
-
-    # --------------------------------------------------------------------------------------------- pretrained
-    @classmethod
-    def from_pretrained(
-        cls, source: str | Path, revision: str | None = None, *, endpoint: str | None = None
-    ) -> PianoRollLM:
-        """Load a trained piano-roll model, in eval mode (:func:`checkpoints.load`, as ``RecurrentLM.from_pretrained``).
-
-        Args:
-            source: a registered name (``lm-zoo models --pretrained``), an export directory, a Hub repo id
-                ``owner/name`` or a ``.ckpt`` written by ``lm-zoo fit``.
-            revision: for a Hub repo: a branch, tag or commit.
-            endpoint: for a Hub repo: the Hub's URL (default ``$HF_ENDPOINT`` or huggingface.co).
-
-        Raises:
-            zoo.errors.LMZooError: the source cannot be loaded, or is a language model; the message says what to do.
-        """
-        from checkpoints import load  # the loaders are another package; the network itself never needs them
-
-        loaded = load(source, revision, endpoint=endpoint)
-        if not isinstance(loaded.model, cls):
-            raise CheckpointError(
-                f"{loaded.source} is a language model, not a model of piano rolls: load it with "
-                "zoo.RecurrentLM.from_pretrained"
-            )
-        return loaded.model

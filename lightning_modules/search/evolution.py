@@ -38,6 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from zoo.errors import ConfigError
 from zoo.genome import GenomeError, format_genome, parse
@@ -73,8 +75,6 @@ class SearchConfig:
 
 def load_config(path: str | Path) -> SearchConfig:
     """Read a search config (``configs/search/*.yaml``: ``search``, ``grid``, ``memorise``, ``tasks``)."""
-    import yaml
-
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as error:

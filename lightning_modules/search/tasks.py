@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
+import datamodules
 from datamodules.streams import IGNORE_INDEX
+from zoo import RecurrentLM, units_for_budget
 from zoo.errors import ConfigError
 
 # §3.7's grids.
@@ -133,8 +135,6 @@ class Task:
 
     def datamodule(self) -> Any:
         """A fresh data module for the task (its splits are generated or read from the cache)."""
-        import datamodules
-
         class_name = self.data.get("class_path", "datamodules.TextDataModule").rsplit(".", 1)[-1]
         if class_name not in datamodules.__all__:
             raise ConfigError(f"task {self.name!r}: unknown data module {class_name!r}")
@@ -143,7 +143,6 @@ class Task:
 
 def hidden_for_budget(architecture: str, options: dict[str, Any], vocab_size: int, layers: int, budget: int) -> int:
     """The most units (embedding = hidden) whose language model has at most ``budget`` parameters (§3.7)."""
-    from zoo import RecurrentLM, units_for_budget
 
     def count(units: int) -> int:
         with torch.device("meta"):
@@ -271,8 +270,6 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
         setting: the hyperparameters.
         seed: seeds the initialisation and the training order.
     """
-    from zoo import RecurrentLM
-
     torch.manual_seed(seed)
     datamodule = task.datamodule()
     vocab_size = datamodule.vocab_size

@@ -1,0 +1,99 @@
+"""The house's layers: loading a model for inference needs no training stack, and the imports keep the layering
+(docs/architecture.md) — checked by import-linter's contracts in pyproject.toml, and with no cycle between modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINING_STACK = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "optuna")
+
+
+def _modules_after(code: str) -> set[str]:
+    """The top-level modules a fresh interpreter has imported after running ``code``."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted({{name.split('.')[0] for name in sys.modules}})))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_loading_a_pretrained_model_imports_no_training_stack() -> None:
+    loaded = _modules_after(
+        "from checkpoints import from_pretrained\n"
+        "model, tokenizer = from_pretrained('ptb-lstm-small')\n"
+        "assert type(model).__name__ == 'RecurrentLM' and tokenizer.vocab_size == 10000"
+    )
+    assert "zoo" in loaded and "torch" in loaded  # the probe ran
+    assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
+
+
+def test_the_zoo_imports_no_training_stack() -> None:
+    loaded = _modules_after("import zoo\nzoo.build('lstm', 4, 4)\nimport datamodules.tokenizers")
+    assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
+
+
+def test_lm_zoo_help_imports_no_torch() -> None:
+    loaded = _modules_after("import cli\ncli._usage()")
+    assert "torch" not in loaded and "lightning" not in loaded
+
+
+def test_the_import_contracts_hold() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 kept, 0 broken" in result.stdout
+
+
+def _cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each holds an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in imports.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_tarjan_finds_a_cycle_and_only_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "d": {"a"}}) == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    import grimp
+
+    packages = ("zoo", "datamodules", "lightning_modules", "checkpoints", "commands")
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    internal = {module for module in graph.modules if module.split(".")[0] in packages}
+    imports = {module: graph.find_modules_directly_imported_by(module) & internal for module in internal}
+    assert sum(map(len, imports.values())) > 100  # the graph was read
+    assert _cycles(imports) == []
