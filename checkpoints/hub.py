@@ -90,8 +90,6 @@ def _translate(
     err: Exception, repo_id: str, revision: str | None, settings: HubSettings, writing: bool
 ) -> CheckpointError | None:
     """The one-line error for a huggingface_hub or network error; ``None`` for anything else."""
-    import httpx2
-
     label, endpoint = _label(repo_id, revision), settings.endpoint
     if isinstance(err, errors.HFValidationError):
         local = "" if writing else ", nor a local file or directory"
@@ -115,7 +113,10 @@ def _translate(
         return CheckpointError(f"{repo_id} has been disabled on {endpoint}: it cannot be used")
     if isinstance(err, errors.OfflineModeIsEnabled):
         return CheckpointError(f"HF_HUB_OFFLINE is set, so {label} cannot be fetched from {endpoint}: unset it")
-    if isinstance(err, (httpx2.TransportError, errors.LocalEntryNotFoundError, errors.FileMetadataError)):
+    # huggingface_hub turns every HTTP response it refuses into an HfHubHTTPError; an HTTP error that is not one got no
+    # response at all (no connection, a timeout): the network's fault, not the repo's.
+    unreachable = isinstance(err, errors.HTTPError) and not isinstance(err, errors.HfHubHTTPError)
+    if unreachable or isinstance(err, (errors.LocalEntryNotFoundError, errors.FileMetadataError)):
         if writing:
             return CheckpointError(
                 f"cannot reach the Hub at {endpoint} ({_reason(err)}): check the network or HF_ENDPOINT"

@@ -76,14 +76,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         """Lightning's reader (``fit --ckpt_path``), with a missing, truncated or foreign local file said in one line
-        instead of a traceback."""
+        instead of a traceback.
+
+        Always ``weights_only=True``, whatever Lightning passes (it passes ``None``, and for a URL turns that into
+        ``False``): an lm-zoo checkpoint holds tensors and plain values only (the resume state included, see
+        :mod:`lightning_modules.resume`), so no global needs allowing, and nothing in a file is ever unpickled.
+        """
         if fsspec.utils.get_protocol(str(path)) != "file":
-            return super().load_checkpoint(path, map_location, weights_only)
+            return super().load_checkpoint(path, map_location, weights_only=True)
 
         if not Path(path).is_file():
             raise CheckpointError(f"checkpoint {path} does not exist: check --ckpt_path (or use --ckpt_path last)")
         try:
-            return super().load_checkpoint(path, map_location, weights_only)
+            return super().load_checkpoint(path, map_location, weights_only=True)
         except Exception as err:
             raise unreadable(path, err) from None
 

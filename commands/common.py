@@ -66,12 +66,16 @@ def _chain(err: BaseException) -> list[BaseException]:
 _PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
+# The packages only one feature needs (pyproject.toml's extras): a missing one is one line naming the extra to install.
+EXTRAS = {"optuna": "tune", "nltk": "parse", "scipy": "music", "mido": "music"}
+
+
 def user_error(err: BaseException) -> LMZooError | None:
     """The one-line error for ``err``, or ``None`` for a bug (which keeps its traceback).
 
     This is the one place where exceptions become messages: lm-zoo's own errors (also when jsonargparse or Lightning
-    re-raised them wrapped in one of theirs), Lightning's verdicts on a configuration, and operating-system errors
-    about the user's paths.
+    re-raised them wrapped in one of theirs), Lightning's verdicts on a configuration, operating-system errors about
+    the user's paths, and an optional package (:data:`EXTRAS`) that is not installed.
     """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -88,10 +92,12 @@ def user_error(err: BaseException) -> LMZooError | None:
             cache = cache_root()
             hint = "set LM_ZOO_CACHE to a writable directory" if path.is_relative_to(cache) else "check the path"
             return DataError(f"{path}: {current.strerror.lower()}: {hint}")
+        missing = current.name.split(".")[0] if isinstance(current, ModuleNotFoundError) and current.name else None
+        if missing in EXTRAS:
+            return ConfigError(f'this needs {missing}, which is not installed: pip install "lm-zoo[{EXTRAS[missing]}]"')
     return None
 
 
-# ------------------------------------------------------------------------------------------------ command line
 def option(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
     """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
     one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""

@@ -8,8 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 
+import optuna  # the search extra (pip install "lm-zoo[search]")
 import torch
 
 from lightning_modules.search.evolution import SearchStore, Worker, format_report, load_config, report, worker_random
@@ -27,9 +29,17 @@ def parse_duration(text: str) -> float:
         raise ConfigError(f"--budget {text!r} is not a duration: write e.g. 2h, 30m or 90s") from None
 
 
+def quiet_optuna() -> None:
+    """Optuna's per-trial INFO lines and its "experimental" warnings on heartbeats say nothing a search's own log does
+    not: the command turns them off for its process (a library module never changes global log levels)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
 def cmd_search(argv: Sequence[str]) -> None:
     """``lm-zoo search`` (run workers) and ``lm-zoo search report``."""
     argv = list(argv)
+    quiet_optuna()
     if argv[:1] == ["report"]:
         parser = argparse.ArgumentParser(prog="lm-zoo search report", description="the search's statistics and list")
         parser.add_argument("--storage", required=True, help="the search's storage URL (or journal .log file)")

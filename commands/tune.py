@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import optuna  # the tune extra (pip install "lm-zoo[tune]")
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
@@ -251,8 +252,6 @@ class Objective:
         return config
 
     def __call__(self, trial: Any) -> float:
-        import optuna
-
         params = {key: suggest(trial, key, entry) for key, entry in self.space.items()}
         root = self.workdir / f"trial_{trial.number}"
         root.mkdir(parents=True, exist_ok=True)
@@ -330,9 +329,6 @@ def cmd_tune(argv: Sequence[str]) -> None:
     base = full_config(args.config)
     for key in space:
         check_key(base, key)
-
-    import optuna
-
     study_name = args.study_name or f"{Path(args.config).stem}-{Path(args.space).stem}"
     root = (base.get("trainer") or {}).get("default_root_dir") or "runs"
     workdir = Path(args.workdir or Path(root) / "tune" / study_name)

@@ -38,7 +38,7 @@ def write_midi(
     Returns:
         ``path``.
     """
-    import mido  # only writing MIDI needs it
+    import mido  # deferred: only writing MIDI needs it (pip install "lm-zoo[music]")
 
     roll = np.asarray(roll, dtype=bool)
     ticks_per_frame = round(TICKS_PER_BEAT * frame_beats)

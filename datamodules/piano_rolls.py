@@ -134,7 +134,7 @@ def read_pieces(path: str | Path, split: str) -> list[np.ndarray]:
     Raises:
         DataError: the file cannot be read as such, or a piece is not a binary ``T x 88`` matrix.
     """
-    import scipy.io  # only the music data needs it
+    import scipy.io  # deferred: only the music data needs it (pip install "lm-zoo[music]")
     from scipy.io.matlab import MatReadError
 
     try:

@@ -10,21 +10,18 @@ that the work is moving and how far it is.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-DEFAULT_PERIOD_SECONDS = 30.0
+from zoo import settings
 
 
 def period_seconds() -> float:
-    """Seconds between two progress lines where there is no terminal (``$LM_ZOO_PROGRESS_SECONDS``, default 30)."""
-    try:
-        return max(0.0, float(os.environ.get("LM_ZOO_PROGRESS_SECONDS", DEFAULT_PERIOD_SECONDS)))
-    except ValueError:
-        return DEFAULT_PERIOD_SECONDS
+    """Seconds between two progress lines where there is no terminal (``$LM_ZOO_PROGRESS_SECONDS``, default 30;
+    :mod:`zoo.settings`)."""
+    return settings.current().progress_seconds
 
 
 def interactive() -> bool:

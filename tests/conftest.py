@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
+
+from zoo import settings
 
 
 def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:
@@ -41,3 +45,11 @@ def quiet_trainer(**options: Any) -> L.Trainer:
     unless ``options`` turn it back on; ``options`` are any other ``Trainer`` arguments."""
     defaults = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     return L.Trainer(**{**defaults, "enable_model_summary": False, **options})
+
+
+@pytest.fixture
+def zoo_settings() -> Iterator[Callable[..., settings.Settings]]:
+    """``zoo_settings(plain_kernels=True)``: :mod:`zoo.settings` overridden until the test ends (each call on top of
+    the last)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(settings.overridden(**changes))

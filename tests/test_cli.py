@@ -306,6 +306,18 @@ def test_resuming_from_nothing_or_the_wrong_thing(
     one_line_error(capsys, code, "has shape", "(32, 8)", "(48, 8)", "config.yaml")
 
 
+def test_resuming_never_unpickles_an_object(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fit --ckpt_path`` reads with ``weights_only=True``: a checkpoint that holds an arbitrary pickled object (here
+    a path, a global no lm-zoo checkpoint needs) is refused in one line, not loaded."""
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["callbacks"] = {"planted": Path("/an/object")}  # pickled as pathlib.PosixPath: a global
+    planted = workdir / "planted.ckpt"
+    torch.save(checkpoint, planted)
+    config = _config(workdir, workdir / "corpus")
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(planted)])
+    one_line_error(capsys, code, "planted.ckpt is not a readable checkpoint")
+
+
 def test_plain_commands_get_one_line_not_usage(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one_line_error(capsys, cli.main(["evaluate"]), "required: source", "lm-zoo evaluate --help")
     one_line_error(capsys, cli.main(["evaluate", str(trained), "--split", "tset"]), "invalid choice: 'tset'")
@@ -381,10 +393,10 @@ def test_a_resumed_run_logs_on_in_its_tensorboard_version(tmp_path: Path) -> Non
 
 
 def test_long_work_shows_progress_in_a_log(
-    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str], zoo_settings
 ) -> None:
     """Without a terminal (here: captured), a line every $LM_ZOO_PROGRESS_SECONDS instead of a bar."""
-    monkeypatch.setenv("LM_ZOO_PROGRESS_SECONDS", "0")
+    zoo_settings(progress_seconds=0.0)
     capsys.readouterr()
     assert cli.main(["evaluate", str(trained), "--dynamic"]) == 0
     err = capsys.readouterr().err

@@ -213,7 +213,7 @@ def test_gated_product_through_onednn_matches_the_plain_formula(monkeypatch: pyt
 
 # --------------------------------------------------------------------------------- the plain reference path
 @pytest.mark.parametrize("name", __import__("zoo").names())
-def test_every_architecture_fast_equals_the_plain_reference_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_architecture_fast_equals_the_plain_reference_path(name: str, zoo_settings) -> None:
     """``LM_ZOO_KERNELS=plain`` (plain autograd ops, no oneDNN private op, no C++, no fused nn.LSTM) against the
     default fast paths: the same outputs, state and gradients, in training mode with a mid-window reset and with
     none (where the fused kernels run)."""
@@ -232,7 +232,7 @@ def test_every_architecture_fast_equals_the_plain_reference_path(name: str, monk
     for window_reset in (None, reset):
 
         def run(plain: bool) -> tuple[torch.Tensor, ...]:
-            monkeypatch.setenv("LM_ZOO_KERNELS", "plain" if plain else "fast")
+            zoo_settings(plain_kernels=plain)
             stack.zero_grad()
             torch.manual_seed(1)
             y, state = stack(x, reset=window_reset)

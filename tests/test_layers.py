@@ -97,3 +97,13 @@ def test_no_module_imports_itself_through_others() -> None:
     imports = {module: graph.find_modules_directly_imported_by(module) & internal for module in internal}
     assert sum(map(len, imports.values())) > 100  # the graph was read
     assert _cycles(imports) == []
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra() -> None:
+    # None in sys.modules makes `import nltk` fail as an absent package does (ModuleNotFoundError, name "nltk").
+    probe = "import sys\nsys.modules['nltk'] = None\nimport cli\nsys.exit(cli.main(['parse', 'ptb-on-lstm']))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        'lm-zoo: error: this needs nltk, which is not installed: pip install "lm-zoo[parse]"'
+    ]

@@ -111,8 +111,8 @@ def test_the_kernels_build_where_a_compiler_exists(cpp) -> None:
     assert mogrifier._window_loops() is cpp  # the Mogrifier runs them
 
 
-def test_lm_zoo_cpp_0_runs_the_python_loops(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LM_ZOO_CPP", "0")
+def test_lm_zoo_cpp_0_runs_the_python_loops(zoo_settings) -> None:
+    zoo_settings(cpp_kernels=False)
     native.ops.cache_clear()
     try:
         assert native.ops() is None and mogrifier._window_loops() is mogrifier._PythonLoops
@@ -125,13 +125,15 @@ def test_lm_zoo_cpp_0_runs_the_python_loops(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.skipif(not HAS_COMPILER, reason="needs a compiler to fail on a real compile error")
-def test_a_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_failed_build_warns_once_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, zoo_settings
+) -> None:
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++;\n")
     monkeypatch.setattr(native, "SOURCES", [broken])
     monkeypatch.setattr(native, "NAME", "lm_zoo_broken_test")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
-    monkeypatch.delenv("LM_ZOO_CPP", raising=False)
+    zoo_settings(cpp_kernels=True)
     native.ops.cache_clear()
     try:
         with pytest.warns(UserWarning, match=r"C\+\+ kernels could not be built \(.+\); the Mogrifier runs its Python"):

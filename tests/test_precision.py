@@ -40,9 +40,9 @@ def _run(
 )
 @pytest.mark.parametrize("name", zoo.names())
 def test_every_architecture_trains_under_autocast_close_to_float32(
-    name: str, dtype: torch.dtype, kernels: str, monkeypatch: pytest.MonkeyPatch
+    name: str, dtype: torch.dtype, kernels: str, zoo_settings
 ) -> None:
-    monkeypatch.setenv("LM_ZOO_KERNELS", kernels)  # the fast paths, and the plain reference path
+    zoo_settings(plain_kernels=kernels == "plain")  # the fast paths, and the plain reference path
     if dtype == torch.float16 and name == "lstm":
         pytest.skip("oneDNN has no float16 LSTM on CPU (cuDNN has one; Lightning runs 16-mixed on CPU as bf16)")
     options = dict(zoo.preset(name, "tiny"))

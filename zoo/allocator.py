@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import os
 
+from zoo import settings
+
 # mallopt's parameter numbers, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -51,7 +53,7 @@ def keep_freed_memory() -> bool:
         Whether the settings were applied: ``False`` under another C library, with ``LM_ZOO_MALLOC=default``, or when
         the environment already sets glibc's malloc variables or tunables (the user's choice wins).
     """
-    if os.environ.get("LM_ZOO_MALLOC", "").lower() == "default":
+    if not settings.current().tune_malloc:
         return False
     if any(name in os.environ for name in _USER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False

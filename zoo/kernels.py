@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import weakref
 from typing import Any
 
@@ -28,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo import settings
+
 
 def plain_kernels() -> bool:
-    """Whether ``$LM_ZOO_KERNELS`` is ``plain``: the reference path of plain autograd ops (see the module doc)."""
-    return os.environ.get("LM_ZOO_KERNELS", "").lower() == "plain"
+    """Whether the reference path of plain autograd ops runs (``LM_ZOO_KERNELS=plain``, :mod:`zoo.settings`)."""
+    return settings.current().plain_kernels
 
 
 def in_dtype(tensor: Tensor | None, dtype: torch.dtype) -> Tensor | None:

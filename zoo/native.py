@@ -12,16 +12,19 @@ build.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zoo import settings
 from zoo.errors import clip
 
 #: The extension's name (its cache folder) and sources.
@@ -30,8 +33,8 @@ SOURCES = [Path(__file__).parent / "csrc" / "mogrifier_window.cpp"]
 
 
 def disabled() -> bool:
-    """Whether ``LM_ZOO_CPP=0`` (or ``false``/``no``/``off``) asks for the Python kernels."""
-    return os.environ.get("LM_ZOO_CPP", "1").strip().lower() in {"0", "false", "no", "off"}
+    """Whether the Python kernels are asked for (``LM_ZOO_CPP=0``, :mod:`zoo.settings`)."""
+    return not settings.current().cpp_kernels
 
 
 @functools.cache
@@ -42,16 +45,16 @@ def ops() -> Any | None:
     try:
         from torch.utils import cpp_extension
 
-        _put_ninja_on_path()
         # A build is silent and takes a while; a cached one loads in a moment. Said once per process, as downloads are.
         print("lm-zoo: loading the C++ kernels (zoo/csrc; built on first use, about 20 s)", file=sys.stderr, flush=True)
-        cpp_extension.load(
-            name=NAME,
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O2"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _ninja_on_path():
+            cpp_extension.load(
+                name=NAME,
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=["-O2"],
+                is_python_module=False,
+                verbose=False,
+            )
         return torch.ops.lm_zoo
     except Exception as error:  # noqa: BLE001 - any failure to build means the Python twin runs, which is correct
         reason = _one_line(error)
@@ -64,12 +67,21 @@ def ops() -> Any | None:
         return None
 
 
-def _put_ninja_on_path() -> None:
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
     """PyTorch's builder calls ``ninja`` by name. The ``ninja`` wheel installs it beside this interpreter, which is
-    not on ``PATH`` when the virtual environment's Python is run without activating it."""
+    not on ``PATH`` when the virtual environment's Python is run without activating it: for the build only (the
+    builder reads ``os.environ``; it takes no environment of its own), ``PATH`` gains that directory."""
+    before = os.environ.get("PATH")
     if shutil.which("ninja") is None:
-        bin_dir = str(Path(sys.executable).parent)
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + (before or "")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def _one_line(error: Exception) -> str:

@@ -309,7 +309,7 @@ def tune(
     Returns:
         Every trial, in the order run.
     """
-    import optuna
+    import optuna  # deferred: only --tune needs the tune extra (pip install "lm-zoo[tune]")
 
     if trials < 1:
         raise ConfigError(f"tuning needs at least 1 trial, got {trials}")

@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import optuna  # the search extra (pip install "lm-zoo[search]")
 import yaml
 
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
@@ -134,23 +135,19 @@ class SearchStore:
     """
 
     def __init__(self, storage: str, heartbeat: int = 60) -> None:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        # Heartbeats and failing stale trials are "experimental" in Optuna (since 2.9); they are what we rely on.
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         if storage.endswith(".log"):
             from optuna.storages.journal import JournalFileBackend
 
             backend: Any = optuna.storages.JournalStorage(JournalFileBackend(storage))
         else:
-            backend = optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=4 * heartbeat)
+            with warnings.catch_warnings():
+                # Heartbeats and failing stale trials are "experimental" in Optuna (since 2.9): what we rely on.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                backend = optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=4 * heartbeat)
         self.study = optuna.create_study(storage=backend, study_name=STUDY, direction="maximize", load_if_exists=True)
 
     def evaluations(self) -> list[Evaluation]:
         """Every finished evaluation of every worker (failed runs of killed workers are not evaluations)."""
-        import optuna
-
         self.fail_stale()
         found = []
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
@@ -165,14 +162,10 @@ class SearchStore:
 
     def fail_stale(self) -> None:
         """Fail the running trials of workers whose heartbeat stopped (killed)."""
-        import optuna
-
         optuna.storages.fail_stale_trials(self.study)
 
     def claimed(self) -> set[tuple[str, str, str]]:
         """``(genome, task, setting)`` of every evaluation finished or under way in any worker."""
-        import optuna
-
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
         return {
             (t.user_attrs["genome"], t.user_attrs["task"], t.user_attrs["setting"])
@@ -188,8 +181,6 @@ class SearchStore:
         evaluation first: workers choose from what they read, and two may choose alike between reading and claiming;
         the trial with the lower number keeps it, so no setting is evaluated twice.
         """
-        import optuna
-
         accuracy: list[float] = []
         wanted = (genome, task, setting.key())
 
