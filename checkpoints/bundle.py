@@ -36,7 +36,7 @@ import yaml
 
 from checkpoints import hub, registry
 from checkpoints.ckpt import load_checkpoint
-from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, read_run, render
+from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, RunLog, read_run, render
 from checkpoints.export import export_model, measure
 from checkpoints.format import (
     CONFIG_NAME,
@@ -212,16 +212,66 @@ def build(
     log = read_run(logs, MUSIC_VALID_TAG if source.is_music else VALID_TAG)
     data = source.data
     tokens_per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
-    if "config" not in source.training:  # a run with its own checkpoint.dirpath: the config is in its log dir
-        found = _run_config(logs[0])
-        if found is not None:
-            source = replace(source, training={**source.training, "config": found})
-    run_config = source.training.get("config") or {}
+    source = _with_run_config(source, logs[0])
     out = registry.bundle_root() / name
     repo_id = repo_id or f"{REPO_OWNER}/{name}"
-    run = {
+    run = _run_record(
+        name,
+        command or f"lm-zoo fit --config {config_file}",
+        config_file,
+        source.training.get("config") or {},
+        commit,
+        log,
+        tokens_per_step,
+        notes,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{name}: {run['command']}"
+    curve = render(log, tokens_per_step, out.parent / f".{name}.{CURVE_NAME}", title, music=source.is_music)
+    try:
+        _export_measured(source, out, run, curve, dtype, repo_id, max_sample_tokens, data_root)
+    finally:
+        curve.unlink(missing_ok=True)
+    entry = _registry_entry(out, name, repo_id, revision, description, run)
+    registry.write_entry(entry)
+    return entry
+
+
+def _with_run_config(source: LoadedModel, log_dir: Path) -> LoadedModel:
+    """``source`` with the LightningCLI config of its run under ``training.config``, found in ``log_dir`` when the
+    checkpoint lacks it (a run with its own ``checkpoint.dirpath``)."""
+    if "config" not in source.training:
+        found = _run_config(log_dir)
+        if found is not None:
+            return replace(source, training={**source.training, "config": found})
+    return source
+
+
+def _run_record(
+    name: str,
+    command: str,
+    config_file: Path,
+    run_config: dict[str, Any],
+    commit: str | None,
+    log: RunLog,
+    tokens_per_step: int,
+    notes: str,
+) -> dict[str, Any]:
+    """How the model was made, for the card (``training.run``) and the registry (:data:`REGISTRY_TRAINING_KEYS`).
+
+    Args:
+        name: the short name.
+        command: how it was trained.
+        config_file: the recipe it was trained from.
+        run_config: the run's LightningCLI config (its ``seed_everything``), ``{}`` if unknown.
+        commit: the lm-zoo commit it was trained at; ``None``: this checkout's.
+        log: the run's TensorBoard record (:func:`checkpoints.curves.read_run`): wall time, steps, epochs.
+        tokens_per_step: batch size x BPTT of a training step (frames for a music model).
+        notes: a paragraph for the card.
+    """
+    return {
         "name": name,
-        "command": command or f"lm-zoo fit --config {config_file}",
+        "command": command,
         "config_file": str(config_file),
         "seed": run_config.get("seed_everything"),
         "commit": commit or _git_commit(Path(__file__).resolve().parent),
@@ -235,32 +285,57 @@ def build(
         "epochs": log.epochs,
         "notes": notes,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    title = f"{name}: {run['command']}"
-    curve = render(log, tokens_per_step, out.parent / f".{name}.{CURVE_NAME}", title, music=source.is_music)
-    try:
-        # Written once to round the weights to their stored precision, then measured as loaded back from disk.
-        export_model(source, out, results=[], dtype=dtype, curve=curve)
-        stored = load_export(out)
-        stored = replace(stored, data=data, training={**source.training, "run": run})
-        results = _results(stored, data_root)
-        with tempfile.TemporaryDirectory() as staging:
-            assets = {}
-            if stored.is_music:
-                run["sample"] = music_sample(stored, Path(staging))
-                assets = {f: Path(staging) / f for f in (SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)}
-            else:
-                samples, temperature = stored.sample("", NUM_SAMPLES, max_sample_tokens, seed=SAMPLE_SEED)
-                run["samples"] = {"seed": SAMPLE_SEED, "temperature": temperature, "texts": samples}
-            if Path(str(data.get("corpus"))).name == "synthetic-xml":
-                run["xml_nesting"] = xml_nesting(stored)
-            export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets)
-    finally:
-        curve.unlink(missing_ok=True)
+
+
+def _export_measured(
+    source: LoadedModel,
+    out: Path,
+    run: dict[str, Any],
+    curve: Path,
+    dtype: str,
+    repo_id: str,
+    max_sample_tokens: int,
+    data_root: str | None,
+) -> None:
+    """Export ``source`` into ``out`` with the figures, samples and card of its stored weights.
+
+    Args:
+        source: the checkpoint, with its run's config.
+        out: the bundle directory.
+        run: :func:`_run_record`'s record; the samples (and the XML task's nesting) are added to it.
+        curve: the learning curve, drawn outside ``out``.
+        dtype: how the weights are stored.
+        repo_id: the Hub repo the card names.
+        max_sample_tokens: most tokens per sampled text.
+        data_root: where the corpus lives.
+    """
+    # Written once to round the weights to their stored precision, then measured as loaded back from disk.
+    export_model(source, out, results=[], dtype=dtype, curve=curve)
+    stored = load_export(out)
+    stored = replace(stored, data=source.data, training={**source.training, "run": run})
+    results = _results(stored, data_root)
+    with tempfile.TemporaryDirectory() as staging:
+        assets = {}
+        if stored.is_music:
+            run["sample"] = music_sample(stored, Path(staging))
+            assets = {f: Path(staging) / f for f in (SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)}
+        else:
+            samples, temperature = stored.sample("", NUM_SAMPLES, max_sample_tokens, seed=SAMPLE_SEED)
+            run["samples"] = {"seed": SAMPLE_SEED, "temperature": temperature, "texts": samples}
+        if Path(str(source.data.get("corpus"))).name == "synthetic-xml":
+            run["xml_nesting"] = xml_nesting(stored)
+        export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets)
+
+
+def _registry_entry(
+    out: Path, name: str, repo_id: str, revision: str, description: str, run: dict[str, Any]
+) -> registry.RegistryEntry:
+    """The registry entry of the export in ``out``: its config's summary, the sha256 and size of its files, and the
+    run's record (:data:`REGISTRY_TRAINING_KEYS`)."""
     config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
     entry = registry.entry_for(config, name, repo_id, revision)
     files = {f: _sha256_file(out / f) for f in EXPORT_FILES if (out / f).is_file()}
-    entry = replace(
+    return replace(
         entry,
         description=description or entry.description,
         num_parameters=config["num_parameters"],
@@ -268,8 +343,6 @@ def build(
         files=files,
         training={k: run[k] for k in REGISTRY_TRAINING_KEYS if k in run},
     )
-    registry.write_entry(entry)
-    return entry
 
 
 def publish_all(names: Sequence[str] = (), *, endpoint: str | None = None) -> list[tuple[str, str]]:

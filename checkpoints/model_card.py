@@ -12,6 +12,7 @@ shows the sampled piece ``sample.png`` with a link to ``sample.mid`` when the ex
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -192,6 +193,122 @@ def _recipe(training: dict[str, Any], dataset_key: str) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class _CardContent:
+    """What a text and a music model's cards say differently; :func:`_assemble` lays both out the same way.
+
+    Attributes:
+        data: the corpus or dataset it was trained on (names a local export's card: ``<data>-<architecture>``).
+        architecture: the recurrent cell's name.
+        pipeline_tag: the Hub's task of the model, ``None`` where the Hub has none.
+        tags: the front matter's tags besides ``lm-zoo``, the architecture and ``safetensors``.
+        datasets: the front matter's datasets: the Hub ids of those lm-zoo knows.
+        eval_results: the front matter's ``model-index`` entries.
+        summary: the paragraph under the title.
+        results_table: the Markdown table of the results (header, separator, rows); empty when there is none.
+        results_note: the paragraph under the table: how the figures were measured.
+        run: ``training.run`` as ``checkpoints.bundle`` records it, or ``None``.
+        unit: what a step reads batch size x BPTT of (``token`` or ``frame``).
+        generate_options: the options of the usage snippet's ``lm-zoo generate`` line.
+        python: the usage snippet's lines after ``from checkpoints import from_pretrained``.
+        data_key: the data setting that names the dataset, left out of the recipe since the summary names it.
+        files: the paragraph that lists the export's files.
+    """
+
+    data: str
+    architecture: str
+    pipeline_tag: str | None
+    tags: list[str]
+    datasets: list[str] | None
+    eval_results: list[EvalResult] | None
+    summary: str
+    results_table: list[str]
+    results_note: str
+    run: dict[str, Any] | None
+    unit: str
+    generate_options: str
+    python: list[str]
+    data_key: str
+    files: str
+
+
+def _reference(repo_id: str | None) -> str:
+    """What the usage snippets load: the Hub repo, or a placeholder for the export's directory."""
+    return repo_id or "path/to/this/directory"
+
+
+def _usage(repo_id: str | None, generate_options: str, python: list[str]) -> list[str]:
+    """The card's "Use" section: the command-line tools, then loading from Python."""
+    ref = _reference(repo_id)
+    return [
+        "",
+        "## Use",
+        "",
+        "With lm-zoo installed:",
+        "",
+        "```",
+        f"lm-zoo evaluate {ref} --split test",
+        f"lm-zoo generate {ref} {generate_options}",
+        *([f"lm-zoo download {ref}   # prints where the files are (the Hugging Face cache)"] if repo_id else []),
+        "```",
+        "",
+        "```python",
+        "from checkpoints import from_pretrained",
+        *python,
+        "```",
+    ]
+
+
+def _assemble(config: dict[str, Any], repo_id: str | None, content: _CardContent) -> str:
+    """The card: front matter, title and summary, results, how it was made, usage, recipe and files."""
+    name = repo_id.split("/")[-1] if repo_id else f"{content.data}-{content.architecture}"
+    card_data = ModelCardData(
+        model_name=name,
+        library_name="lm-zoo",
+        license=LICENSE,
+        pipeline_tag=content.pipeline_tag,
+        tags=["lm-zoo", *content.tags, content.architecture, "safetensors"],
+        datasets=content.datasets,
+        eval_results=content.eval_results,
+    )
+    lines = [GENERATED_MARK, f"# {name}", "", content.summary, "", "## Results", ""]
+    if content.results_table:
+        lines += [*content.results_table, "", content.results_note]
+    else:
+        lines.append("No results were measured for this export.")
+    lines += _run_section(content.run, unit=content.unit)
+    lines += _usage(repo_id, content.generate_options, content.python)
+    lines += [
+        "",
+        *_recipe(config.get("training", {}), content.data_key),
+        "",
+        "## Files",
+        "",
+        content.files,
+        f"Exported by lm-zoo {config.get('lm_zoo_version')} (export format {config.get('format_version')}).",
+        "",
+    ]
+    body = "\n".join(lines)
+    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
+
+
+def _results_table(results: list[dict[str, Any]]) -> list[str]:
+    """A text model's results: one row per split and metric, with the procedure and the settings it depends on."""
+    if not results:
+        return []
+    lines = [
+        "| split | metric | value | procedure | tokens | eval batch size | BPTT |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        for _, label, value in _metrics(result):
+            lines.append(
+                f"| {result['split']} | {label} | {value:.4f} | {procedure(result)} | "
+                f"{result.get('tokens', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
+            )
+    return lines
+
+
 def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
     """The model card of an export.
 
@@ -205,81 +322,33 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
     training = config.get("training", {})
     corpus = _corpus(config)
     architecture = str(config.get("architecture"))
-    name = repo_id.split("/")[-1] if repo_id else f"{corpus}-{architecture}"
-    card_data = ModelCardData(
-        model_name=name,
-        library_name="lm-zoo",
-        license=LICENSE,
+    tied = " (tied with the softmax weights)" if model.get("tie_weights") else ""
+    content = _CardContent(
+        data=corpus,
+        architecture=architecture,
         pipeline_tag="text-generation",
-        tags=["lm-zoo", "recurrent-language-model", architecture, "safetensors"],
+        tags=["recurrent-language-model"],
         datasets=[corpus] if corpus in CORPORA else None,
         eval_results=eval_results(config, corpus) or None,
-    )
-    ref = repo_id or "path/to/this/directory"
-    tied = " (tied with the softmax weights)" if model.get("tie_weights") else ""
-    lines = [
-        GENERATED_MARK,
-        f"# {name}",
-        "",
-        f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` language model with a "
+        summary=f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` language model with a "
         f"{config.get('head', 'softmax')} output layer, trained with lm-zoo on `{corpus}` "
         f"({tokenizer['kind']} tokens, vocabulary {tokenizer['vocab_size']:,}): {config.get('num_parameters', 0):,} "
         f"parameters, embeddings of {model.get('embedding_size')}{tied}, dropout {model.get('dropout')}.",
-        "",
-        "## Results",
-        "",
-    ]
-    results = config.get("results", [])
-    if results:
-        lines += [
-            "| split | metric | value | procedure | tokens | eval batch size | BPTT |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for result in results:
-            for _, label, value in _metrics(result):
-                lines.append(
-                    f"| {result['split']} | {label} | {value:.4f} | {procedure(result)} | "
-                    f"{result.get('tokens', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
-                )
-        lines += [
-            "",
-            "Measured with `lm-zoo evaluate` (full softmax; deterministic: dropout off). Perplexity depends on the "
-            "eval batch size (each stream starts without context) and the BPTT length, so both are given.",
-        ]
-    else:
-        lines.append("No results were measured for this export.")
-    lines += _run_section(training.get("run"))
-    lines += [
-        "",
-        "## Use",
-        "",
-        "With lm-zoo installed:",
-        "",
-        "```",
-        f"lm-zoo evaluate {ref} --split test",
-        f"lm-zoo generate {ref} --num-samples 5 --temperature 0.8",
-        *([f"lm-zoo download {ref}   # prints where the files are (the Hugging Face cache)"] if repo_id else []),
-        "```",
-        "",
-        "```python",
-        "from checkpoints import from_pretrained",
-        f'model, tokenizer = from_pretrained("{ref}")  # zoo.RecurrentLM, a plain torch.nn.Module',
-        "```",
-        "",
-        *_recipe(training, "corpus"),
-    ]
-    lines += [
-        "",
-        "## Files",
-        "",
-        "`config.json` (architecture, options, tokenizer, recipe, results), `model.safetensors` (weights; tied weights "
-        f"stored once), `{tokenizer.get('file') or 'no tokenizer file (bytes)'}` (the tokenizer). Loading reads only "
-        "JSON, safetensors and the tokenizer file: nothing is unpickled.",
-        f"Exported by lm-zoo {config.get('lm_zoo_version')} (export format {config.get('format_version')}).",
-        "",
-    ]
-    body = "\n".join(lines)
-    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
+        results_table=_results_table(config.get("results", [])),
+        results_note="Measured with `lm-zoo evaluate` (full softmax; deterministic: dropout off). Perplexity depends "
+        "on the eval batch size (each stream starts without context) and the BPTT length, so both are given.",
+        run=training.get("run"),
+        unit="token",
+        generate_options="--num-samples 5 --temperature 0.8",
+        python=[
+            f'model, tokenizer = from_pretrained("{_reference(repo_id)}")  # zoo.RecurrentLM, a plain torch.nn.Module'
+        ],
+        data_key="corpus",
+        files="`config.json` (architecture, options, tokenizer, recipe, results), `model.safetensors` (weights; tied "
+        f"weights stored once), `{tokenizer.get('file') or 'no tokenizer file (bytes)'}` (the tokenizer). Loading "
+        "reads only JSON, safetensors and the tokenizer file: nothing is unpickled.",
+    )
+    return _assemble(config, repo_id, content)
 
 
 # ------------------------------------------------------------------------------------------------------------ music
@@ -309,6 +378,24 @@ def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]
     ]
 
 
+def _music_results_table(results: list[dict[str, Any]]) -> list[str]:
+    """A music model's results: NLL per time step and per note on each split, with the frames and pieces read."""
+    if not results:
+        return []
+    lines = [
+        f"| split | {MUSIC_METRIC[1]} | NLL per note (nats) | frames | pieces | eval batch size | BPTT |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        per_note = result.get("nll_per_note")
+        lines.append(
+            f"| {result['split']} | {result['nll_per_step']:.4f} | "
+            f"{'—' if per_note is None else f'{per_note:.5f}'} | {result.get('frames', 0):,} | "
+            f"{result.get('pieces', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
+        )
+    return lines
+
+
 def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str:
     """The model card of a music (piano-roll) export: NLL per time step, the sampled piece, no tokenizer.
 
@@ -320,83 +407,38 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str
     training = config.get("training", {})
     dataset = str(training.get("data", {}).get("dataset") or "unknown")
     architecture = str(config.get("architecture"))
-    name = repo_id.split("/")[-1] if repo_id else f"{dataset}-{architecture}"
-    card_data = ModelCardData(
-        model_name=name,
-        library_name="lm-zoo",
-        license=LICENSE,
-        tags=["lm-zoo", *MUSIC_TAGS, architecture, "safetensors"],
-        datasets=[dataset] if dataset in MUSIC_DATASETS else None,
-        eval_results=music_eval_results(config, dataset) or None,
-    )
-    ref = repo_id or "path/to/this/directory"
     spec = MUSIC_DATASETS.get(dataset)
     about = f" ({spec.description})" if spec is not None else ""
     run = training.get("run") or {}
-    lines = [
-        GENERATED_MARK,
-        f"# {name}",
-        "",
-        f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` model of polyphonic music, trained "
-        f"with lm-zoo on `{dataset}`{about}. It reads piano-roll frames, each the set of the "
+    sample = run.get("sample")
+    content = _CardContent(
+        data=dataset,
+        architecture=architecture,
+        pipeline_tag=None,  # the Hub has no task for symbolic music
+        tags=MUSIC_TAGS,
+        datasets=[dataset] if dataset in MUSIC_DATASETS else None,
+        eval_results=music_eval_results(config, dataset) or None,
+        summary=f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` model of polyphonic "
+        f"music, trained with lm-zoo on `{dataset}`{about}. It reads piano-roll frames, each the set of the "
         f"{model.get('num_notes')} piano notes sounding in one time step, and gives every note of the next frame its "
         f"own Bernoulli (a sigmoid output layer): {config.get('num_parameters', 0):,} parameters, dropout "
         f"{model.get('dropout')}.",
-        "",
-        "## Results",
-        "",
-    ]
-    results = config.get("results", [])
-    if results:
-        lines += [
-            f"| split | {MUSIC_METRIC[1]} | NLL per note (nats) | frames | pieces | eval batch size | BPTT |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for result in results:
-            per_note = result.get("nll_per_note")
-            lines.append(
-                f"| {result['split']} | {result['nll_per_step']:.4f} | "
-                f"{'—' if per_note is None else f'{per_note:.5f}'} | {result.get('frames', 0):,} | "
-                f"{result.get('pieces', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
-            )
-        lines += [
-            "",
-            "The negative log-likelihood of each frame, summed over the notes and averaged over the frames (Jozefowicz "
-            "et al. 2015, Table 2), measured with `lm-zoo evaluate` (dropout off). Every piece starts from the zero "
-            "state, so the eval batch size and BPTT do not change it; both are given all the same.",
-        ]
-    else:
-        lines.append("No results were measured for this export.")
-    lines += _run_section(run, unit="frame")
-    sample = run.get("sample")
-    lines += [
-        "",
-        "## Use",
-        "",
-        "With lm-zoo installed:",
-        "",
-        "```",
-        f"lm-zoo evaluate {ref} --split test",
-        f"lm-zoo generate {ref} --num-samples 3 --seed 1 --out samples/   # samples/sample-K.mid and sample-K.png",
-        *([f"lm-zoo download {ref}   # prints where the files are (the Hugging Face cache)"] if repo_id else []),
-        "```",
-        "",
-        "```python",
-        "from checkpoints import from_pretrained",
-        f'model, _ = from_pretrained("{ref}")  # zoo.music.PianoRollLM, a plain torch.nn.Module; no tokenizer',
-        "roll = model.generate(128)  # (1, 128, 88) uint8: column j is MIDI note 21 + j",
-        "```",
-        "",
-        *_recipe(training, "dataset"),
-        "",
-        "## Files",
-        "",
-        "`config.json` (architecture, options, recipe, results), `model.safetensors` (weights)"
+        results_table=_music_results_table(config.get("results", [])),
+        results_note="The negative log-likelihood of each frame, summed over the notes and averaged over the frames "
+        "(Jozefowicz et al. 2015, Table 2), measured with `lm-zoo evaluate` (dropout off). Every piece starts from "
+        "the zero state, so the eval batch size and BPTT do not change it; both are given all the same.",
+        run=run,
+        unit="frame",
+        generate_options="--num-samples 3 --seed 1 --out samples/   # samples/sample-K.mid and sample-K.png",
+        python=[
+            f'model, _ = from_pretrained("{_reference(repo_id)}")  # zoo.music.PianoRollLM, a plain torch.nn.Module; '
+            "no tokenizer",
+            "roll = model.generate(128)  # (1, 128, 88) uint8: column j is MIDI note 21 + j",
+        ],
+        data_key="dataset",
+        files="`config.json` (architecture, options, recipe, results), `model.safetensors` (weights)"
         + (f", `{sample.get('midi')}` and `{sample.get('png')}` (the sampled piece)" if sample else "")
         + ". No tokenizer: a frame of notes is its own input. Loading reads only JSON and safetensors: nothing is "
         "unpickled.",
-        f"Exported by lm-zoo {config.get('lm_zoo_version')} (export format {config.get('format_version')}).",
-        "",
-    ]
-    body = "\n".join(lines)
-    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
+    )
+    return _assemble(config, repo_id, content)

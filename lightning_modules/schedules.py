@@ -232,19 +232,30 @@ class HalveOnPlateau(_OwnPlateauSchedule):
         self.decays = decays
         self.decays_done = 0
 
+    def step(self, value: float) -> Literal["keep", "halve", "stop"]:
+        """Count one check's ``value`` (lower is better): keep the rate, halve it (``factor``), or stop training.
+
+        Needs no trainer, so a plain training loop (the architecture search's, :mod:`lightning_modules.search.tasks`)
+        follows the same schedule as ``fit``.
+        """
+        if self.decays_done == 0:  # waiting for the plateau
+            if not self.plateaued(value):
+                return "keep"
+        elif self.decays_done == self.decays:  # the last halved period is over
+            return "stop"
+        self.decays_done += 1
+        return "halve"
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         value = self.checked_value(trainer)
         if value is None:
             return
-        if self.decays_done == 0:  # waiting for the plateau
-            if not self.plateaued(value):
-                return
-        elif self.decays_done == self.decays:  # the last halved period is over
+        action = self.step(value)
+        if action == "stop":
             rank_zero_info(f"HalveOnPlateau: stopping after {self.decays} halvings (step {trainer.global_step})")
             trainer.should_stop = True
-            return
-        self.decays_done += 1
-        self.multiply_learning_rate(trainer, self.factor)
+        elif action == "halve":
+            self.multiply_learning_rate(trainer, self.factor)
 
 
 class DecayOnPlateau(_OwnPlateauSchedule):

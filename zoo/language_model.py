@@ -64,6 +64,120 @@ def sequence_dropout(x: Tensor, p: float, locked: bool) -> Tensor:
     return F.dropout(x, p, training=True)
 
 
+def _check_options(
+    cell_options: dict[str, Any],
+    head: str,
+    tie_weights: bool,
+    inter_layer_dropout: float | None,
+    noise_samples: int,
+    noise_power: float,
+    noise_sampler: str,
+) -> None:
+    """Refuse :class:`RecurrentLM` options that cannot work together, with one line that says what to do.
+
+    Raises:
+        ConfigError: the first problem found.
+    """
+    if "init_range" in cell_options:
+        raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
+    if head not in HEADS:
+        raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
+    if noise_samples < 1 or noise_power < 0 or noise_sampler not in SAMPLERS:
+        raise ConfigError(
+            f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
+            f"{noise_samples}, {noise_power} and {noise_sampler!r}"
+        )
+    if head == "adaptive" and tie_weights:
+        raise ConfigError(
+            "the adaptive head has one output matrix per frequency cluster, none of which can be tied to the "
+            "embedding: set tie_weights false, or choose the softmax head"
+        )
+    if "dropout" in cell_options and inter_layer_dropout is not None:
+        raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
+
+
+def _embedding_width(embedding_size: int, hidden_size: int, input_embedding_ratio: float | None) -> int:
+    """The embedding width: ``embedding_size``, or Melis et al.'s ratio x ``hidden_size`` when a ratio is set.
+
+    Raises:
+        ConfigError: a ratio that is not > 0.
+    """
+    if input_embedding_ratio is None:
+        return embedding_size
+    if input_embedding_ratio <= 0:
+        raise ConfigError(f"input_embedding_ratio must be > 0, got {input_embedding_ratio}")
+    return hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
+
+
+def _check_rates(**rates: float) -> None:
+    """Refuse a dropout rate outside [0, 1), naming the option (the keyword) it came from.
+
+    Raises:
+        ConfigError: the first rate out of range.
+    """
+    for name, rate in rates.items():
+        if not 0.0 <= rate < 1.0:
+            raise ConfigError(f"{name} must be in [0, 1), got {rate}")
+
+
+def _stack_options(
+    dropout: float, inter_layer_dropout: float | None, locked_dropout: bool, cell_options: dict[str, Any]
+) -> dict[str, Any]:
+    """The recurrent stack's options: the model's inter-layer dropout and its locking, then the cell's own."""
+    stack_options: dict[str, Any] = {"dropout": dropout if inter_layer_dropout is None else inter_layer_dropout}
+    if locked_dropout:
+        stack_options["locked_dropout"] = True
+    stack_options.update(cell_options)  # the cell's own setting wins
+    return stack_options
+
+
+def _make_head(
+    head: str,
+    *,
+    context_size: int,
+    hidden_size: int,
+    embedding_size: int,
+    vocab_size: int,
+    mos_components: int,
+    mos_dropout: float,
+    locked_dropout: bool,
+    noise_samples: int,
+    noise_power: float,
+    noise_per_row: bool,
+    noise_sampler: str,
+    sparse_gradients: bool,
+    adaptive_cutoffs: list[int] | None,
+    adaptive_div_value: float,
+) -> SoftmaxHead | MixtureOfSoftmaxes | NCEHead | AdaptiveSoftmaxHead:
+    """The output head :class:`RecurrentLM` names (its arguments are the model's; ``context_size`` is the width the
+    head reads: the embedding width when tied, else the hidden size).
+
+    Raises:
+        ConfigError: a head option's value the head refuses.
+    """
+    try:  # the heads check their own options' values: the user's input, so one line
+        if head == "mos":
+            return MixtureOfSoftmaxes(
+                hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
+            )
+        if head == "softmax":
+            return SoftmaxHead(context_size, vocab_size)
+        if head == "adaptive":
+            return AdaptiveSoftmaxHead(context_size, vocab_size, adaptive_cutoffs, adaptive_div_value)
+        return NCEHead(
+            context_size,
+            vocab_size,
+            noise_samples,
+            head,
+            noise_power,
+            noise_per_row,
+            noise_sampler,
+            sparse_gradient=sparse_gradients,
+        )
+    except ValueError as error:
+        raise ConfigError(f"{head} head: {error}") from None
+
+
 class RecurrentLM(nn.Module):
     """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes, sampled (NCE) or adaptive softmax head.
 
@@ -163,45 +277,20 @@ class RecurrentLM(nn.Module):
         self.vocab_size = vocab_size
         self.head = head
         cell_options = dict(cell_options or {})
-        if "init_range" in cell_options:
-            raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
-        if head not in HEADS:
-            raise ConfigError(f"unknown head {head!r}: choose one of {', '.join(HEADS)}")
-        if noise_samples < 1 or noise_power < 0 or noise_sampler not in SAMPLERS:
-            raise ConfigError(
-                f"noise_samples must be >= 1, noise_power >= 0 and noise_sampler one of {', '.join(SAMPLERS)}; got "
-                f"{noise_samples}, {noise_power} and {noise_sampler!r}"
-            )
-        if head == "adaptive" and tie_weights:
-            raise ConfigError(
-                "the adaptive head has one output matrix per frequency cluster, none of which can be tied to the "
-                "embedding: set tie_weights false, or choose the softmax head"
-            )
-        if "dropout" in cell_options and inter_layer_dropout is not None:
-            raise ConfigError("set the inter-layer dropout once: inter_layer_dropout or cell_options.dropout")
-        if input_embedding_ratio is not None:
-            if input_embedding_ratio <= 0:
-                raise ConfigError(f"input_embedding_ratio must be > 0, got {input_embedding_ratio}")
-            embedding_size = (
-                hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
-            )
+        _check_options(cell_options, head, tie_weights, inter_layer_dropout, noise_samples, noise_power, noise_sampler)
+        embedding_size = _embedding_width(embedding_size, hidden_size, input_embedding_ratio)
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.output_dropout = dropout if output_dropout is None else output_dropout
         self.embedding_dropout = embedding_dropout
         self.locked_dropout = locked_dropout
-        for name, rate in [
-            ("dropout", dropout),
-            ("input_dropout", self.input_dropout),
-            ("output_dropout", self.output_dropout),
-            ("embedding_dropout", embedding_dropout),
-            ("mos_dropout", mos_dropout),
-        ]:
-            if not 0.0 <= rate < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {rate}")
-        stack_options = {"dropout": dropout if inter_layer_dropout is None else inter_layer_dropout}
-        if locked_dropout:
-            stack_options["locked_dropout"] = True
-        stack_options.update(cell_options)  # the cell's own setting wins
+        _check_rates(
+            dropout=dropout,
+            input_dropout=self.input_dropout,
+            output_dropout=self.output_dropout,
+            embedding_dropout=embedding_dropout,
+            mos_dropout=mos_dropout,
+        )
+        stack_options = _stack_options(dropout, inter_layer_dropout, locked_dropout, cell_options)
         self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
         self.rnn = build(architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options)
         # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
@@ -211,40 +300,38 @@ class RecurrentLM(nn.Module):
         # Tying needs the decoder's input width to equal the embedding width (MoS's contexts already have it).
         if tie_weights and head != "mos" and hidden_size != embedding_size:
             self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
-        context_size = embedding_size if tie_weights else hidden_size
-        try:  # the heads check their own options' values: the user's input, so one line
-            if head == "mos":
-                self.decoder = MixtureOfSoftmaxes(
-                    hidden_size, embedding_size, vocab_size, mos_components, mos_dropout, locked_dropout
-                )
-            elif head == "softmax":
-                self.decoder = SoftmaxHead(context_size, vocab_size)
-            elif head == "adaptive":
-                self.decoder = AdaptiveSoftmaxHead(context_size, vocab_size, adaptive_cutoffs, adaptive_div_value)
-            else:
-                self.decoder = NCEHead(
-                    context_size,
-                    vocab_size,
-                    noise_samples,
-                    head,
-                    noise_power,
-                    noise_per_row,
-                    noise_sampler,
-                    sparse_gradient=sparse_gradients,
-                )
-        except ValueError as error:
-            raise ConfigError(f"{head} head: {error}") from None
+        self.decoder = _make_head(
+            head,
+            context_size=embedding_size if tie_weights else hidden_size,
+            hidden_size=hidden_size,
+            embedding_size=embedding_size,
+            vocab_size=vocab_size,
+            mos_components=mos_components,
+            mos_dropout=mos_dropout,
+            locked_dropout=locked_dropout,
+            noise_samples=noise_samples,
+            noise_power=noise_power,
+            noise_per_row=noise_per_row,
+            noise_sampler=noise_sampler,
+            sparse_gradients=sparse_gradients,
+            adaptive_cutoffs=adaptive_cutoffs,
+            adaptive_div_value=adaptive_div_value,
+        )
+        self._init_word_vectors(init_range if embedding_init_range is None else embedding_init_range)
+        if tie_weights:
+            self.decoder.output_layer.weight = self.embedding.weight
+
+    def _init_word_vectors(self, init_range: float | None) -> None:
+        """Start the embedding and the output word vectors Uniform(-r, r) with a zero output bias (``None``: keep
+        PyTorch's initialisation), then give an NCE head its -log V bias."""
         output_layer = self.decoder.output_layer  # None for the adaptive head, which keeps PyTorch's initialisation
-        word_init_range = init_range if embedding_init_range is None else embedding_init_range
-        if word_init_range is not None:
-            nn.init.uniform_(self.embedding.weight, -word_init_range, word_init_range)
+        if init_range is not None:
+            nn.init.uniform_(self.embedding.weight, -init_range, init_range)
             if output_layer is not None:
-                nn.init.uniform_(output_layer.weight, -word_init_range, word_init_range)
+                nn.init.uniform_(output_layer.weight, -init_range, init_range)
                 nn.init.zeros_(output_layer.bias)
         if isinstance(self.decoder, NCEHead):
             self.decoder.reset_bias()  # -log V, so that Z = 1 from the start, whatever the word vectors' init
-        if tie_weights:
-            output_layer.weight = self.embedding.weight
 
     # --------------------------------------------------------------------------------------------------- forward
     def forward(self, inputs: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nltk import Tree
+from nltk import Tree  # the parse extra (pip install "lm-zoo[parse]")
 from nltk.corpus.reader.util import read_sexpr_block
 
+from lightning_modules.evaluation.sentences import pad, sentence_batches
 from zoo.errors import ConfigError, DataError
 
 # The Penn Treebank part-of-speech tags of words (the 2019 code's ``word_tags``): everything else (punctuation,
@@ -247,14 +248,8 @@ def sentence_split_points(
     model.eval()
     results: list[torch.Tensor] = []
     with torch.no_grad():
-        for first in range(0, len(sentences), batch_size):
-            batch = sentences[first : first + batch_size]
-            ids = [[tokenizer.bos_id, *tokenizer.encode(" ".join(words))] for words in batch]
-            longest = max(len(row) for row in ids)
-            inputs = torch.full((len(ids), longest), tokenizer.eos_id, dtype=torch.long)
-            for b, row in enumerate(ids):
-                inputs[b, : len(row)] = torch.tensor(row)
-            model.features(inputs.to(device))
+        for ids in sentence_batches(tokenizer, [" ".join(words) for words in sentences], batch_size):
+            model.features(pad(ids, tokenizer.eos_id).to(device))
             d = stack.split_points().float().cpu()  # (L, B, T)
             results += [d[:, b, 1 : len(row)] for b, row in enumerate(ids)]
     return results

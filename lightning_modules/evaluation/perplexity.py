@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from datamodules.streams import IGNORE_INDEX, LMBatch
 from datamodules.text import TextDataModule
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
+    TuningTrial,
     adapting,
     dynamic_nll,
     mean_squared_gradients,
@@ -145,6 +147,164 @@ def check_settings(
             raise ConfigError("--dynamic takes one gradient step per segment: set its length with --dyn-max-time-steps")
 
 
+@dataclass
+class _Procedure:
+    """How :func:`evaluate` scores a split, and what its result records of the procedure.
+
+    Attributes:
+        method: ``deterministic``, ``mc-dropout`` or ``dynamic``.
+        score: windows and a temperature -> summed nats and predicted tokens.
+        steps: the window length every split is read in (dynamic evaluation's segment length, else the BPTT).
+        cacheable: whether the temperature search may keep one pass's features and re-score only the softmax (not
+            when the weights change as they read, nor when the head samples its own dropout).
+        mc_rows_per_call: MC dropout's most rows per forward pass; ``None`` for the other procedures.
+        dynamic: dynamic evaluation's settings, gradient statistics and tuning; ``None`` for the other procedures.
+        best_trial: with tuning: the winning trial, itself a dynamic evaluation of the validation split.
+    """
+
+    method: str
+    score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
+    steps: int
+    cacheable: bool = True
+    mc_rows_per_call: int | None = None
+    dynamic: dict[str, Any] | None = None
+    best_trial: TuningTrial | None = None
+
+
+def _windows(datamodule: TextDataModule, split: str, batch_size: int, steps: int) -> Progress:
+    """A split's windows at the evaluation's batch size, with progress shown under the split's name."""
+    return Progress(datamodule.stream(split, batch_size=batch_size, bptt=steps), split)
+
+
+def _deterministic_procedure(model: RecurrentLM, bptt: int) -> _Procedure:
+    """Dropout off: every window scored once."""
+
+    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+        return total_nll(deterministic_nll(model, windows, t))
+
+    return _Procedure("deterministic", score, bptt)
+
+
+def _mc_procedure(model: RecurrentLM, mc: MCDropout, seed: int, bptt: int, streams: int) -> _Procedure:
+    """MC dropout: predictions averaged over sampled masks; ``streams``: the scored split's parallel streams."""
+
+    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+        return total_nll(mc_nll(model, windows, mc, t, seed))
+
+    per_replica = mc.dropout_scale > 0 and shares_masks_across_rows(model)
+    groups = row_groups(streams, mc.samples, mc.rows_per_call or DEFAULT_ROWS_PER_CALL, per_replica)
+    return _Procedure(
+        "mc-dropout",
+        score,
+        bptt,
+        cacheable=mc.dropout_scale == 0 or not head_is_stochastic(model),
+        mc_rows_per_call=max(hi - lo for lo, hi in groups),
+    )
+
+
+def _dynamic_procedure(
+    model: RecurrentLM,
+    datamodule: TextDataModule,
+    dynamic: DynamicEvaluation,
+    tune_trials: int,
+    tune_tokens: int | None,
+    seed: int,
+    temperature: float,
+) -> _Procedure:
+    """Dynamic evaluation: the gradient statistics on train, then, with ``tune_trials``, the settings tuned on valid.
+
+    Args:
+        model: the language model.
+        datamodule: provides the train and valid streams.
+        dynamic: the settings (already for the data module's level); tuning starts from them.
+        tune_trials: settings to try on validation; 0: no tuning.
+        tune_tokens: score each trial on the first this many validation tokens only; ``None``: the whole split.
+        seed: seeds the tuning draws.
+        temperature: the softmax temperature the trials score at (1 when it is searched afterwards).
+    """
+    train_windows = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
+    total = min(dynamic.stat_batches, len(train_windows))
+    train = Progress(train_windows, "gradient statistics on train", total=total)
+    statistics = mean_squared_gradients(model, train, dynamic.stat_batches)
+    tuning: dict[str, Any] | None = None
+    best_trial = None
+    if tune_trials:
+        trials = tune(
+            model,
+            statistics,
+            lambda steps: first_tokens(
+                Progress(datamodule.stream("valid", batch_size=1, bptt=steps), "trial"), tune_tokens
+            ),
+            dynamic,
+            tune_trials,
+            datamodule.level,
+            seed,
+            temperature,
+        )
+        best_trial = min(trials, key=lambda trial: trial.loss)
+        dynamic = best_trial.settings
+        tuning = {
+            "split": "valid",
+            "trials": [trial.record() for trial in trials],
+            "best_valid_loss": best_trial.loss,
+            "valid_tokens": best_trial.tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
+        }
+    settings = dynamic
+
+    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+        with adapting(model, statistics, settings) as adaptation:
+            return total_nll(dynamic_nll(model, windows, adaptation, t))
+
+    return _Procedure(
+        "dynamic",
+        score,
+        settings.max_time_steps,  # the tuned segment length, when tuning chose one
+        cacheable=False,
+        dynamic={**settings.record(), **statistics.record(), "tuning": tuning},
+        best_trial=best_trial,
+    )
+
+
+def _search_temperature(
+    model: RecurrentLM,
+    datamodule: TextDataModule,
+    valid: Iterable[LMBatch],
+    procedure: _Procedure,
+    mc: MCDropout | None,
+    seed: int,
+    temperature_range: tuple[float, float],
+    cache_bytes: int,
+) -> tuple[float, dict[str, Any], tuple[float, int]]:
+    """The temperature minimising validation cross-entropy (golden-section search).
+
+    Returns:
+        The temperature, the result's ``temperature_search`` record, and the validation nats and tokens at it.
+    """
+    cache = collect_features(model, valid, mc, seed, cache_bytes) if procedure.cacheable else None
+    seen: dict[float, tuple[float, int]] = {}
+
+    def objective(t: float) -> float:
+        seen[t] = cache.loss(t) if cache is not None else procedure.score(valid, t)
+        return seen[t][0] / seen[t][1]
+
+    found = golden_section_search(objective, *temperature_range, TEMPERATURE_TOLERANCE)
+    at_one = objective(1.0)
+    search = {
+        "method": "golden-section",
+        "split": "valid",
+        "range": list(temperature_range),
+        "tolerance": TEMPERATURE_TOLERANCE,
+        "evaluations": len(found.evaluations),
+        "features_cached": cache is not None,
+        "valid": _metrics(datamodule, "valid", *seen[found.temperature]),
+        "valid_loss_at_1": at_one,
+    }
+    return found.temperature, search, seen[found.temperature]
+
+
 def evaluate(
     model: RecurrentLM,
     datamodule: TextDataModule,
@@ -200,125 +360,49 @@ def evaluate(
     # Every split is scored at the evaluation sizes, the training split too (its stream would default to training's).
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
     model.eval().to(device)
-    level = datamodule.level
     if dynamic is not None:
-        dynamic = dynamic.for_level(level)
+        dynamic = dynamic.for_level(datamodule.level)
     if long_context or dynamic is not None:
         batch_size = 1
     fixed_temperature = 1.0 if temperature == AUTO else float(temperature)
-    record: dict[str, Any] = {}
-    best_trial = None  # with tuning: the winning trial, itself a dynamic evaluation of the validation split
 
-    # Each procedure: how to get a split's windows, and how to score them at a temperature.
-    def windows_for(name: str) -> Iterable[LMBatch]:
-        steps = dynamic.max_time_steps if dynamic is not None else bptt
-        return Progress(datamodule.stream(name, batch_size=batch_size, bptt=steps), name)
-
-    score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
-    cacheable = dynamic is None
+    procedure: _Procedure
     if dynamic is not None:
-        train_windows = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
-        total = min(dynamic.stat_batches, len(train_windows))
-        train = Progress(train_windows, "gradient statistics on train", total=total)
-        statistics = mean_squared_gradients(model, train, dynamic.stat_batches)
-        tuning: dict[str, Any] | None = None
-        if tune_trials:
-            trials = tune(
-                model,
-                statistics,
-                lambda steps: first_tokens(
-                    Progress(datamodule.stream("valid", batch_size=1, bptt=steps), "trial"), tune_tokens
-                ),
-                dynamic,
-                tune_trials,
-                level,
-                seed,
-                fixed_temperature,
-            )
-            best_trial = min(trials, key=lambda trial: trial.loss)
-            dynamic = best_trial.settings
-            tuning = {
-                "split": "valid",
-                "trials": [trial.record() for trial in trials],
-                "best_valid_loss": best_trial.loss,
-                "valid_tokens": best_trial.tokens,
-                "temperature": fixed_temperature,
-                "seed": seed,
-                "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
-            }
-        settings = dynamic
-
-        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-            with adapting(model, statistics, settings) as adaptation:
-                return total_nll(dynamic_nll(model, windows, adaptation, t))
-
-        record["dynamic"] = {**settings.record(), **statistics.record(), "tuning": tuning}
-        record["method"] = "dynamic"
+        procedure = _dynamic_procedure(model, datamodule, dynamic, tune_trials, tune_tokens, seed, fixed_temperature)
     elif mc is not None:
-        mc_settings = mc
-        cacheable = mc.dropout_scale == 0 or not head_is_stochastic(model)
-
-        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-            return total_nll(mc_nll(model, windows, mc_settings, t, seed))
-
-        per_replica = mc.dropout_scale > 0 and shares_masks_across_rows(model)
-        streams = 1 if batch_size == 1 else windows_for(split).batch_size
-        rows = mc.rows_per_call or DEFAULT_ROWS_PER_CALL
-        groups = row_groups(streams, mc.samples, rows, per_replica)
-        record.update(method="mc-dropout", mc_rows_per_call=max(hi - lo for lo, hi in groups))
+        streams = 1 if batch_size == 1 else _windows(datamodule, split, batch_size, bptt).batch_size
+        procedure = _mc_procedure(model, mc, seed, bptt, streams)
     else:
+        procedure = _deterministic_procedure(model, bptt)
 
-        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-            return total_nll(deterministic_nll(model, windows, t))
-
-        record["method"] = "deterministic"
-
-    # The temperature: given, or searched on validation.
     scored: tuple[float, int] | None = None
     search: dict[str, Any] | None = None
     if temperature == AUTO:
-        valid = windows_for("valid")
-        cache = collect_features(model, valid, mc, seed, cache_bytes) if cacheable else None
-        seen: dict[float, tuple[float, int]] = {}
-
-        def objective(t: float) -> float:
-            seen[t] = cache.loss(t) if cache is not None else score(valid, t)
-            return seen[t][0] / seen[t][1]
-
-        found = golden_section_search(objective, *temperature_range, TEMPERATURE_TOLERANCE)
-        at_one = objective(1.0)
-        temperature = found.temperature
-        search = {
-            "method": "golden-section",
-            "split": "valid",
-            "range": list(temperature_range),
-            "tolerance": TEMPERATURE_TOLERANCE,
-            "evaluations": len(found.evaluations),
-            "features_cached": cache is not None,
-            "valid": _metrics(datamodule, "valid", *seen[found.temperature]),
-            "valid_loss_at_1": at_one,
-        }
+        valid = _windows(datamodule, "valid", batch_size, procedure.steps)
+        temperature, search, at_found = _search_temperature(
+            model, datamodule, valid, procedure, mc, seed, temperature_range, cache_bytes
+        )
         if split == "valid":
-            scored = seen[found.temperature]
-    elif best_trial is not None and tune_tokens is None and split == "valid":
-        scored = best_trial.nats, best_trial.tokens  # the winning trial was this very evaluation
+            scored = at_found
+    elif procedure.best_trial is not None and tune_tokens is None and split == "valid":
+        scored = procedure.best_trial.nats, procedure.best_trial.tokens  # the winning trial was this very evaluation
 
-    stream = windows_for(split)
+    stream = _windows(datamodule, split, batch_size, procedure.steps)
     if scored is None:
-        scored = score(stream, float(temperature))
+        scored = procedure.score(stream, float(temperature))
     result = _metrics(datamodule, split, *scored)
     result.update(
         eval_batch_size=stream.batch_size,
         bptt=stream.bptt,
         long_context=batch_size == 1,
-        method=record.pop("method"),
+        method=procedure.method,
         temperature=float(temperature),
         temperature_search=search,
         mc_samples=mc.samples if mc is not None else 0,
         dropout_scale=mc.dropout_scale if mc is not None else None,
-        mc_rows_per_call=record.pop("mc_rows_per_call", None),
+        mc_rows_per_call=procedure.mc_rows_per_call,
         seed=seed,
-        dynamic=record.pop("dynamic", None),
+        dynamic=procedure.dynamic,
     )
     return result
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from lightning_modules.evaluation.sentences import pad, sentence_batches
 from zoo.errors import DataError
 
 ARCHIVES = {  # sha256 of the archives in MANIFEST.md
@@ -193,14 +194,9 @@ def sentence_log_probs(
     model.eval()
     scores: list[float] = []
     with torch.no_grad():
-        for first in range(0, len(sentences), batch_size):
-            rows = [[tokenizer.bos_id, *tokenizer.encode(s), *end] for s in sentences[first : first + batch_size]]
-            longest = max(len(row) for row in rows)
-            inputs = torch.full((len(rows), longest - 1), tokenizer.eos_id, dtype=torch.long)
-            targets = torch.full((len(rows), longest - 1), -100, dtype=torch.long)
-            for b, row in enumerate(rows):
-                inputs[b, : len(row) - 1] = torch.tensor(row[:-1])
-                targets[b, : len(row) - 1] = torch.tensor(row[1:])
+        for rows in sentence_batches(tokenizer, sentences, batch_size, end):
+            inputs = pad([row[:-1] for row in rows], tokenizer.eos_id)
+            targets = pad([row[1:] for row in rows], -100)
             nll, _ = model.token_nll(inputs.to(device), targets.to(device))  # (B, T), 0 where the target is -100
             scores += (-nll.double().sum(1)).tolist()
     return scores

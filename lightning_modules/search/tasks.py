@@ -34,6 +34,7 @@ import torch
 
 import datamodules
 from datamodules.streams import IGNORE_INDEX
+from lightning_modules.schedules import HalveOnPlateau
 from zoo import RecurrentLM, units_for_budget
 from zoo.errors import ConfigError
 
@@ -286,7 +287,8 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
     span = Span.of(task, datamodule.tokenizer) if task.scored_span is not None else None
     optimizer = torch.optim.SGD(model.parameters(), lr=setting.learning_rate)
     outcome = Outcome(0.0, 0, hidden, model.num_parameters())
-    best_epoch, decaying = 0, 0
+    # §3.6: three epochs without improvement start the decay: x0.5 per epoch for four more, then stop.
+    schedule = HalveOnPlateau(patience=3, factor=0.5, decays=4)
     train = datamodule.stream("train")  # one stream for the run: it counts the epochs it is read (new orders)
     for epoch in range(task.epochs):
         model.train()
@@ -311,15 +313,13 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
         accuracy = validation_accuracy(model, datamodule.stream("valid"), task.valid_windows, span)
         outcome.history.append(accuracy)
         outcome.epochs = epoch + 1
-        if accuracy > outcome.accuracy:
-            outcome.accuracy, best_epoch = accuracy, epoch
+        outcome.accuracy = max(outcome.accuracy, accuracy)
         if task.stop_at is not None and accuracy >= task.stop_at:
             break
-        # §3.6: three epochs without improvement start the decay: x0.5 per epoch for four more, then stop.
-        if decaying or epoch - best_epoch >= 3:
-            if decaying == 4:
-                break
-            decaying += 1
+        action = schedule.step(-accuracy)  # the schedule's figure is lower-is-better
+        if action == "stop":
+            break
+        if action == "halve":
             for group in optimizer.param_groups:
-                group["lr"] *= 0.5
+                group["lr"] *= schedule.factor
     return outcome
