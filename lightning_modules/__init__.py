@@ -1,4 +1,8 @@
-"""Lightning wrappers: the LanguageModel, learning-rate schedules, weight averaging, and evaluation."""
+"""The LightningModules (LanguageModel, MusicModel), their callbacks, learning-rate schedules and weight averaging.
+
+Scoring a trained network is :mod:`lightning_modules.evaluation`; the architecture search is
+:mod:`lightning_modules.search`.
+"""
 
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.language_model import LanguageModel
