@@ -8,14 +8,10 @@ import errno
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from datamodules.corpora import cache_root
 from zoo.errors import ConfigError, DataError, LMZooError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
-
 
 SPLITS = ("train", "valid", "test")
 

@@ -6,12 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from zoo.errors import ConfigError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
+from typing import Any
 
 import checkpoints
 from commands import COMMANDS
@@ -20,6 +15,7 @@ from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
 from lightning_modules.evaluation.music import describe_music, evaluate_music
 from lightning_modules.evaluation.perplexity import check_settings, describe, evaluate, parse_temperature
+from zoo.errors import ConfigError
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:

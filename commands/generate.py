@@ -7,22 +7,17 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
-
-from zoo.errors import ConfigError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
+from typing import Any
 
 import numpy as np
+import torch
 
 import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
+from zoo.errors import ConfigError
 
 
 def cmd_generate(argv: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 import yaml
@@ -46,9 +46,6 @@ from lightning_modules.schedules import (
 )
 from lightning_modules.stateful import StatefulTraining
 from zoo.errors import ConfigError, LMZooError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
 
 
 class LMZooArgumentParser(LightningArgumentParser):

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import zoo
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
-
 from checkpoints import registry
 from commands import COMMANDS
 from commands.common import CommandParser

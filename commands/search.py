@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import optuna  # the search extra (pip install "lm-zoo[search]")
 import torch
 
+from commands.common import CommandParser
 from lightning_modules.search.evolution import SearchStore, Worker, format_report, load_config, report, worker_random
 from zoo.errors import ConfigError
 
@@ -41,7 +42,7 @@ def cmd_search(argv: Sequence[str]) -> None:
     argv = list(argv)
     quiet_optuna()
     if argv[:1] == ["report"]:
-        parser = argparse.ArgumentParser(prog="lm-zoo search report", description="the search's statistics and list")
+        parser = CommandParser(prog="lm-zoo search report", description="the search's statistics and list")
         parser.add_argument("--storage", required=True, help="the search's storage URL (or journal .log file)")
         parser.add_argument("--config", help="the search config (its tasks and thresholds; default: the store's)")
         parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
@@ -51,7 +52,7 @@ def cmd_search(argv: Sequence[str]) -> None:
         result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
         print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
         return
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="lm-zoo search",
         description="Jozefowicz et al. 2015's architecture search (docs/search.md)",
         epilog="lm-zoo search report --storage URL [--top N] [--json]: the search's statistics and its best cells",

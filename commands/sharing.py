@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from zoo.errors import ConfigError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    from checkpoints.hub import Published
 
 from checkpoints import hub, registered_directory, registry
 from checkpoints.export import export
 from checkpoints.format import CONFIG_NAME
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
+from zoo.errors import ConfigError
 
 
 def cmd_export(argv: Sequence[str]) -> None:
@@ -74,9 +69,7 @@ def cmd_publish(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
 
     options = {"revision": args.revision, "tag": args.tag, "commit_message": args.commit_message}
-    published: Published = hub.publish(
-        args.directory, args.repo_id, private=args.private, endpoint=args.endpoint, **options
-    )
+    published = hub.publish(args.directory, args.repo_id, private=args.private, endpoint=args.endpoint, **options)
     if args.json:
         config = json.loads(open(f"{args.directory}/{CONFIG_NAME}", encoding="utf-8").read())
         name = args.name or args.repo_id.split("/")[-1].lower()

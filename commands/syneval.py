@@ -5,18 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from zoo.errors import ConfigError
-
-if TYPE_CHECKING:  # imported lazily at run time: `lm-zoo --help` should not pay for them
-    pass
 
 import checkpoints
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
 from datamodules.corpora import data_root
 from lightning_modules.evaluation import syneval
+from zoo.errors import ConfigError
 
 
 def cmd_syneval(argv: Sequence[str]) -> None:

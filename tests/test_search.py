@@ -289,6 +289,9 @@ def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s", "--budget", "2x"]), "2x")
     bad.write_text("memorise: {data: {}, num_params: [1]}\ntasks: {a: {data: {}, num_params: [1], scored_span: 5}}\n")
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--storage", "s"]), "scored_span must be two")
+    # The command's own arguments too, as every other command's: one line, not argparse's usage.
+    one_line_error(capsys, cli.main(["search", "--config", str(bad), "--workers", "x"]), "--workers", "invalid int")
+    one_line_error(capsys, cli.main(["search", "report"]), "required: --storage", "lm-zoo search report --help")
 
 
 def test_a_config_error_inside_an_evaluation_is_one_line(
