@@ -162,7 +162,9 @@ class SearchStore:
 
     def fail_stale(self) -> None:
         """Fail the running trials of workers whose heartbeat stopped (killed)."""
-        optuna.storages.fail_stale_trials(self.study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as for the storage, above
+            optuna.storages.fail_stale_trials(self.study)
 
     def claimed(self) -> set[tuple[str, str, str]]:
         """``(genome, task, setting)`` of every evaluation finished or under way in any worker."""
