@@ -41,6 +41,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "download": ("commands.sharing", "cmd_download"),
     "parse": ("commands.parse", "cmd_parse"),
     "syneval": ("commands.syneval", "cmd_syneval"),
+    "score": ("commands.score", "cmd_score"),
     "tune": ("commands.tune", "cmd_tune"),
     "search": ("commands.search", "cmd_search"),
     "bundle": ("commands.bundle", "cmd_bundle"),

@@ -20,6 +20,7 @@ COMMANDS = {
     "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",
     "parse": "unsupervised constituency parsing with an ON-LSTM SOURCE: F1 per layer on a treebank, or one --text",
     "syneval": "targeted syntactic evaluation (Marvin & Linzen 2018) of a word-level SOURCE: accuracy per condition",
+    "score": "log-probability of each sentence of a FILE (JSON lines), or an n-best list with an LM score column",
     "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
     "search": "Jozefowicz et al. 2015's architecture search (--config X --storage URL --workers N --budget 2h); "
     "`search report` lists the best cells",

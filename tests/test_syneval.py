@@ -35,7 +35,10 @@ CONDITIONS = {
 
 class Prefers(torch.nn.Module):
     """A stand-in language model that gives every token of the sentences in ``liked`` a higher log-probability:
-    what a model that has learnt agreement would do. It has the two methods syneval calls."""
+    what a model that has learnt agreement would do. Syneval scores through ``RecurrentLM.score``, which this class
+    borrows over its own ``token_nll``."""
+
+    score = RecurrentLM.score
 
     def __init__(self, tokenizer: WordTokenizer, liked: set[str]) -> None:
         super().__init__()

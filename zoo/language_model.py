@@ -412,6 +412,58 @@ class RecurrentLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------------ sampling
     @torch.no_grad()
+    def score(self, rows: Sequence[Sequence[int]], batch_size: int = 64, carry_state: bool = False) -> list[Tensor]:
+        """The full-softmax log-probability (nats) of every token of each row given the tokens before it.
+
+        A row's first id is context only (the ``<eos>`` / ``<S>`` a sentence starts after); every later id is scored.
+        Each row starts from the zero state, unless ``carry_state``: then the rows are consecutive pieces of one text,
+        read in order as one stream, each from the state the previous one left (begin each row with the previous
+        row's last id, which that row scored but did not read).
+
+        ``batch_size`` rows in the given order share a forward pass; a row is padded at its end only, which the steps
+        before cannot see, so a row's scores do not depend on the rows beside it (beyond float rounding).
+
+        Args:
+            rows: token ids, each row at least 1 long.
+            batch_size: rows per forward pass (1 with ``carry_state``).
+            carry_state: score the rows as one running document.
+
+        Returns:
+            One ``(len(row) - 1,)`` float64 tensor of log-probabilities per row, on the CPU, in the rows' order.
+        """
+        if any(len(row) < 1 for row in rows):
+            raise ConfigError("every row needs at least its first (context) id")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        scores: list[Tensor | None] = [None] * len(rows)
+        try:
+            if carry_state:
+                state = None
+                for index, row in enumerate(rows):
+                    ids = torch.tensor([list(row)], device=device)  # (1, T + 1)
+                    nll, state = self.token_nll(ids[:, :-1], ids[:, 1:], state)  # (1, T)
+                    scores[index] = -nll[0].double().cpu()
+                return scores  # type: ignore[return-value]
+            for first in range(0, len(rows), batch_size):
+                chosen = range(first, min(first + batch_size, len(rows)))
+                longest = max(len(rows[i]) for i in chosen)
+                inputs = torch.full((len(chosen), max(longest - 1, 1)), rows[chosen[0]][0], dtype=torch.long)
+                targets = torch.full_like(inputs, IGNORE_INDEX)  # padding predicts nothing
+                for b, i in enumerate(chosen):
+                    row = torch.tensor(rows[i], dtype=torch.long)
+                    inputs[b, : len(row) - 1] = row[:-1]
+                    targets[b, : len(row) - 1] = row[1:]
+                nll, _ = self.token_nll(inputs.to(device), targets.to(device))  # (B, T), 0 where padded
+                for b, i in enumerate(chosen):
+                    scores[i] = -nll[b, : len(rows[i]) - 1].double().cpu()
+            return scores  # type: ignore[return-value]
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
     def generate(
         self,
         prompt: Tensor,

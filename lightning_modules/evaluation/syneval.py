@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lightning_modules.evaluation.sentences import pad, sentence_batches
+from lightning_modules.evaluation.sentences import score_sentences
 from zoo.errors import DataError
 
 ARCHIVES = {  # sha256 of the archives in MANIFEST.md
@@ -190,16 +190,7 @@ def sentence_log_probs(
         batch_size: sentences per forward pass (padded at their ends, which earlier steps cannot see).
     """
     end = [tokenizer.index["."]] if "." in getattr(tokenizer, "index", {}) else [tokenizer.eos_id]
-    device = next(model.parameters()).device
-    model.eval()
-    scores: list[float] = []
-    with torch.no_grad():
-        for rows in sentence_batches(tokenizer, sentences, batch_size, end):
-            inputs = pad([row[:-1] for row in rows], tokenizer.eos_id)
-            targets = pad([row[1:] for row in rows], -100)
-            nll, _ = model.token_nll(inputs.to(device), targets.to(device))  # (B, T), 0 where the target is -100
-            scores += (-nll.double().sum(1)).tolist()
-    return scores
+    return [score.logprob for score in score_sentences(model, tokenizer, sentences, batch_size, end=end)]
 
 
 @dataclass
