@@ -412,7 +412,9 @@ class RecurrentLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def score(self, rows: Sequence[Sequence[int]], batch_size: int = 64, carry_state: bool = False) -> list[Tensor]:
+    def score(
+        self, rows: Sequence[Sequence[int]], batch_size: int = 64, carry_state: bool = False, by_length: bool = True
+    ) -> list[Tensor]:
         """The full-softmax log-probability (nats) of every token of each row given the tokens before it.
 
         A row's first id is context only (the ``<eos>`` / ``<S>`` a sentence starts after); every later id is scored.
@@ -420,13 +422,16 @@ class RecurrentLM(nn.Module):
         read in order as one stream, each from the state the previous one left (begin each row with the previous
         row's last id, which that row scored but did not read).
 
-        ``batch_size`` rows in the given order share a forward pass; a row is padded at its end only, which the steps
-        before cannot see, so a row's scores do not depend on the rows beside it (beyond float rounding).
+        ``batch_size`` rows share a forward pass, rows of similar length together (``by_length``; else in the given
+        order); a row is padded at its end only, which the steps before cannot see, so a row's scores do not depend on
+        the rows beside it (beyond float rounding). The softmax runs over padded steps too, so sorting saves most of
+        the work when lengths vary.
 
         Args:
             rows: token ids, each row at least 1 long.
             batch_size: rows per forward pass (1 with ``carry_state``).
             carry_state: score the rows as one running document.
+            by_length: batch rows of similar length together (the returned order is the given one either way).
 
         Returns:
             One ``(len(row) - 1,)`` float64 tensor of log-probabilities per row, on the CPU, in the rows' order.
@@ -447,8 +452,9 @@ class RecurrentLM(nn.Module):
                     nll, state = self.token_nll(ids[:, :-1], ids[:, 1:], state)  # (1, T)
                     scores[index] = -nll[0].double().cpu()
                 return scores  # type: ignore[return-value]
-            for first in range(0, len(rows), batch_size):
-                chosen = range(first, min(first + batch_size, len(rows)))
+            order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if by_length else list(range(len(rows)))
+            for first in range(0, len(order), batch_size):
+                chosen = order[first : first + batch_size]
                 longest = max(len(rows[i]) for i in chosen)
                 inputs = torch.full((len(chosen), max(longest - 1, 1)), rows[chosen[0]][0], dtype=torch.long)
                 targets = torch.full_like(inputs, IGNORE_INDEX)  # padding predicts nothing

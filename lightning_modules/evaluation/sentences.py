@@ -82,6 +82,7 @@ def score_sentences(
     document: bool = False,
     end: Sequence[int] | None = None,
     per_token: bool = False,
+    by_length: bool = True,
 ) -> list[SentenceScore]:
     """log p(sentence) of each sentence, read after ``<eos>`` (``<S>`` for sentence models such as GBW's).
 
@@ -94,6 +95,8 @@ def score_sentences(
             each from the zero state, as n-best rescoring needs).
         end: the ids scored after each sentence (default: the end-of-sentence id; ``()`` scores the words alone).
         per_token: keep every token's log-probability.
+        by_length: batch sentences of similar length together (:meth:`zoo.RecurrentLM.score`); the scores come back
+            in the given order either way.
     """
     end = [tokenizer.eos_id] if end is None else list(end)
     encoded = [tokenizer.encode(text) + end for text in sentences]
@@ -104,7 +107,7 @@ def score_sentences(
             before = ids[-1] if ids else before
     else:
         rows = [[tokenizer.bos_id, *ids] for ids in encoded]
-    logprobs = model.score(rows, batch_size=1 if document else batch_size, carry_state=document)
+    logprobs = model.score(rows, batch_size=1 if document else batch_size, carry_state=document, by_length=by_length)
     return [
         SentenceScore(
             text=text,
