@@ -92,7 +92,8 @@ def cmd_score(argv: Sequence[str]) -> None:
         per_token=args.per_token,
     )
     if entries is None:
-        print("\n".join(json.dumps(score.to_json()) for score in scores))
+        for score in scores:  # an empty FILE prints nothing
+            print(json.dumps(score.to_json()))
         return
     for (key, separator, hypothesis), score in zip(entries, scores, strict=True):
         print(separator.join([key, f"{score.log10prob:.6f}", *([hypothesis] if hypothesis else [])]))

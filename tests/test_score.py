@@ -114,6 +114,9 @@ def test_the_command_prints_one_json_line_per_sentence(lm, exported: Path, tmp_p
     assert [p["logprob"] for p in printed] == pytest.approx([s.logprob for s in expected], abs=1e-6)
     assert set(printed[0]) == {"text", "logprob", "log10prob", "tokens", "oov", "ppl", "token_logprobs"}
     assert printed[0]["ppl"] == pytest.approx(math.exp(-printed[0]["logprob"] / printed[0]["tokens"]))
+    (tmp_path / "empty.txt").write_text("")
+    assert cli.main(["score", str(exported), str(tmp_path / "empty.txt")]) == 0
+    assert capsys.readouterr().out == ""
 
 
 def test_an_nbest_list_comes_back_with_a_score_column(lm, exported: Path, tmp_path: Path, capsys) -> None:

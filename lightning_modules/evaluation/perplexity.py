@@ -252,18 +252,17 @@ def _dynamic_procedure(
             "seed": seed,
             "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
         }
-    settings = dynamic
 
     def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-        with adapting(model, statistics, settings) as adaptation:
+        with adapting(model, statistics, dynamic) as adaptation:
             return total_nll(dynamic_nll(model, windows, adaptation, t))
 
     return _Procedure(
         "dynamic",
         score,
-        settings.max_time_steps,  # the tuned segment length, when tuning chose one
+        dynamic.max_time_steps,  # the tuned segment length, when tuning chose one
         cacheable=False,
-        dynamic={**settings.record(), **statistics.record(), "tuning": tuning},
+        dynamic={**dynamic.record(), **statistics.record(), "tuning": tuning},
         best_trial=best_trial,
     )
 
