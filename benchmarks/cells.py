@@ -19,12 +19,13 @@ large enough for every model's primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 
     python benchmarks/cells.py                                # hidden 650, batch 20 and 64, BPTT 35 and 70
     python benchmarks/cells.py --arch lstm mogrifier --batch 20 --bptt 35 --rounds 3
     python benchmarks/cells.py --arch lstm gru_paper --loop --genomes lstm gru_paper    # genomes vs hand-written
+
+The table is printed and written to a new results file (``--out``; see benchmarks/output.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -46,7 +47,10 @@ from torch import Tensor, nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import zoo  # noqa: E402
+from benchmarks import output  # noqa: E402
 from zoo.genome import GENOMES  # noqa: E402
+
+NAME = "cells"  # results: a new benchmarks/results/cells-<time>.json, or --out
 
 
 class NaiveLSTM(nn.Module):
@@ -193,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
         help="also time the genome architecture running these cells (zoo/genome.py), to compare with the "
         "hand-written cell of the same name (with --loop: its per-step path)",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
+    output.add_arguments(parser, NAME, resumable=False)  # one run's side-by-side ratios: nothing to continue
     args = parser.parse_args(argv)
+    path = output.output_path(args, NAME)
 
     device = torch.device(args.device)
     if args.threads is not None:
@@ -264,8 +269,10 @@ def main(argv: list[str] | None = None) -> None:
             if hasattr(os, "getloadavg"):
                 print(f"# load average after this setting: {os.getloadavg()[0]:.2f}")
             sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps({"device": str(device), "hidden": hidden, "results": results}, indent=1))
+    command = " ".join(["python", "benchmarks/cells.py", *(sys.argv[1:] if argv is None else argv)])
+    header = {"command": command, "device": str(device), "threads": threads, "torch": torch.__version__}
+    output.write(path, {**header, "hidden": hidden, "layers": layers, "results": results})
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

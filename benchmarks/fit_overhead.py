@@ -4,16 +4,24 @@ The baseline is pytorch/examples' ``word_language_model/main.py`` loop, written 
 training text batchified into ``--batch`` columns, windows of ``--bptt`` steps, an embedding, ``nn.LSTM`` and a linear
 decoder, the hidden state detached between windows, the mean cross-entropy, ``clip_grad_norm_`` and a plain SGD step.
 ``lm-zoo fit`` runs the same network (``configs/ptb/lstm-small.yaml``: 2 x 200, no dropout, SGD, the same clip) at the
-same batch and BPTT, twice: as installed (with ``zoo.allocator``'s malloc settings, which ``lm-zoo`` applies at
-start-up) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults, as the plain loop runs). Each side runs in a fresh
-process (its own peak RSS), the three alternated ``--rounds`` times, and tokens/s are taken over the steps after
-``--warmup`` (process start, data loading and the first steps excluded):
+same batch and BPTT. The allocator is set on both sides alike, so that each ratio compares like with like:
+
+- the plain loop with glibc's malloc defaults (as the peers run it), and with ``zoo.allocator``'s settings (the
+  ``mallopt`` calls ``lm-zoo`` makes at start-up, made here at the worker's start);
+- ``lm-zoo fit`` as installed (those settings) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults).
+
+Each side runs in a fresh process (its own peak RSS), the four alternated ``--rounds`` times, and tokens/s are taken
+over the steps after ``--warmup`` (process start, data loading and the first steps excluded)::
 
     python benchmarks/fit_overhead.py                      # 2 threads, batch 20, BPTT 35, 400 timed steps, 3 rounds
     python benchmarks/fit_overhead.py --batch 64 --steps 200
 
-It prints each side's median tokens/s and peak RSS and their ratios to the plain loop's. Run it on a quiet machine:
-the sides share nothing but the cores, and a concurrent job changes any of them.
+It prints each side's median tokens/s and peak RSS, lm-zoo's overhead at the same allocator settings (the like-for-like
+ratios), lm-zoo as shipped against the plain loop as the peers run it, and what the allocator settings give each loop.
+Every round, the medians, the ratios, the command, torch, the threads and the hardware go to a new results file
+(``--out``, or ``benchmarks/results/fit_overhead-<time>.json``); ``--resume`` adds this run's rounds to a file measured
+with the same settings. Run it on a quiet machine: the sides share nothing but the cores, and a concurrent job changes
+any of them (the file records the load average before and after).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -33,6 +42,10 @@ import lightning as L
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from benchmarks import output  # noqa: E402
+
+NAME = "fit_overhead"  # results: a new benchmarks/results/fit_overhead-<time>.json, or --out
 
 
 def plain_loop(data_root: Path, batch: int, bptt: int, steps: int, warmup: int) -> float:
@@ -102,23 +115,37 @@ class StepTimer(L.Callback):
             trainer.should_stop = True
 
 
-def write_result(seconds_per_step: float) -> None:
+def write_result(seconds_per_step: float, **extra: object) -> None:
     """The child's measurement and its own peak RSS (bytes), for the parent."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
-    Path(os.environ["FIT_OVERHEAD_OUT"]).write_text(json.dumps({"seconds_per_step": seconds_per_step, "peak": peak}))
+    result = {"seconds_per_step": seconds_per_step, "peak": peak, **extra}
+    Path(os.environ["FIT_OVERHEAD_OUT"]).write_text(json.dumps(result))
 
 
-FIT = "lm-zoo fit"
+PLAIN = "plain loop"
+PLAIN_LM_ZOO_MALLOC = "plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
+FIT = "lm-zoo fit"
+SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, FIT_GLIBC_DEFAULTS, FIT)
+# (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
+RATIOS = (
+    (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
+    (FIT_GLIBC_DEFAULTS, PLAIN, "lm-zoo's overhead, both with glibc's malloc defaults (like for like)"),
+    (FIT, PLAIN, "lm-zoo as installed against the plain loop as the peers run it"),
+    (PLAIN_LM_ZOO_MALLOC, PLAIN, "what lm-zoo's malloc settings give the plain loop"),
+    (FIT, FIT_GLIBC_DEFAULTS, "what lm-zoo's malloc settings give lm-zoo fit"),
+)
 
 
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    """One side in a fresh process: seconds per step and the process's peak RSS (bytes)."""
+    """One side in a fresh process: tokens per second and the process's peak RSS (bytes)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out), "PYTHONPATH": str(ROOT)}
     if side == FIT_GLIBC_DEFAULTS:
         env["LM_ZOO_MALLOC"] = "default"
-    if side == "plain":
-        command = [sys.executable, __file__, "--worker", *sys.argv[1:]]
+    if side in (PLAIN, PLAIN_LM_ZOO_MALLOC):
+        command = [sys.executable, __file__, "--worker", f"--batch={args.batch}", f"--bptt={args.bptt}"]
+        command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]
+        command += [f"--data-root={args.data_root}"] + (["--lm-zoo-malloc"] if side == PLAIN_LM_ZOO_MALLOC else [])
     else:
         run_dir = tempfile.mkdtemp(dir=out.parent)  # one per run: LightningCLI refuses to overwrite its config.yaml
         command = [
@@ -134,10 +161,44 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
     if done.returncode != 0:
         raise SystemExit(f"{side} failed:\n{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
+    if side == PLAIN_LM_ZOO_MALLOC and not result["malloc_applied"]:
+        output.fail(
+            "lm-zoo's malloc settings did not apply in this environment (MALLOC_* variables, glibc tunables, "
+            "LM_ZOO_MALLOC=default or another C library: see zoo/allocator.py), so both lm-zoo fit sides would "
+            "run glibc's; unset them to measure"
+        )
     return {"tokens_per_s": args.batch * args.bptt / result["seconds_per_step"], "peak": result["peak"]}
 
 
-def main() -> None:
+def hardware() -> dict[str, object]:
+    """What the figures were measured on."""
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        model = names[0] if names else model
+    return {"machine": platform.machine(), "cpu": model, "cpu_count": os.cpu_count(), "system": platform.platform()}
+
+
+def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, object]:
+    """The medians over ``rounds`` and the ratios of :data:`RATIOS`."""
+    speed = {side: statistics.median(r[side]["tokens_per_s"] for r in rounds) for side in SIDES}
+    peak = {side: statistics.median(r[side]["peak"] for r in rounds) for side in SIDES}
+    ratios = [
+        {
+            "sides": f"{top} / {bottom}",
+            "what": what,
+            "tokens_per_s": round(speed[top] / speed[bottom], 3),
+            "peak_rss": round(peak[top] / peak[bottom], 3),
+        }
+        for top, bottom, what in RATIOS
+    ]
+    return {"median_tokens_per_s": speed, "median_peak_rss_bytes": peak, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--bptt", type=int, default=35)
@@ -147,28 +208,52 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-root", type=Path, default=Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--lm-zoo-malloc", action="store_true", help=argparse.SUPPRESS)  # the worker's allocator
+    output.add_arguments(parser, NAME)
+    args = parser.parse_args(argv)
     args.data_root = args.data_root.expanduser()
     if args.worker:
         import torch
 
+        from zoo.allocator import keep_freed_memory
+
+        applied = keep_freed_memory() if args.lm_zoo_malloc else False  # as lm-zoo's start-up does
         torch.set_num_threads(args.threads)
-        write_result(plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup))
+        seconds = plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup)
+        write_result(seconds, malloc_applied=applied)
         return
-    results: dict[str, list[dict[str, float]]] = {"plain": [], FIT_GLIBC_DEFAULTS: [], FIT: []}
+    import torch
+
+    path = output.output_path(args, NAME)
+    settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
+    settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": hardware()}
+    stored = output.read(path) if args.resume else {}
+    if stored:
+        output.check_same("the measurement", stored.get("settings", {}), settings, path)
+    commands = [
+        *stored.get("commands", []),
+        " ".join(["python", "benchmarks/fit_overhead.py", *(sys.argv[1:] if argv is None else argv)]),
+    ]
+    loads = [*stored.get("load_average", []), {"before": os.getloadavg()}]
+    rounds: list[dict[str, dict[str, float]]] = list(stored.get("rounds", []))
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for side in results:  # alternated, so that a change in the machine's load touches both
-                results[side].append(run_side(side, args, Path(tmp) / "result.json"))
+            # The sides alternated, so that a change in the machine's load touches all of them.
+            rounds.append({side: run_side(side, args, Path(tmp) / "result.json") for side in SIDES})
+    loads[-1]["after"] = os.getloadavg()
+    summary = summarise(rounds)
+    result = {"commands": commands, "settings": settings, "load_average": loads, "rounds": rounds, **summary}
+    output.write(path, result)
+
+    speed, peak = summary["median_tokens_per_s"], summary["median_peak_rss_bytes"]
     print(f"== 2 x 200 LSTM on PTB, batch {args.batch}, BPTT {args.bptt}, {args.threads} threads, {args.steps} steps")
-    speed = {side: statistics.median(r["tokens_per_s"] for r in runs) for side, runs in results.items()}
-    peak = {side: statistics.median(r["peak"] for r in runs) for side, runs in results.items()}
-    for side, runs in results.items():
-        each = ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
+    for side in SIDES:
+        each = ", ".join(f"{r[side]['tokens_per_s']:.0f}" for r in rounds)
         print(f"  {side:<36} {speed[side]:8.0f} tokens/s (median of {each}), peak RSS {peak[side] / 2**20:.0f} MiB")
-    for side in (FIT_GLIBC_DEFAULTS, FIT):
-        ratios = f"{speed[side] / speed['plain']:.2f}x tokens/s, {peak[side] / peak['plain']:.2f}x peak RSS"
-        print(f"  {side} / plain: {ratios}")
+    for ratio in summary["ratios"]:
+        print(f"  {ratio['sides']}: {ratio['tokens_per_s']:.2f}x tokens/s, {ratio['peak_rss']:.2f}x peak RSS")
+        print(f"      ({ratio['what']})")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

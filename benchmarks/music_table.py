@@ -22,19 +22,21 @@ What is scaled down to fit a 2-core CPU, and says so in the table:
   (the paper: x0.8 after 10, for up to 800 epochs);
 - one layer (the paper searched 1-4).
 
-The trials run through ``lm-zoo tune`` (Optuna, one SQLite study per cell under ``--workdir``, ``--jobs`` processes);
-the best trial by validation NLL is scored on the test split. Results go into ``--results`` (JSON) as each cell ends,
-and a rerun skips the cells already there, so the table can be filled over several sessions; a rerun with more
-``--trials`` continues each cell's study. Example::
+The trials run through ``lm-zoo tune`` (Optuna, one SQLite study per cell under ``--workdir``, by default
+runs/music-table/ and the results file's name, with ``--trials`` trials in all, ``--jobs`` processes); the best trial
+by validation NLL is scored on the test split. Results go to a new file (``--out``, or
+``benchmarks/results/music_table-<time>.json``; see benchmarks/output.py) as each cell ends, each cell with the trials
+its study holds, and every cell is trained afresh. ``--resume`` continues a file, so that the table can be filled over
+several sessions: it skips the cells whose study already has ``--trials`` trials, and a larger ``--trials`` tops each
+cell's study up (while it is still under ``--workdir``; else the cell is searched afresh). Example::
 
     LM_ZOO_DATA=../shared/data python benchmarks/music_table.py --rows N P N-dropout --trials 2 --epochs 15
-    python benchmarks/music_table.py --table-only        # print the table of what --results holds
+    python benchmarks/music_table.py --table-only        # print the table of the committed results (or --out)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -43,10 +45,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.tuned_runs import ROOT, relative, tune_cell  # noqa: E402
+from benchmarks import output  # noqa: E402
+from benchmarks.tuned_runs import ROOT, check_fresh, relative, tune_cell  # noqa: E402
 from zoo import units_for_budget  # noqa: E402
 
 BASE_CONFIG = ROOT / "configs" / "music" / "nottingham-lstm.yaml"
+NAME = "music_table"  # benchmarks/results/music_table.json
 BPTT = 35  # the paper sums the loss over the 35 unrolled steps; lm-zoo averages it: lr x 35, clip / 35
 
 # Paper name -> (zoo architecture, cell options).
@@ -146,7 +150,7 @@ def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace
     architecture, options = ARCHITECTURES[name]
     hidden = units_for_budget(lambda units: parameters(architecture, units, options), args.params)
     config, space = cell_config(base, row, name, hidden, args), cell_space(row, hidden)
-    best, checkpoint, seconds = tune_cell(
+    best, checkpoint, seconds, counts = tune_cell(
         args.workdir / f"{row}-{name}", f"{row}-{name}", config, space, args.trials, args.jobs
     )
     result = test_nll(checkpoint, args.data_root)
@@ -158,7 +162,9 @@ def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace
         "cell_options": options,
         "hidden_size": hidden,
         "parameters": parameters(architecture, hidden, options),
-        "trials": args.trials,
+        "params_budget": args.params,
+        "trials": args.trials,  # asked for; what the study holds:
+        **counts,
         "epochs": args.epochs,
         "schedule": {"patience": args.patience, "factor": args.factor},
         "best_trial": best.number,
@@ -187,7 +193,7 @@ def table(results: dict[str, dict[str, Any]], rows: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--architectures", nargs="+", choices=list(ARCHITECTURES), default=list(ARCHITECTURES))
@@ -197,31 +203,42 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=1, help="epochs without improvement before a decay")
     parser.add_argument("--factor", type=float, default=0.5, help="learning-rate decay factor")
     parser.add_argument("--jobs", type=int, default=2, help="trials side by side (lm-zoo tune --jobs)")
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "music-table")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "music_table.json")
+    parser.add_argument(
+        "--workdir", type=Path, help="the cells' studies (default: runs/music-table/<the results file's name>)"
+    )
+    output.add_arguments(parser, NAME)
     parser.add_argument("--data-root", default=os.environ.get("LM_ZOO_DATA"))
-    parser.add_argument("--table-only", action="store_true", help="print the table of --results and stop")
-    args = parser.parse_args()
+    parser.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
+    args = parser.parse_args(argv)
 
-    results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
+    path = output.table_path(args, NAME) if args.table_only else output.output_path(args, NAME)
+    results: dict[str, dict[str, Any]] = output.read(path)
     if not args.table_only:
         from commands.tune import full_config
 
+        args.workdir = args.workdir or ROOT / "runs" / "music-table" / path.stem
+        if not args.resume:
+            check_fresh([args.workdir / f"{row}-{name}" for row in args.rows for name in args.architectures])
         base = full_config(BASE_CONFIG)
         for row in args.rows:
             for name in args.architectures:
                 key = f"{row}/{name}"
-                if key in results and results[key]["trials"] >= args.trials:
-                    continue
+                if key in results:  # --resume
+                    schedule = {"patience": args.patience, "factor": args.factor}
+                    expected = {"params_budget": args.params, "epochs": args.epochs, "schedule": schedule}
+                    output.check_same(f"cell {key}", results[key], expected, path)
+                    if results[key].get("trials_run", 0) >= args.trials:
+                        continue
                 results[key] = run_cell(row, name, base, args)
                 r = results[key]
                 print(
                     f"{key}: test {r['test_nll']:.3f} (paper {r['paper']:.3f}), valid {r['valid_nll']:.3f}, "
-                    f"{r['hidden_size']} units, {r['parameters']:,} parameters, {r['tune_seconds']:.0f} s",
+                    f"{r['hidden_size']} units, {r['parameters']:,} parameters, {r['trials_run']} trials, "
+                    f"{r['tune_seconds']:.0f} s",
                     flush=True,
                 )
-                args.results.parent.mkdir(parents=True, exist_ok=True)
-                args.results.write_text(json.dumps(results, indent=1) + "\n")
+                output.write(path, results)
+        print(f"results: {path}")
     print(table(results, [row for row in ROWS if any(key.startswith(f"{row}/") for key in results)]))
 
 

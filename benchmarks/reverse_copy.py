@@ -16,24 +16,28 @@ What is scaled down to fit a 2-core CPU, and the results file says so:
 - ``--trials`` learning rates per cell through ``lm-zoo tune`` (the first is the config's, 0.003), best by validation;
   r = 5 and k = 16 fixed (configs/synthetic/reverse-copy-mogrifier.yaml).
 
-Each (length, architecture) cell is an ``lm-zoo tune`` study under ``--workdir``; results go to ``--results`` as each
-cell ends, a rerun skips the cells already there, and ``--plot`` draws the figure from them::
+Each (length, architecture) cell is an ``lm-zoo tune`` study under ``--workdir`` (default: runs/reverse-copy/ and
+the results file's name) with ``--trials`` trials in all. Results go to a new file (``--out``, or
+``benchmarks/results/reverse_copy-<time>.json``; see benchmarks/output.py) as each cell ends, each cell with the trials
+its study holds, and every cell is trained afresh; ``--resume`` continues a file instead, skipping the cells whose
+study already has ``--trials`` trials (a cell with fewer is topped up when its study is still under ``--workdir``, else
+searched afresh). ``--plot`` draws the figure (default: beside the results file)::
 
-    python benchmarks/reverse_copy.py --lengths 10 20 30 40 --trials 1 --epochs 10
-    python benchmarks/reverse_copy.py --table-only       # the table and the plot of what --results holds
+    python benchmarks/reverse_copy.py --lengths 10 20 30 40 --trials 2 --epochs 6
+    python benchmarks/reverse_copy.py --table-only       # the table and the plot of the committed results (or --out)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.tuned_runs import ROOT, relative, tune_cell  # noqa: E402
+from benchmarks import output  # noqa: E402
+from benchmarks.tuned_runs import ROOT, check_fresh, relative, tune_cell  # noqa: E402
 from zoo import units_for_budget  # noqa: E402
 
 CONFIGS = {
@@ -41,6 +45,7 @@ CONFIGS = {
     "Mogrifier": ROOT / "configs" / "synthetic" / "reverse-copy-mogrifier.yaml",
 }
 COLOURS = {"LSTM": (31, 119, 180), "Mogrifier": (214, 39, 40)}
+NAME = "reverse_copy"  # benchmarks/results/reverse_copy.json
 LEARNING_RATES = {"low": 1e-3, "high": 1e-2}  # log-uniform; the paper's ranges are not in its text
 
 
@@ -91,7 +96,7 @@ def run_cell(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]
     config = cell_config(name, length, args)
     space = {"optimizer.init_args.lr": {"type": "loguniform", **LEARNING_RATES}}
     cell = args.workdir / f"{length}-{name}"
-    best, checkpoint, seconds = tune_cell(cell, f"{length}-{name}", config, space, args.trials, args.jobs)
+    best, checkpoint, seconds, counts = tune_cell(cell, f"{length}-{name}", config, space, args.trials, args.jobs)
     result = test_cross_entropy(checkpoint)
     model = config["model"]["init_args"]
     return {
@@ -101,16 +106,27 @@ def run_cell(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]
         "embedding_size": model["embedding_size"],
         "cell_options": model.get("cell_options") or {},
         "parameters": parameters(model, args.num_symbols, model["hidden_size"]),
-        "num_symbols": args.num_symbols,
-        "train_examples": args.train_examples,
-        "epochs": args.epochs,
-        "trials": args.trials,
+        **settings(args),
+        "trials": args.trials,  # asked for; what the study holds:
+        **counts,
+        "best_trial": best.number,
         "best_params": best.params,
         "valid_loss": best.value,
         "test_loss": result["loss"],
         "test_tokens": result["tokens"],
         "tune_seconds": round(seconds, 1),
         "checkpoint": relative(checkpoint),
+    }
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a cell's figure depends on besides its length and architecture (``--resume`` holds a file to them)."""
+    return {
+        "params_budget": args.params,
+        "num_symbols": args.num_symbols,
+        "train_examples": args.train_examples,
+        "eval_examples": args.eval_examples,
+        "epochs": args.epochs,
     }
 
 
@@ -153,31 +169,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--trials", type=int, default=1, help="learning rates per cell (the first: the config's)")
     parser.add_argument("--jobs", type=int, default=1, help="trials side by side (lm-zoo tune --jobs)")
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "reverse-copy")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "reverse_copy.json")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "reverse_copy.png")
-    parser.add_argument("--table-only", action="store_true", help="print the table of --results, plot it, stop")
+    parser.add_argument(
+        "--workdir", type=Path, help="the cells' studies (default: runs/reverse-copy/<the results file's name>)"
+    )
+    output.add_arguments(parser, NAME)
+    parser.add_argument("--plot", type=Path, help="the figure (default: the results file's name with .png)")
+    parser.add_argument("--table-only", action="store_true", help="print the table of --out, plot it, stop")
     args = parser.parse_args(argv)
 
-    results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
+    path = output.table_path(args, NAME) if args.table_only else output.output_path(args, NAME)
+    results: dict[str, dict[str, Any]] = output.read(path)
     if not args.table_only:
+        args.workdir = args.workdir or ROOT / "runs" / "reverse-copy" / path.stem
+        if not args.resume:
+            check_fresh([args.workdir / f"{length}-{name}" for length in args.lengths for name in args.architectures])
         for length in args.lengths:
             for name in args.architectures:
                 key = f"{length}/{name}"
-                if key in results and results[key]["trials"] >= args.trials:
-                    continue
+                if key in results:  # --resume
+                    output.check_same(f"cell {key}", results[key], settings(args), path)
+                    if results[key].get("trials_run", 0) >= args.trials:
+                        continue
                 results[key] = r = run_cell(name, length, args)
                 print(
                     f"{key}: test {r['test_loss']:.4f} nats, valid {r['valid_loss']:.4f}, {r['hidden_size']} units, "
-                    f"{r['parameters']:,} parameters, {r['tune_seconds']:.0f} s",
+                    f"{r['parameters']:,} parameters, {r['trials_run']} trials, {r['tune_seconds']:.0f} s",
                     flush=True,
                 )
-                args.results.parent.mkdir(parents=True, exist_ok=True)
-                args.results.write_text(json.dumps(results, indent=1) + "\n")
+                output.write(path, results)
+        print(f"results: {path}")
     print(table(results))
     if results:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        print(f"plot: {plot(results, args.plot)}")
+        print(f"plot: {plot(results, args.plot or path.with_suffix('.png'))}")
 
 
 if __name__ == "__main__":

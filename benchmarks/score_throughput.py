@@ -1,6 +1,7 @@
 """``lm-zoo score``'s throughput: sentences per second of a registered model on PTB's test sentences, one at a time
 against batched, side by side in one run, on the same sentences and thread count; the batched scores must equal the
-one-at-a-time ones (padding changes no score). Writes ``benchmarks/results/score_throughput.json``.
+one-at-a-time ones (padding changes no score). Writes a new results file (``--out``, or
+``benchmarks/results/score_throughput-<time>.json``; never the committed ``score_throughput.json``).
 
     LM_ZOO_DATA=../shared/data python benchmarks/score_throughput.py --model ptb-lstm-small --sentences 500
 """
@@ -19,20 +20,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import checkpoints  # noqa: E402
+from benchmarks import output  # noqa: E402
 from datamodules.corpora import data_root  # noqa: E402
 from lightning_modules.evaluation.sentences import score_sentences  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "score_throughput.json"
+NAME = "score_throughput"  # benchmarks/results/score_throughput.json
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="ptb-lstm-small")
     parser.add_argument("--sentences", type=int, default=500, help="the first N lines of PTB's test split")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    output.add_arguments(parser, NAME, resumable=False)  # one measurement: nothing to continue
+    args = parser.parse_args(argv)
+    path = output.output_path(args, NAME)
     torch.set_num_threads(args.threads)
     model, tokenizer = checkpoints.from_pretrained(args.model)
     lines = (data_root() / "ptb" / "ptb.test.txt").read_text().splitlines()[: args.sentences]
@@ -67,9 +70,8 @@ def main() -> None:
         "rows": rows,
         "speedup_of_largest_batch": round(rows[-1]["sentences_per_s"] / rows[0]["sentences_per_s"], 2),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    output.write(path, result)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,18 @@ as §3.5 describes the task).
 
 What is scaled down: the tasks as ``configs/search/jozefowicz.yaml`` sizes them (parameter budgets, corpus sizes,
 epochs), and ``--settings`` random settings per cell (the paper: a search of hundreds). Every architecture is trained
-with the same settings (drawn once from ``--seed``), so the table compares cells, not luck. Results go to
-``--results`` as each cell ends; a rerun skips finished cells::
+with the same settings (drawn once from ``--seed``), so the table compares cells, not luck. Results go to a new file
+(``--out``, or ``benchmarks/results/search_table1-<time>.json``; see benchmarks/output.py) as each cell ends, every run
+of a cell recorded; ``--resume`` continues a file, skipping the runs it holds (a larger ``--settings`` draws the same
+first settings, so it trains only the new ones)::
 
     LM_ZOO_DATA=../shared/data python benchmarks/search_table1.py --settings 6
-    python benchmarks/search_table1.py --table-only
+    python benchmarks/search_table1.py --table-only      # the table of the committed results (or --out)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -27,9 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks import output  # noqa: E402
 from benchmarks.music_table import ARCHITECTURES  # noqa: E402
 from benchmarks.tuned_runs import ROOT  # noqa: E402
 
+NAME = "search_table1"  # benchmarks/results/search_table1.json
 # Table 1 of the paper, in the order of ARCHITECTURES.
 PAPER = {
     "arithmetic": [0.29493, 0.89228, 0.29292, 0.75109, 0.86747, 0.90163, 0.89565, 0.92135, 0.89735, 0.90728],
@@ -38,14 +41,15 @@ PAPER = {
 }
 
 
-def run_cell(task: Any, name: str, settings: list[Any]) -> dict[str, Any]:
-    """Train ``name`` on ``task`` with every setting; the best validation accuracy and its setting."""
+def run_cell(task: Any, name: str, settings: list[Any], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``name`` on ``task`` with every setting (after those of ``earlier``, the cell as a file holds it); the
+    best validation accuracy and its setting."""
     from lightning_modules.search.tasks import train_candidate
 
     architecture, options = ARCHITECTURES[name]
     start = time.monotonic()
-    runs = []
-    for index, setting in enumerate(settings):
+    runs = list(earlier["runs"]) if earlier else []
+    for index, setting in enumerate(settings[len(runs) :], start=len(runs)):
         outcome = train_candidate(architecture, options, task, setting, seed=index)
         runs.append({"setting": setting.key(), **outcome.record()})
     best = max(runs, key=lambda r: r["accuracy"])
@@ -58,10 +62,10 @@ def run_cell(task: Any, name: str, settings: list[Any]) -> dict[str, Any]:
         "best_setting": best["setting"],
         "hidden_size": best["hidden_size"],
         "parameters": best["parameters"],
-        "settings": len(settings),
+        "settings": len(runs),
         "runs": runs,
         "paper": PAPER[task.name][list(ARCHITECTURES).index(name)],
-        "seconds": round(time.monotonic() - start, 1),
+        "seconds": round(time.monotonic() - start + (earlier["seconds"] if earlier else 0.0), 1),
     }
 
 
@@ -85,11 +89,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--architectures", nargs="+", choices=list(ARCHITECTURES), default=list(ARCHITECTURES))
     parser.add_argument("--settings", type=int, default=6, help="random settings per cell (the same for every cell)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "search_table1.json")
-    parser.add_argument("--table-only", action="store_true", help="print the table of --results and stop")
+    output.add_arguments(parser, NAME)
+    parser.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     args = parser.parse_args(argv)
 
-    results: dict[str, dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else {}
+    path = output.table_path(args, NAME) if args.table_only else output.output_path(args, NAME)
+    results: dict[str, dict[str, Any]] = output.read(path)
     if not args.table_only:
         from lightning_modules.search.evolution import load_config
 
@@ -100,16 +105,25 @@ def main(argv: list[str] | None = None) -> None:
             settings = [config.grid.draw(rng, task.num_params) for _ in range(args.settings)]
             for architecture in args.architectures:
                 key = f"{name}/{architecture}"
-                if key in results and results[key]["settings"] >= args.settings:
-                    continue
-                results[key] = r = run_cell(task, architecture, settings)
+                earlier = results.get(key)  # --resume
+                if earlier is not None:
+                    done = [run["setting"] for run in earlier["runs"]]
+                    drawn = [setting.key() for setting in settings]
+                    if done[: len(drawn)] != drawn[: len(done)]:
+                        output.fail(
+                            f"--resume: cell {key} of {path} was trained with other settings ({done[0]}, ...) than "
+                            f"--seed {args.seed} and {args.config} draw: resume with its settings or start a new file"
+                        )
+                    if len(done) >= len(drawn):
+                        continue
+                results[key] = r = run_cell(task, architecture, settings, earlier)
                 print(
                     f"{key}: {r['accuracy']:.4f} (paper {r['paper']:.4f}), {r['parameters']:,} parameters, "
-                    f"{r['seconds']:.0f} s",
+                    f"{r['settings']} settings, {r['seconds']:.0f} s",
                     flush=True,
                 )
-                args.results.parent.mkdir(parents=True, exist_ok=True)
-                args.results.write_text(json.dumps(results, indent=1) + "\n")
+                output.write(path, results)
+        print(f"results: {path}")
     print(table(results, [t for t in PAPER if any(key.startswith(f"{t}/") for key in results)]))
 
 

@@ -13,7 +13,10 @@ trials are separate processes instead of Optuna's ``n_jobs`` threads, which woul
 ``seed_everything``) and the GIL. The trial's value is the best validation ``--metric`` of its checks (lamb reports
 its ``best_xe`` to the tuner the same way).
 
-The best trial's config is written as a complete YAML for ``lm-zoo fit --config``.
+``--trials N`` is the study's total: the trials it holds that tried their setting to an outcome (complete, pruned or
+diverged; see :func:`counted_trials`), so the same command run again on the same storage runs only the trials still
+missing -- none once the study has N -- and a larger N runs the difference. The best trial's config is written as a
+complete YAML for ``lm-zoo fit --config``.
 """
 
 from __future__ import annotations
@@ -283,6 +286,32 @@ class Objective:
         return max(report.values) if self.maximize else min(report.values)  # the best check, as lamb reports
 
 
+# ------------------------------------------------------------------------------------------ the study's total
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+def counted_trials(study: Any) -> list[Any]:
+    """The trials that count towards ``--trials``: those that tried their setting to an outcome -- complete, pruned,
+    or failed because the training diverged (a setting tried, as Optuna's ``n_trials`` counts it). A trial that
+    failed otherwise (a crash, or settings the config could not take: see :class:`Objective`) or was left RUNNING by a
+    killed process says nothing about its setting, so a rerun runs another in its place."""
+    finished = study.get_trials(deepcopy=False, states=FINISHED)
+    return [t for t in finished if t.state != optuna.trial.TrialState.FAIL or "diverged" in t.user_attrs]
+
+
+class StopAtTotal:
+    """Stops a process's ``optimize`` once the study holds ``total`` counted trials: Optuna's ``MaxTrialsCallback``
+    with :func:`counted_trials` for its count (its filter is by state only). The shares of :func:`cmd_tune` already sum
+    to the missing trials; this matters when other machines run trials of the same study at the same time."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if len(counted_trials(study)) >= self.total:
+            study.stop()
+
+
 # --------------------------------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
@@ -291,7 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, help="the lm-zoo fit config to start from")
     parser.add_argument("--space", required=True, help="YAML: dotted.config.key: {type, low, high | choices}")
-    parser.add_argument("--trials", type=int, required=True, help="trials to run (in all, over --jobs processes)")
+    parser.add_argument(
+        "--trials",
+        type=int,
+        required=True,
+        metavar="N",
+        help="the study's total of finished trials (complete, pruned or diverged), over --jobs processes: on a study "
+        "in --storage that already holds some, only the missing ones run (none once it holds N)",
+    )
     parser.add_argument("--storage", help="Optuna storage URL, e.g. sqlite:///tune.db (default: in memory)")
     parser.add_argument("--study-name", help="the study in --storage (default: <config>-<space> file names)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel processes on this machine (share --storage)")
@@ -302,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pruner", choices=("median", "none"), default="median")
     parser.add_argument("--pruner-startup-trials", type=int, default=5, help="finished trials before pruning starts")
     parser.add_argument("--pruner-warmup-steps", type=int, default=0, help="steps of a trial before it can be pruned")
-    parser.add_argument("--seed", type=int, help="the sampler's seed")
+    parser.add_argument(
+        "--seed", type=int, help="the sampler's seed (a rerun adding trials offsets it by the trials the study holds)"
+    )
     parser.add_argument(
         "--first-trial-from-config",
         action="store_true",
@@ -310,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --jobs helper process
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # a helper's share of the cores
+    parser.add_argument("--share", type=int, default=None, help=argparse.SUPPRESS)  # a helper's share of the trials
     return parser
 
 
@@ -352,25 +391,40 @@ def cmd_tune(argv: Sequence[str]) -> None:
         pruner=pruner,
         load_if_exists=True,
     )
+    seed = args.seed
+    if seed is not None and not args.worker and study.trials:
+        # A rerun that adds trials to a study: a sampler seeded as in the first run would draw that run's settings
+        # again. Offset by the trials the study holds (a number the storage fixes, so the rerun is reproducible too).
+        seed += len(study.trials)
+        study.sampler = optuna.samplers.TPESampler(seed=seed)
     if args.first_trial_from_config and not args.worker and not study.trials:
         study.enqueue_trial(config_values(base, space, args.config))
+    enough = StopAtTotal(args.trials)
     if args.worker:
-        study.optimize(objective, n_trials=args.trials, catch=(TrainingDivergedError,), gc_after_trial=True)
+        study.optimize(
+            objective, n_trials=args.share, catch=(TrainingDivergedError,), gc_after_trial=True, callbacks=[enough]
+        )
         if objective.error is not None:
             raise objective.error
         return
-    # --jobs J: J - 1 helper processes and this one share the trials, each taking its part of --trials.
-    shares = [args.trials // args.jobs + (i < args.trials % args.jobs) for i in range(args.jobs)]
+    done_before = {t.number for t in study.trials if t.state.is_finished()}
+    held = len(counted_trials(study))
+    missing = max(0, args.trials - held)
+    print(trials_line(study_name, held, args.trials, missing, args.jobs), flush=True)
+    # --jobs J: J - 1 helper processes and this one share the missing trials, each taking its part.
+    shares = [missing // args.jobs + (i < missing % args.jobs) for i in range(args.jobs)]
     helpers = [
         subprocess.Popen(
-            worker_command(argv, storage, study_name, share, None if args.seed is None else args.seed + i, threads)
+            worker_command(argv, storage, study_name, args.trials, share, None if seed is None else seed + i, threads)
         )
         for i, share in enumerate(shares[1:], start=1)
         if share > 0
     ]
-    done_before = {t.number for t in study.trials if t.state.is_finished()}
     try:
-        study.optimize(objective, n_trials=shares[0], catch=(TrainingDivergedError,), gc_after_trial=True)
+        if shares[0] > 0:
+            study.optimize(
+                objective, n_trials=shares[0], catch=(TrainingDivergedError,), gc_after_trial=True, callbacks=[enough]
+            )
     finally:
         failed = [helper.args for helper in helpers if helper.wait() != 0]
     if objective.error is not None:
@@ -403,12 +457,27 @@ def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], w
     path.unlink()
 
 
+def trials_line(study_name: str, finished: int, target: int, missing: int, jobs: int) -> str:
+    """What this run will do about ``--trials``: how many trials the study holds and how many run now."""
+    held = f"study {study_name!r} holds {finished} finished trial{'s' * (finished != 1)}"  # as --trials counts them
+    if missing == 0:
+        return f"{held}, --trials {target}: none to run"
+    over = f" over {min(jobs, missing)} processes" if min(jobs, missing) > 1 else ""
+    return f"{held}, --trials {target}: running {missing}{over}"
+
+
 def worker_command(
-    argv: Sequence[str], storage: str, study_name: str, trials: int, seed: int | None, threads: int | None = None
+    argv: Sequence[str],
+    storage: str,
+    study_name: str,
+    trials: int,
+    share: int,
+    seed: int | None,
+    threads: int | None = None,
 ) -> list[str]:
-    """This command for a helper process: same config and space, its share of the trials, the shared storage, its
-    share of the cores."""
-    drop = {"--trials", "--jobs", "--storage", "--study-name", "--seed", "--out", "--threads"}
+    """This command for a helper process: same config and space, the same --trials total, its share of the missing
+    trials, the shared storage, its share of the cores."""
+    drop = {"--trials", "--jobs", "--storage", "--study-name", "--seed", "--out", "--threads", "--share"}
     kept: list[str] = []
     skip = False
     for arg in argv:
@@ -421,7 +490,8 @@ def worker_command(
             kept.append(arg)
     extra = ["--seed", str(seed)] if seed is not None else []
     extra += ["--threads", str(threads)] if threads else []
-    tail = ["--trials", str(trials), "--storage", storage, "--study-name", study_name, "--worker", *extra]
+    tail = ["--trials", str(trials), "--share", str(share), "--storage", storage, "--study-name", study_name]
+    tail += ["--worker", *extra]
     return [sys.executable, "-m", "cli", "tune", *kept, *tail]
 
 

@@ -1,18 +1,62 @@
-"""The cell benchmark runs end to end at a tiny size and compares each cell with the nn.LSTM of its size."""
+"""The benchmarks at a tiny size: each writes a new results file unless told to continue one (``--resume``), and
+records what it ran (the trials a cell's study holds, the settings a cell was trained with)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from benchmarks import cells
+import pytest
+
+from benchmarks import cells, output
+
+
+def refused(capsys: pytest.CaptureFixture[str], run, *fragments: str) -> str:
+    """``run()`` stops with status 2 and one line on stderr holding every fragment; that line."""
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and all(f in err for f in fragments), err
+    return err
+
+
+def test_a_run_writes_a_new_file_and_continues_one_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(output, "RESULTS", tmp_path)
+    committed = output.committed("table")
+    committed.write_text("{}\n")
+
+    def path(out: Path | None = None, resume: bool = False) -> Path:
+        return output.output_path(argparse.Namespace(out=out, resume=resume), "table")
+
+    fresh = path()  # the default: a new file beside the committed one, never the committed one
+    assert fresh.parent == tmp_path and fresh.name.startswith("table-") and not fresh.exists()
+    fresh.write_text("{}\n")
+    assert path() != fresh  # a second run in the same second gets its own file too
+    assert path(resume=True) == committed  # --resume continues the committed results by default
+    assert path(tmp_path / "mine.json") == tmp_path / "mine.json"
+    refused(capsys, lambda: path(committed), "--out", "exists", "--resume")
+    refused(capsys, lambda: path(tmp_path / "missing.json", resume=True), "--resume", "does not exist")
+    # A file is continued only with the settings it was written with (a setting it does not record is not held).
+    output.check_same("cell 10/LSTM", {"epochs": 6}, {"epochs": 6, "eval_examples": 1000}, committed)
+    refused(
+        capsys,
+        lambda: output.check_same("cell 10/LSTM", {"epochs": 6}, {"epochs": 10}, committed),
+        "cell 10/LSTM",
+        "epochs 6, not 10",
+    )
 
 
 def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     argv = ["--arch", "fs_rnn", "lstm", "mogrifier", "--batch", "2", "--bptt", "3", "--hidden", "8", "--rounds", "1"]
-    cells.main([*argv, "--loop", "--device", "cpu", "--json", str(out)])  # no --threads: it is process-wide
-    rows = {row["model"]: row for row in json.loads(out.read_text())["results"]}
+    cells.main([*argv, "--loop", "--device", "cpu", "--out", str(out)])  # no --threads: it is process-wide
+    written = json.loads(out.read_text())
+    assert written["command"].startswith("python benchmarks/cells.py --arch fs_rnn") and written["torch"]
+    rows = {row["model"]: row for row in written["results"]}
     # Two FS-RNN blocks of k = 2 fast cells and a slow one: the size of a 6-layer LSTM, timed beside the 2-layer one.
     assert rows["fs_rnn"]["lstm_layers"] == 6 and rows["nn.LSTM (6 layers)"]["lstm_layers"] == 6
     assert rows["lstm"]["lstm_layers"] == rows["mogrifier"]["lstm_layers"] == 2
@@ -22,26 +66,45 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
 
 
-def test_reverse_copy_runs_both_models_at_one_budget_and_plots(tmp_path: Path) -> None:
+def test_reverse_copy_runs_both_models_at_one_budget_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """benchmarks/reverse_copy.py end to end at a tiny size: each cell is tuned, scored on the answers of the test
-    split, sized to the budget, written to the results file as it ends and drawn; a rerun skips finished cells."""
+    split, sized to the budget, written to the results file as it ends and drawn. The file records the trials each
+    cell's study holds; a rerun must say --resume, which skips finished cells and tops up a cell's study to --trials."""
     from benchmarks import reverse_copy
 
-    results, png = tmp_path / "results.json", tmp_path / "plot.png"
+    results = tmp_path / "results.json"
     argv = ["--lengths", "3", "--num-symbols", "5", "--params", "20000", "--train-examples", "64"]
-    argv += ["--eval-examples", "16", "--epochs", "1", "--workdir", str(tmp_path / "work")]
-    reverse_copy.main([*argv, "--results", str(results), "--plot", str(png)])
+    argv += ["--eval-examples", "16", "--epochs", "1", "--workdir", str(tmp_path / "work"), "--out", str(results)]
+    reverse_copy.main([*argv, "--trials", "1"])
     cells = json.loads(results.read_text())
     assert set(cells) == {"3/LSTM", "3/Mogrifier"}
     for cell in cells.values():
         assert cell["test_tokens"] == 16 * 3  # the answers only
         assert 19_000 < cell["parameters"] <= 20_000  # the most units inside the budget
         assert cell["test_loss"] > 0
+        assert (cell["trials"], cell["trials_run"], cell["trials_complete"], cell["trials_diverged"]) == (1, 1, 1, 0)
     assert cells["3/Mogrifier"]["hidden_size"] < cells["3/LSTM"]["hidden_size"]  # its rounds cost parameters
+    png = tmp_path / "results.png"  # the plot goes beside the results file
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+
     before = results.read_text()
-    reverse_copy.main([*argv, "--results", str(results), "--plot", str(png)])  # nothing left to run
+    refused(capsys, lambda: reverse_copy.main([*argv, "--trials", "1"]), "exists", "--resume")  # no silent reuse
+    # Nor of the studies: a new results file with the same --workdir would count their trials and train nothing.
+    other = [*argv[:-2], "--out", str(tmp_path / "other.json"), "--trials", "1"]
+    refused(capsys, lambda: reverse_copy.main(other), "already holds a study", "--resume", "--workdir")
+    reverse_copy.main([*argv, "--trials", "1", "--resume"])  # nothing left to run
     assert results.read_text() == before
+    refused(capsys, lambda: reverse_copy.main([*argv, "--trials", "1", "--resume", "--epochs", "2"]), "epochs 1, not 2")
+
+    reverse_copy.main([*argv, "--trials", "2", "--resume"])  # one more trial in each cell's study, counted from it
+    topped = json.loads(results.read_text())
+    for key, cell in topped.items():
+        assert (cell["trials"], cell["trials_run"], cell["trials_complete"]) == (2, 2, 2), key
+        log = (tmp_path / "work" / key.replace("/", "-") / "tune.log").read_text()
+        assert "holds 1 finished trial, --trials 2: running 1" in log
 
 
 def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, monkeypatch) -> None:
@@ -54,8 +117,8 @@ def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, m
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY.format())
     results = tmp_path / "table1.json"
-    argv = ["--config", str(config), "--tasks", "xml", "--architectures", "LSTM", "MUT1", "--settings", "2"]
-    search_table1.main([*argv, "--results", str(results)])
+    argv = ["--config", str(config), "--tasks", "xml", "--architectures", "LSTM", "MUT1", "--out", str(results)]
+    search_table1.main([*argv, "--settings", "2"])
     cells = json.loads(results.read_text())
     assert set(cells) == {"xml/LSTM", "xml/MUT1"}
     assert [r["setting"] for r in cells["xml/LSTM"]["runs"]] == [r["setting"] for r in cells["xml/MUT1"]["runs"]]
@@ -63,3 +126,8 @@ def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, m
         assert cell["accuracy"] == max(r["accuracy"] for r in cell["runs"]) > 0
         assert cell["parameters"] <= 2000
     assert "| xml (paper) |" in search_table1.table(cells, ["xml"])
+    # --resume with more settings trains only the new one; the same first settings are drawn again.
+    search_table1.main([*argv, "--settings", "3", "--resume"])
+    more = json.loads(results.read_text())
+    for key, cell in more.items():
+        assert cell["settings"] == len(cell["runs"]) == 3 and cell["runs"][:2] == cells[key]["runs"]

@@ -112,6 +112,48 @@ def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: py
     one_line_error(capsys, code, "sets optimizer.init_args.lr to 1.0", "outside the space's range")
 
 
+def test_trials_is_the_studys_total_so_a_rerun_adds_only_the_missing_trials(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: loguniform, low: 0.3, high: 3.0}\n")
+    storage = f"sqlite:///{workdir / 'study.db'}"
+    argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--storage", storage, "--pruner", "none"]
+    argv += ["--seed", "0"]
+
+    def run(trials: int) -> tuple[str, list[optuna.trial.FrozenTrial]]:
+        assert cli.main([*argv, "--trials", str(trials)]) == 0
+        return capsys.readouterr().out, optuna.load_study(study_name="tiny-space", storage=storage).trials
+
+    out, first = run(1)
+    assert "holds 0 finished trials, --trials 1: running 1" in out and len(first) == 1
+    out, again = run(1)  # the same command on the same storage: nothing missing, nothing trained
+    assert "holds 1 finished trial, --trials 1: none to run" in out
+    assert [t.number for t in again] == [0] and not any(line.startswith("trial ") for line in out.splitlines())
+    assert out.splitlines()[-1].startswith("best: trial 0,")  # the best config is still written
+    out, raised = run(2)  # a larger total runs the difference
+    assert "holds 1 finished trial, --trials 2: running 1" in out
+    assert [t.number for t in raised] == [0, 1] and all(t.state.name == "COMPLETE" for t in raised)
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("trial ")] == ["1"]
+    # The added trial is a new draw, not the first run's sampler replaying its first setting.
+    assert raised[1].params != raised[0].params
+
+
+def test_only_trials_that_tried_their_setting_count(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: loguniform, low: 0.3, high: 3.0}\n")
+    storage = f"sqlite:///{workdir / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="tiny-space")
+    study.ask()  # RUNNING forever, as after a kill: not counted
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # a crash: not counted
+    diverged = study.ask()
+    diverged.set_user_attr("diverged", "loss nan at step 3")  # as Objective records a TrainingDivergedError
+    study.tell(diverged, state=optuna.trial.TrialState.FAIL)  # a setting tried to its outcome: counted
+    argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--storage", storage, "--trials", "2"]
+    assert cli.main(argv) == 0
+    assert "holds 1 finished trial, --trials 2: running 1" in capsys.readouterr().out
+    states = [t.state.name for t in optuna.load_study(study_name="tiny-space", storage=storage).trials]
+    assert states == ["RUNNING", "FAIL", "FAIL", "COMPLETE"]
+
+
 def test_median_pruning_stops_a_clearly_worse_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lr 3 brings the tiny model's validation loss down at every check; lr 1e-6 leaves it at its initial value.
     space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: categorical, choices: [3.0, 1.0e-6]}\n")
@@ -198,10 +240,12 @@ def test_helper_processes_get_their_share_of_the_cores() -> None:
     from commands.tune import worker_command
 
     argv = ["--config", "c.yaml", "--space", "s.yaml", "--trials", "9", "--jobs", "2", "--threads", "8"]
-    command = worker_command(argv, "sqlite:///t.db", "study", 4, 7, threads=1)
+    command = worker_command(argv, "sqlite:///t.db", "study", 9, 4, 7, threads=1)
     assert command[-5:] == ["--worker", "--seed", "7", "--threads", "1"]
-    assert command[command.index("--trials") + 1] == "4"
-    assert command.count("--threads") == 1 and "--jobs" not in command and "8" not in command
+    # The study's total, as given, and the part of the missing trials this helper runs.
+    assert command[command.index("--trials") + 1] == "9" and command[command.index("--share") + 1] == "4"
+    assert command.count("--threads") == 1 and command.count("--trials") == 1
+    assert "--jobs" not in command and "8" not in command
 
 
 def test_trials_of_the_main_process_show_progress_helpers_do_not(tmp_path: Path) -> None:
