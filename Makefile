@@ -1,10 +1,12 @@
-# lm-zoo: `make test` (set up .venv and run the tests), `make demo` (train, evaluate and sample in about 2 minutes).
+# lm-zoo: `make test` (set up .venv and run the tests), `make demo` (train, evaluate and sample a small model),
+# `make verify-pretrained` (re-measure every registered pretrained figure at its own eval batch size; CI runs it),
+# `make docs` (render the README's and docs/' tables from the registry and benchmarks/results/).
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: setup test demo publish-pretrained clean
+.PHONY: setup test verify-pretrained docs demo publish-pretrained clean
 
 setup: $(VENV)/.installed
 
@@ -18,6 +20,14 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The registered figures themselves (most at eval batch 1); `make test` re-measures each model's check figure instead.
+verify-pretrained: setup
+	$(BIN)/python -m pytest -q -m verify_pretrained tests/test_pretrained.py
+
+docs: setup
+	$(BIN)/lm-zoo bundle table
+	$(BIN)/python benchmarks/render.py
 
 demo: setup
 	rm -rf $(DEMO)

@@ -6,12 +6,16 @@
         --config configs/ptb/lstm-small.yaml
     lm-zoo bundle publish                 # every bundled model to its registered repo id and revision (HF_TOKEN)
     lm-zoo bundle table                   # the README's "Pretrained models" table, from the registry
+    lm-zoo bundle card ptb-lstm-small     # its card rendered again from config.json (registry hashes updated)
 
 ``build`` turns a finished run into what a user downloads: it exports the checkpoint (float32, or float16 with
 ``--dtype``), loads that export back and measures it — valid and test at eval batch size 1 (the papers' convention)
 and at the run's own eval batch size — so every recorded figure is one of the stored weights; draws the learning curve
-from the run's TensorBoard events; samples three texts; writes the model card with how the model was made (command,
-seed, commit, torch version, hardware, wall time, tokens/s); and records the sha256 of every file in the registry.
+from the run's TensorBoard events, in the card's unit, with the exported checkpoint marked, and keeps its points in
+``config.json`` (``training.run.curve``); samples three texts; writes the model card with how the model was made
+(command, seed, commit, torch version, hardware, wall time, tokens/s); and records the sha256 of every file in the
+registry. ``lm-zoo bundle card`` renders a bundled card (and the pictures that need no run) again from its
+``config.json``, after its notes or the card's wording changed (:func:`render_again`).
 
 A music model (a ``MusicModel`` run on piano rolls) is measured by its NLL per frame on valid and test at the run's
 eval batch size (every piece starts from a zero state, so no other batch size could change it), and instead of texts
@@ -36,9 +40,20 @@ import yaml
 
 from checkpoints import hub, registry
 from checkpoints.ckpt import load_checkpoint
-from checkpoints.curves import MUSIC_VALID_TAG, VALID_TAG, RunLog, read_run, render
+from checkpoints.curves import (
+    BPC,
+    BPC_TAG,
+    MUSIC_VALID_TAG,
+    VALID_TAG,
+    RunLog,
+    curve_record,
+    curve_unit,
+    read_run,
+    render_record,
+)
 from checkpoints.export import export_model, measure
 from checkpoints.format import (
+    CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
     EXPORT_FILES,
@@ -48,6 +63,7 @@ from checkpoints.format import (
     lm_zoo_version,
     load_export,
 )
+from checkpoints.model_card import render_card
 from datamodules.corpora import _sha256_file
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
@@ -209,7 +225,8 @@ def build(
         raise ConfigError(f"{name!r} is no short name: lower case letters, digits, '.', '_' or '-'")
     source = load_checkpoint(ckpt)
     logs = list(logs) or [ckpt.parent.parent]
-    log = read_run(logs, MUSIC_VALID_TAG if source.is_music else VALID_TAG)
+    unit = curve_unit(None if source.tokenizer is None else source.tokenizer.kind, source.is_music)
+    log = read_run(logs, MUSIC_VALID_TAG if source.is_music else (BPC_TAG, VALID_TAG) if unit == BPC else VALID_TAG)
     data = source.data
     tokens_per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
     source = _with_run_config(source, logs[0])
@@ -225,11 +242,11 @@ def build(
         tokens_per_step,
         notes,
     )
+    run["curve"] = curve_record(log, unit, tokens_per_step, source.training.get("global_step"))
     out.mkdir(parents=True, exist_ok=True)
-    title = f"{name}: {run['command']}"
-    curve = render(log, tokens_per_step, out.parent / f".{name}.{CURVE_NAME}", title, music=source.is_music)
+    curve = render_record(run["curve"], out.parent / f".{name}.{CURVE_NAME}", curve_title(name, run))
     try:
-        _export_measured(source, out, run, curve, dtype, repo_id, max_sample_tokens, data_root)
+        _export_measured(source, out, run, curve, dtype, repo_id, revision, max_sample_tokens, data_root)
     finally:
         curve.unlink(missing_ok=True)
     entry = _registry_entry(out, name, repo_id, revision, description, run)
@@ -245,6 +262,11 @@ def _with_run_config(source: LoadedModel, log_dir: Path) -> LoadedModel:
         if found is not None:
             return replace(source, training={**source.training, "config": found})
     return source
+
+
+def curve_title(name: str, run: dict[str, Any]) -> str:
+    """The learning curve's title: the short name and the command that trained it."""
+    return f"{name}: {run.get('command')}"
 
 
 def _run_record(
@@ -294,6 +316,7 @@ def _export_measured(
     curve: Path,
     dtype: str,
     repo_id: str,
+    revision: str,
     max_sample_tokens: int,
     data_root: str | None,
 ) -> None:
@@ -306,6 +329,7 @@ def _export_measured(
         curve: the learning curve, drawn outside ``out``.
         dtype: how the weights are stored.
         repo_id: the Hub repo the card names.
+        revision: the registered revision (the card names the model by its short name).
         max_sample_tokens: most tokens per sampled text.
         data_root: where the corpus lives.
     """
@@ -321,10 +345,69 @@ def _export_measured(
             assets = {f: Path(staging) / f for f in (SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)}
         else:
             samples, temperature = stored.sample("", NUM_SAMPLES, max_sample_tokens, seed=SAMPLE_SEED)
-            run["samples"] = {"seed": SAMPLE_SEED, "temperature": temperature, "texts": samples}
+            run["samples"] = {
+                "seed": SAMPLE_SEED,
+                "temperature": temperature,
+                "max_tokens": max_sample_tokens,
+                "texts": samples,
+            }
         if Path(str(source.data.get("corpus"))).name == "synthetic-xml":
             run["xml_nesting"] = xml_nesting(stored)
-        export_model(stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets)
+        export_model(
+            stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets, revision=revision
+        )
+
+
+def render_again(name: str) -> dict[str, str]:
+    """Render a bundled model's card again from its ``config.json``, with the registry's repo id and revision, and its
+    pictures where that needs no run: the learning curve when ``config.json`` keeps its points
+    (``training.run.curve``), a music model's piano roll by sampling again with the fixed seed. Then record the
+    changed files' sha256 and the bundle's size in the registry (those fields only).
+
+    For a change to the card's wording or to the notes in ``config.json``; the weights and results stay as they are
+    (every other file must still match the registry, and the export must still load).
+
+    Returns:
+        The new sha256 of each file that changed.
+
+    Raises:
+        ConfigError: ``name`` is not registered.
+        CheckpointError: the bundle is missing or does not load, a file other than ``config.json`` and those drawn
+            here differs from the registry, or the music sample drawn again is not the shipped ``sample.mid``.
+    """
+    entry = registry.load_registry().get(name)
+    if entry is None:
+        raise ConfigError(f"{name!r} is not in the registry: lm-zoo models --pretrained lists the models")
+    directory = registry.bundle_root() / name
+    if not directory.is_dir():
+        raise CheckpointError(f"{name} has no bundle at {directory}: build it first")
+    config = json.loads((directory / CONFIG_NAME).read_text(encoding="utf-8"))
+    run = config.get("training", {}).get("run") or {}
+    # What may differ from the registry: config.json (its notes edited), and what is drawn from it here.
+    inputs = {CONFIG_NAME, CARD_NAME, *([CURVE_NAME] if run.get("curve") else [])}
+    inputs |= {SAMPLE_PNG_NAME} if run.get("sample") else set()
+    for file in sorted(set(entry.files) - inputs):  # never register a damaged file's hash
+        if not (directory / file).is_file() or _sha256_file(directory / file) != entry.files[file]:
+            raise CheckpointError(
+                f"{directory}/{file} does not match the sha256 the registry lists for {name}: restore it (git checkout "
+                "-- pretrained/) before rendering the card again"
+            )
+    loaded = load_export(directory, source=name)  # and config.json still describes these weights
+    if run.get("curve"):
+        render_record(run["curve"], directory / CURVE_NAME, curve_title(name, run))
+    if run.get("sample"):
+        with tempfile.TemporaryDirectory() as staging:
+            sample = music_sample(loaded, Path(staging))
+            if (Path(staging) / SAMPLE_MIDI_NAME).read_bytes() != (directory / SAMPLE_MIDI_NAME).read_bytes():
+                raise CheckpointError(
+                    f"{name}: sampling again (seed {sample['seed']}) gave another piece than the shipped "
+                    f"{SAMPLE_MIDI_NAME}; rebuild the bundle instead"
+                )
+            (directory / SAMPLE_PNG_NAME).write_bytes((Path(staging) / SAMPLE_PNG_NAME).read_bytes())
+    (directory / CARD_NAME).write_text(render_card(config, entry.repo_id, entry.revision), encoding="utf-8")
+    files = {f: _sha256_file(directory / f) for f in entry.files}
+    registry.update_files(name, files, sum((directory / f).stat().st_size for f in files))
+    return {f: h for f, h in files.items() if entry.files.get(f) != h}
 
 
 def _registry_entry(
@@ -378,19 +461,22 @@ def _figure(result: dict[str, Any]) -> str:
 
 
 def table(entries: dict[str, registry.RegistryEntry]) -> str:
-    """The README's table of pretrained models, with a command per row."""
+    """The README's table of pretrained models: what each is, its test figure, its size and a command to try it.
+
+    The figures' provenance (valid split, training run, wall time) is in each model's card, so the README stays one
+    screen wide.
+    """
     lines = [
-        "| name | dataset | architecture | parameters | valid | test | size | trained | try it |",
-        "|---|---|---|---:|---:|---:|---:|---|---|",
+        "| name | data | parameters | test | eval batch | size | try it |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for entry in entries.values():
-        valid, test = entry.results.get("valid"), entry.results.get("test")
-        minutes = entry.training.get("wall_time_s", 0) / 60
+        test = entry.results.get("test")
         out = " --out samples/" if entry.is_music else ""  # a music model's samples are MIDI files
         lines.append(
-            f"| `{entry.name}` | {entry.dataset} | {entry.description or entry.architecture} | "
-            f"{entry.num_parameters or 0:,} | {_figure(valid) if valid else '—'} | {_figure(test) if test else '—'} | "
-            f"{(entry.size_bytes or 0) / 1e6:.1f} MB | {minutes:.0f} min, {entry.training.get('hardware', '?')} | "
+            f"| [`{entry.name}`](pretrained/{entry.name}/README.md) | {entry.dataset} | "
+            f"{entry.num_parameters or 0:,} | {_figure(test) if test else '—'} | "
+            f"{test['eval_batch_size'] if test else '—'} | {(entry.size_bytes or 0) / 1e6:.1f} MB | "
             f"`lm-zoo generate {entry.name} --num-samples 3 --seed 1{out}` |"
         )
     return "\n".join(lines)

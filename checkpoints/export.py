@@ -158,6 +158,7 @@ def export_model(
     curve: Path | None = None,
     repo_id: str | None = None,
     assets: dict[str, Path] | None = None,
+    revision: str | None = None,
 ) -> Path:
     """Write ``loaded`` as an export directory.
 
@@ -172,6 +173,8 @@ def export_model(
         repo_id: the Hub repo the card's examples name (``lm-zoo publish`` renders it so anyway).
         assets: further files to ship, by their name in the export (:data:`ASSET_NAMES`): a music model's
             ``sample.mid`` and ``sample.png`` (the card shows them when ``training.run.sample`` records them).
+        revision: a bundled model's registered revision: its card then names the model by its short name
+            (:func:`checkpoints.model_card.render_card`).
 
     Returns:
         The directory.
@@ -209,7 +212,7 @@ def export_model(
         network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
     # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
     save_model(network, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
-    (out / CARD_NAME).write_text(render_card(config, repo_id), encoding="utf-8")
+    (out / CARD_NAME).write_text(render_card(config, repo_id, revision), encoding="utf-8")
     shutil.copymode(out / CARD_NAME, out / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return out

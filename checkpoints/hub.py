@@ -250,8 +250,10 @@ def publish(
     """Upload an export directory to a model repo, creating the repo (and the branch) if needed.
 
     The export is loaded first, so a broken one is never published; its model card is re-rendered to name the repo
-    unless it was edited (see :data:`checkpoints.model_card.GENERATED_MARK`). Export files the directory no longer
-    has (a ``vocab.txt`` replaced by a ``tokenizer.model``) are deleted from the repo in the same commit.
+    unless it was edited (see :data:`checkpoints.model_card.GENERATED_MARK`): a bundled model's card, published with
+    its registered ``tag``, names its short name and gives the repo and tag as its Hub location. Export files the
+    directory no longer has (a ``vocab.txt`` replaced by a ``tokenizer.model``) are deleted from the repo in the same
+    commit.
 
     Args:
         directory: written by ``lm-zoo export``.
@@ -274,7 +276,7 @@ def publish(
     config = read_config(directory, str(directory))
     card = directory / CARD_NAME
     if not card.is_file() or GENERATED_MARK in card.read_text(encoding="utf-8"):
-        card.write_text(render_card(config, repo_id), encoding="utf-8")
+        card.write_text(render_card(config, repo_id, tag), encoding="utf-8")
     data = config.get("training", {}).get("data", {})
     corpus = data.get("corpus") or data.get("dataset")  # a text corpus, or a music model's dataset
     message = commit_message or f"lm-zoo export: {config.get('architecture')} on {Path(str(corpus)).name}"

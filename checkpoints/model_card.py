@@ -97,14 +97,86 @@ def _corpus(config: dict[str, Any]) -> str:
     return corpus if corpus in CORPORA else corpus.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _run_section(run: dict[str, Any] | None, unit: str = "token") -> list[str]:
-    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, samples, curve.
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> list[str]:
+    """The run's length and the exported checkpoint's place in it, each said once and labelled: a checkpoint's
+    ``epoch`` is Lightning's 0-based index, said here counted from 1 as the run's epochs are."""
+    lines = [
+        f"- **The run:** {_count(run.get('steps') or 0)} steps in {_count(run.get('epochs'))} epochs (an epoch is "
+        f"counted once begun), {_count(run.get('tokens') or 0)} training {unit}s."
+    ]
+    step, epoch = training.get("global_step"), training.get("epoch")
+    if step is not None:
+        name = str(training.get("checkpoint") or "the checkpoint")
+        watch = (training.get("config") or {}).get("checkpoint") or {}
+        monitor = str(watch.get("monitor") or "").replace("val_", "validation ").replace("_", " ")
+        best = f" (the run's lowest {monitor})" if monitor and name.startswith("best") else ""
+        where = f"in epoch {epoch + 1} (counted from 1)" if isinstance(epoch, int) else "in an unrecorded epoch"
+        last = ", the run's last step" if step == run.get("steps") else ""
+        lines.append(f"- **The exported checkpoint:** `{name}`{best}, written at step {step:,}{last}, {where}.")
+    return lines
+
+
+def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[dict[str, Any]], unit: str) -> str:
+    """What the learning curve shows, in words: from its stored points (``training.run.curve``), or, for a picture
+    drawn before curves were stored, the units it was drawn in."""
+    curve = run.get("curve")
+    if curve:
+        exported = curve.get("exported_step")
+        mark = "" if exported is None else f"; the dashed line marks the exported checkpoint (step {exported:,})"
+        return (
+            f"The curve: {curve['train_loss']['label']} (left) and {curve['valid']['label']} (right) against training "
+            f"{unit}s{mark}. Its points are in `config.json` under `training.run.curve`."
+        )
+    data = training.get("data", {})
+    per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
+    step = training.get("global_step")
+    unmarked = (
+        f" The exported checkpoint (step {step:,}, {step * per_step:,} training {unit}s) is not marked on it."
+        if step is not None and per_step
+        else ""
+    )
+    kept = " It was drawn from the run's TensorBoard events, which were not kept, so it cannot be drawn again."
+    if unit == "frame":
+        return (
+            "The curve: training NLL (left) and validation NLL (right), both in nats per frame, against training "
+            f"frames.{unmarked}{kept}"
+        )
+    # The curve's validations ran at the run's eval batch size: its result is the one to translate.
+    chars = [r for r in results if "bpc" in r and r.get("tokenizer") != "sentencepiece" and r["split"] == "valid"]
+    own = [r for r in chars if r["eval_batch_size"] == data.get("eval_batch_size")]
+    char = (own or chars or [None])[0]
+    if char is None:
+        return (
+            f"The curve: the training loss in nats per token (left) and the validation perplexity (right) against "
+            f"training tokens.{unmarked}{kept}"
+        )
+    return (
+        "The curve: the training loss in nats per character (left; divided by ln 2 it is bits per character) and the "
+        "validation perplexity per character (right), not bits per character: bpc = log2(perplexity), so the "
+        f"measured validation {char['bpc']:.4f} bpc (eval batch size {char['eval_batch_size']}) is "
+        f"{2 ** char['bpc']:.3f} on that scale. Both are against training tokens (characters).{unmarked}{kept}"
+    )
+
+
+def _run_section(
+    run: dict[str, Any] | None,
+    training: dict[str, Any] | None = None,
+    results: list[dict[str, Any]] | None = None,
+    unit: str = "token",
+) -> list[str]:
+    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, the run's length and
+    the exported checkpoint's place in it, the curve, notes and samples.
 
     ``unit`` names what a step reads batch size x BPTT of: tokens, or a music model's frames (which the run's
     ``tokens`` and ``tokens_per_s`` then count).
     """
     if not run:
         return []
+    training = training or {}
     minutes = (run.get("wall_time_s") or 0) / 60
     lines = [
         "",
@@ -116,16 +188,19 @@ def _run_section(run: dict[str, Any] | None, unit: str = "token") -> list[str]:
         str(run.get("command")),
         "```",
         "",
-        f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s | epochs | steps | training {unit}s |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
+        "|---|---|---|---|---:|---:|",
         f"| {run.get('seed')} | `{run.get('commit')}` | {run.get('torch_version')} | {run.get('hardware')} | "
-        f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} | {run.get('epochs')} | {run.get('steps') or 0:,} | "
-        f"{run.get('tokens') or 0:,} |",
+        f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} |",
+        "",
+        *_run_length(run, training, unit),
         "",
         "Wall time is the span of the run's TensorBoard events (summed over the runs of a resumed training); "
-        f"{unit}s/s counts batch size x BPTT per step.",
+        f"{unit}s/s and training {unit}s count batch size x BPTT per step.",
         "",
         f"![learning curve]({CURVE_NAME})",
+        "",
+        _curve_caption(run, training, results or [], unit),
     ]
     xml = run.get("xml_nesting")
     if xml:
@@ -139,14 +214,18 @@ def _run_section(run: dict[str, Any] | None, unit: str = "token") -> list[str]:
         lines += ["", str(run["notes"])]
     samples = run.get("samples")
     if samples:
+        most = f", at most {samples['max_tokens']} tokens each" if samples.get("max_tokens") else ""
         lines += [
             "",
             "## Samples",
             "",
-            f"Seed {samples.get('seed')}, temperature {samples.get('temperature')}, starting at a new line:",
+            f"Seed {samples.get('seed')}, temperature {samples.get('temperature')}{most}, starting at a new line:",
             "",
         ]
-        lines += [f"{i}. {text.replace(chr(10), ' ')}" for i, text in enumerate(samples.get("texts", []), 1)]
+        lines += [
+            f"{i}. {text.replace(chr(10), ' ')}" if text.strip() else f"{i}. *(empty: the end of the line came first)*"
+            for i, text in enumerate(samples.get("texts", []), 1)
+        ]
     lines += _music_sample_section(run.get("sample"))
     return lines
 
@@ -163,29 +242,48 @@ def _music_sample_section(sample: dict[str, Any] | None) -> list[str]:
         f"A piece of {sample.get('frames')} frames sampled from silence (seed {sample.get('seed')}, temperature "
         f"{sample.get('temperature')}; each note of a frame drawn from its own Bernoulli), a frame lasting {beats:g} "
         f"quarter note{'s' if beats != 1 else ''} at {float(sample.get('bpm') or 120):g} bpm: listen to "
-        f"[{sample.get('midi')}]({sample.get('midi')}) (MIDI). Time runs to the right, pitch upwards; the grey rows "
-        "are the Cs.",
+        f"[{sample.get('midi')}]({sample.get('midi')}) (MIDI). The piano roll: time in frames to the right, pitch "
+        "upwards, each C named and numbered on the left (C4 (60) is middle C) and its row shaded grey.",
         "",
         f"![piano roll of the sampled piece]({sample.get('png')})",
     ]
 
 
+def _setting(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _learning_rate(group: dict[str, Any], recipe: Any) -> str:
+    """An optimizer's learning rate, labelled: the recipe's (initial) rate, and the one its state held when the
+    exported checkpoint was written (a schedule changes it)."""
+    recipe = group.get("initial_lr") if recipe is None else recipe
+    saved = group.get("lr")
+    if recipe is None:
+        return f"lr {_setting(saved)} (as saved with the exported checkpoint)"
+    if saved is None or float(saved) == float(recipe):
+        return f"lr {_setting(recipe)} (the recipe's; unchanged at the exported checkpoint)"
+    return f"lr {_setting(recipe)} (the recipe's initial rate; {_setting(saved)} as saved with the exported checkpoint)"
+
+
 def _recipe(training: dict[str, Any], dataset_key: str) -> list[str]:
-    """The card's "Training recipe": data settings (but the dataset, named above), optimizer, schedule, steps."""
+    """The card's "Training recipe": data settings (but the dataset, named above), optimizer, schedule."""
     data = training.get("data", {})
     lines = [
         "## Training recipe",
         "",
         f"Data: {', '.join(f'{k} {v}' for k, v in data.items() if v is not None and k != dataset_key)}.",
     ]
-    for optimizer in training.get("optimizers", []):
-        groups = optimizer.get("param_groups", [{}])
-        settings = ", ".join(f"{k} {v}" for k, v in groups[0].items()) if groups else ""
-        lines.append(f"Optimizer: {optimizer.get('class', 'settings')}: {settings}.")
+    optimizers = training.get("optimizers", [])
+    configured = (training.get("config") or {}).get("optimizer")
+    recipe_lr = (configured.get("init_args") or {}).get("lr") if isinstance(configured, dict) else None
+    for optimizer in optimizers:
+        groups = optimizer.get("param_groups", [{}]) or [{}]
+        group = groups[0]
+        rate = _learning_rate(group, recipe_lr if len(optimizers) == 1 else None)
+        others = [f"{k} {_setting(v)}" for k, v in group.items() if k not in ("lr", "initial_lr")]
+        lines.append(f"Optimizer: {optimizer.get('class', 'settings')}: {', '.join([rate, *others])}.")
     if training.get("lr_schedulers"):
         lines.append(f"Learning-rate schedule: {', '.join(training['lr_schedulers'])}.")
-    if training.get("global_step") is not None:
-        lines.append(f"Stopped after {training['global_step']:,} steps (epoch {training.get('epoch')}).")
     if training.get("weight_averaged"):
         lines.append("The weights are the run's averaged weights (Lightning weight averaging).")
     if "config" in training:
@@ -232,15 +330,32 @@ class _CardContent:
     files: str
 
 
-def _reference(repo_id: str | None) -> str:
-    """What the usage snippets load: the Hub repo, or a placeholder for the export's directory."""
-    return repo_id or "path/to/this/directory"
+def _registered_name(config: dict[str, Any], revision: str | None) -> str | None:
+    """The short name of a bundled model (``checkpoints.bundle`` records it), when the card is rendered for its
+    registered Hub revision; ``None`` for any other export."""
+    run = config.get("training", {}).get("run") or {}
+    return str(run["name"]) if revision and run.get("name") else None
 
 
-def _usage(repo_id: str | None, generate_options: str, python: list[str]) -> list[str]:
-    """The card's "Use" section: the command-line tools, then loading from Python."""
-    ref = _reference(repo_id)
-    return [
+def _reference(config: dict[str, Any], repo_id: str | None, revision: str | None = None) -> str:
+    """What the usage snippets load: a bundled model's registered name, else the Hub repo, else a placeholder for the
+    export's directory."""
+    return _registered_name(config, revision) or repo_id or "path/to/this/directory"
+
+
+def _usage(
+    config: dict[str, Any], repo_id: str | None, revision: str | None, generate_options: str, python: list[str]
+) -> list[str]:
+    """The card's "Use" section: the command-line tools, then loading from Python.
+
+    A bundled model's card names its registered short name, which loads the copy shipped in ``pretrained/`` with no
+    network (or, without it, downloads the pinned revision); its Hub repo is given as what it is, the registry's
+    place for it, since a Hub id loads the repo's ``main`` branch and never the bundled copy.
+    """
+    ref = _reference(config, repo_id, revision)
+    name = _registered_name(config, revision)
+    download = f"lm-zoo download {ref}   # prints where the files are"
+    lines = [
         "",
         "## Use",
         "",
@@ -249,7 +364,7 @@ def _usage(repo_id: str | None, generate_options: str, python: list[str]) -> lis
         "```",
         f"lm-zoo evaluate {ref} --split test",
         f"lm-zoo generate {ref} {generate_options}",
-        *([f"lm-zoo download {ref}   # prints where the files are (the Hugging Face cache)"] if repo_id else []),
+        *([download if name else f"{download} (the Hugging Face cache)"] if repo_id or name else []),
         "```",
         "",
         "```python",
@@ -257,9 +372,22 @@ def _usage(repo_id: str | None, generate_options: str, python: list[str]) -> lis
         *python,
         "```",
     ]
+    if name:
+        lines += [
+            "",
+            f"`{name}` is the model's name in lm-zoo's registry (`lm-zoo models --pretrained`). In a clone of the "
+            f"lm-zoo repository it loads the copy shipped in `pretrained/{name}/`, checked against the registry's "
+            "sha256 of every file, with no network; where lm-zoo is installed without that folder, it downloads the "
+            f"registry's pinned revision from the Hugging Face Hub and checks it the same way. The registry gives "
+            f"`{repo_id}` at revision `{revision}` as the model's Hub location (where `lm-zoo bundle publish` puts "
+            "it). "
+            "A Hub id (a name with a `/`) is always loaded from the Hub, from its `main` branch unless `--revision` "
+            "names another, and never from the bundled copy.",
+        ]
+    return lines
 
 
-def _assemble(config: dict[str, Any], repo_id: str | None, content: _CardContent) -> str:
+def _assemble(config: dict[str, Any], repo_id: str | None, revision: str | None, content: _CardContent) -> str:
     """The card: front matter, title and summary, results, how it was made, usage, recipe and files."""
     name = repo_id.split("/")[-1] if repo_id else f"{content.data}-{content.architecture}"
     card_data = ModelCardData(
@@ -276,11 +404,12 @@ def _assemble(config: dict[str, Any], repo_id: str | None, content: _CardContent
         lines += [*content.results_table, "", content.results_note]
     else:
         lines.append("No results were measured for this export.")
-    lines += _run_section(content.run, unit=content.unit)
-    lines += _usage(repo_id, content.generate_options, content.python)
+    training = config.get("training", {})
+    lines += _run_section(content.run, training, config.get("results", []), content.unit)
+    lines += _usage(config, repo_id, revision, content.generate_options, content.python)
     lines += [
         "",
-        *_recipe(config.get("training", {}), content.data_key),
+        *_recipe(training, content.data_key),
         "",
         "## Files",
         "",
@@ -309,20 +438,48 @@ def _results_table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
+_HEAD_NAMES = {
+    "softmax": "a softmax",
+    "mos": "a mixture-of-softmaxes",
+    "nce": "an NCE",
+    "sampled_softmax": "a sampled-softmax",
+    "adaptive": "an adaptive softmax",
+}
+
+
+def _results_note(config: dict[str, Any]) -> str:
+    """How a text model's figures were measured, and what they depend on."""
+    measured = "Measured with `lm-zoo evaluate` (full softmax; deterministic: dropout off)."
+    if (config.get("tokenizer") or {}).get("kind") == "sentence":
+        return (
+            f"{measured} Each sentence is scored on its own, from a zero state, so the eval batch size does not "
+            "change the figures; it and the BPTT length are given all the same."
+        )
+    char_level = any("bpc" in r and r.get("tokenizer") != "sentencepiece" for r in config.get("results", []))
+    figure = "Bits per character depend" if char_level else "Perplexity depends"
+    return (
+        f"{measured} {figure} on the eval batch size (each stream starts without context) and the BPTT length, so "
+        "both are given."
+    )
+
+
+def render_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
     """The model card of an export.
 
     Args:
         config: the export's ``config.json`` contents.
         repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
+        revision: the registry's pinned revision of a bundled model (``checkpoints.bundle``): the usage examples
+            then name its short name, and the Hub repo only as the registry's place for it.
     """
     if is_music_config(config):
-        return render_music_card(config, repo_id)
+        return render_music_card(config, repo_id, revision)
     model, tokenizer = config["model"], config["tokenizer"]
     training = config.get("training", {})
     corpus = _corpus(config)
     architecture = str(config.get("architecture"))
     tied = " (tied with the softmax weights)" if model.get("tie_weights") else ""
+    head = str(config.get("head", "softmax"))
     content = _CardContent(
         data=corpus,
         architecture=architecture,
@@ -330,25 +487,26 @@ def render_card(config: dict[str, Any], repo_id: str | None = None) -> str:
         tags=["recurrent-language-model"],
         datasets=[corpus] if corpus in CORPORA else None,
         eval_results=eval_results(config, corpus) or None,
-        summary=f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` language model with a "
-        f"{config.get('head', 'softmax')} output layer, trained with lm-zoo on `{corpus}` "
+        summary=f"A {model.get('num_layers')} x {model.get('hidden_size')} `{architecture}` language model with "
+        f"{_HEAD_NAMES.get(head, f'a {head}')} output layer, trained with lm-zoo on `{corpus}` "
         f"({tokenizer['kind']} tokens, vocabulary {tokenizer['vocab_size']:,}): {config.get('num_parameters', 0):,} "
         f"parameters, embeddings of {model.get('embedding_size')}{tied}, dropout {model.get('dropout')}.",
         results_table=_results_table(config.get("results", [])),
-        results_note="Measured with `lm-zoo evaluate` (full softmax; deterministic: dropout off). Perplexity depends "
-        "on the eval batch size (each stream starts without context) and the BPTT length, so both are given.",
+        results_note=_results_note(config),
         run=training.get("run"),
         unit="token",
         generate_options="--num-samples 5 --temperature 0.8",
         python=[
-            f'model, tokenizer = from_pretrained("{_reference(repo_id)}")  # zoo.RecurrentLM, a plain torch.nn.Module'
+            f'model, tokenizer = from_pretrained("{_reference(config, repo_id, revision)}")  # zoo.RecurrentLM, a '
+            "plain torch.nn.Module"
         ],
         data_key="corpus",
-        files="`config.json` (architecture, options, tokenizer, recipe, results), `model.safetensors` (weights; tied "
-        f"weights stored once), `{tokenizer.get('file') or 'no tokenizer file (bytes)'}` (the tokenizer). Loading "
+        files="`config.json` (architecture, options, tokenizer, recipe, results), `model.safetensors` (weights"
+        f"{'; tied weights stored once' if model.get('tie_weights') else ''}), "
+        f"`{tokenizer.get('file') or 'no tokenizer file (bytes)'}` (the tokenizer). Loading "
         "reads only JSON, safetensors and the tokenizer file: nothing is unpickled.",
     )
-    return _assemble(config, repo_id, content)
+    return _assemble(config, repo_id, revision, content)
 
 
 # ------------------------------------------------------------------------------------------------------------ music
@@ -396,12 +554,13 @@ def _music_results_table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str:
+def render_music_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
     """The model card of a music (piano-roll) export: NLL per time step, the sampled piece, no tokenizer.
 
     Args:
         config: the export's ``config.json`` contents (``"head": "bernoulli"``).
         repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
+        revision: the registry's pinned revision of a bundled model (as for :func:`render_card`).
     """
     model = config["model"]
     training = config.get("training", {})
@@ -431,8 +590,8 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str
         unit="frame",
         generate_options="--num-samples 3 --seed 1 --out samples/   # samples/sample-K.mid and sample-K.png",
         python=[
-            f'model, _ = from_pretrained("{_reference(repo_id)}")  # zoo.music.PianoRollLM, a plain torch.nn.Module; '
-            "no tokenizer",
+            f'model, _ = from_pretrained("{_reference(config, repo_id, revision)}")  # zoo.music.PianoRollLM, a plain '
+            "torch.nn.Module; no tokenizer",
             "roll = model.generate(128)  # (1, 128, 88) uint8: column j is MIDI note 21 + j",
         ],
         data_key="dataset",
@@ -441,4 +600,4 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None) -> str
         + ". No tokenizer: a frame of notes is its own input. Loading reads only JSON and safetensors: nothing is "
         "unpickled.",
     )
-    return _assemble(config, repo_id, content)
+    return _assemble(config, repo_id, revision, content)

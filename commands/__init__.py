@@ -24,5 +24,6 @@ COMMANDS = {
     "tune": "search hyperparameters with Optuna (--config X --space S --trials N); writes the best config",
     "search": "Jozefowicz et al. 2015's architecture search (--config X --storage URL --workers N --budget 2h); "
     "`search report` lists the best cells",
-    "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their README table",
+    "bundle": "maintainers: build pretrained/NAME from a run, publish the bundled models, render their cards again, "
+    "the README table",
 }

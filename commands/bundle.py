@@ -1,4 +1,4 @@
-"""``lm-zoo bundle build|publish|table``: maintainers' commands for the models shipped under ``pretrained/``."""
+"""``lm-zoo bundle build|publish|table|card``: maintainers' commands for the models shipped under ``pretrained/``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from checkpoints.bundle import REPO_OWNER, build, publish_all, write_table
+from checkpoints import registry
+from checkpoints.bundle import REPO_OWNER, build, publish_all, render_again, write_table
 from commands.common import CommandParser
 
 
 def cmd_bundle(argv: Sequence[str]) -> None:
-    """``lm-zoo bundle build|publish|table``."""
+    """``lm-zoo bundle build|publish|table|card``."""
     parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
     commands = parser.add_subparsers(dest="action", required=True)
     build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
@@ -33,6 +34,10 @@ def cmd_bundle(argv: Sequence[str]) -> None:
     publish_parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
     table_parser = commands.add_parser("table", help="rewrite the README's pretrained-models table")
     table_parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    card_parser = commands.add_parser(
+        "card", help="render bundled cards again from config.json (registry hashes updated); no run needed"
+    )
+    card_parser.add_argument("names", nargs="*", help="default: every registered model")
     args = parser.parse_args(argv)
     if args.action == "build":
         entry = build(
@@ -54,5 +59,9 @@ def cmd_bundle(argv: Sequence[str]) -> None:
     elif args.action == "publish":
         for name, url in publish_all(args.names, endpoint=args.endpoint):
             print(f"{name}: {url}")
+    elif args.action == "card":
+        for name in args.names or list(registry.load_registry()):
+            changed = render_again(name)
+            print(f"{name}: {', '.join(sorted(changed)) or 'unchanged'}")
     else:
         write_table(args.readme)

@@ -1,8 +1,16 @@
-"""Shared test helpers."""
+"""Shared test helpers, and the one rule for finding the real corpora.
+
+Real-data tests read the corpora root :data:`DATA_ROOT`: ``$LM_ZOO_DATA`` if set, else ``../shared/data`` beside the
+checkout; a test that needs a corpus carries ``@needs_data("<corpus>", ...)`` and is skipped, with the path it
+looked for, when that is missing. The session also points ``$LM_ZOO_DATA`` at ``../shared/data`` when it is unset
+and that folder exists, so that the code under test (whose own default is ``~/.cache/lm-zoo/data``) and the commands
+it starts find the same corpora: ``make test`` needs no ``LM_ZOO_DATA`` in a checkout beside ``shared/``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +20,25 @@ import lightning as L
 import pytest
 
 from zoo import settings
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# Fixed when the session starts: tests that point $LM_ZOO_DATA elsewhere for a while do not move it.
+DATA_ROOT = Path(os.environ["LM_ZOO_DATA"]).expanduser() if os.environ.get("LM_ZOO_DATA") else SHARED_DATA
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``$LM_ZOO_DATA`` for the code under test (and its subprocesses): the tests' root when it is unset."""
+    if not os.environ.get("LM_ZOO_DATA") and SHARED_DATA.is_dir():
+        os.environ["LM_ZOO_DATA"] = str(SHARED_DATA)
+
+
+def needs_data(*parts: str) -> pytest.MarkDecorator:
+    """Skip the test, saying what is missing, unless ``DATA_ROOT/<parts>`` exists (a corpus folder or file)."""
+    path = DATA_ROOT.joinpath(*parts)
+    return pytest.mark.skipif(
+        not path.exists(),
+        reason=f"no {path}: set LM_ZOO_DATA to the corpora's root (default: ../shared/data beside the checkout)",
+    )
 
 
 def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:

@@ -5,10 +5,13 @@ float16 storage, and ``lm-zoo bundle publish`` to the loopback Hub, downloaded i
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -17,7 +20,20 @@ from safetensors import safe_open
 import checkpoints
 import cli
 from checkpoints import registry
+from checkpoints.curves import (
+    BPC,
+    BPC_TAG,
+    MARK_COLOUR,
+    NATS_PER_FRAME,
+    PERPLEXITY,
+    VALID_TAG,
+    RunLog,
+    curve_record,
+    curve_unit,
+    render_record,
+)
 from checkpoints.format import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
+from checkpoints.model_card import render_card
 from datamodules.corpora import _sha256_file
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
@@ -78,16 +94,39 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     assert test["eval_batch_size"] == 1 and test["bptt"] == 5
     again = _evaluate(capsys, "tiny", "--split", "test", "--batch-size", "1")
     assert again["ppl"] == pytest.approx(test["ppl"], rel=1e-4) and again["tokens"] == test["tokens"]
+    # The check figure, which the suite re-measures: the test split at the run's own eval batch size.
+    check = entry["check_results"]["test"]
+    at_two = next(r for r in config["results"] if (r["split"], r["eval_batch_size"]) == ("test", 2))
+    assert check == {"ppl": at_two["ppl"], "eval_batch_size": 2, "bptt": 5, "tokens": at_two["tokens"]}
+    again = _evaluate(capsys, "tiny", "--split", "test", "--batch-size", "2")
+    assert again["ppl"] == pytest.approx(check["ppl"], rel=1e-4)
     # How it was made, on the card and in config.json.
     made = config["training"]["run"]
     assert (made["commit"], made["command"], made["seed"]) == ("abc123", "lm-zoo fit --config run.yaml", 1)
     assert (made["steps"], made["epochs"], made["tokens"]) == (8, 1, 8 * 4 * 6) and made["wall_time_s"] > 0
-    assert len(made["samples"]["texts"]) == 3
+    assert len(made["samples"]["texts"]) == 3 and made["samples"]["max_tokens"] == 60
+    # The curve's points, kept so that the card's picture can be drawn again without the run's events: the logged
+    # training loss (every 4 steps) and validation perplexity (a word model's unit), the exported step marked.
+    curve = made["curve"]
+    assert (curve["unit"], curve["tokens_per_step"]) == ("perplexity", 4 * 6)
+    assert curve["exported_step"] == config["training"]["global_step"] == 8
+    assert [step for step, _ in curve["train_loss"]["points"]] == [3, 7]
+    assert len(curve["valid"]["points"]) == 1 and curve["valid"]["points"][0][1] > 1  # a perplexity
+    assert curve["valid"]["label"] == "validation perplexity"
     card = (directory / CARD_NAME).read_text()
     for fragment in ("## How it was made", "abc123", f"![learning curve]({CURVE_NAME})", "## Samples", "lm-zoo/tiny"):
         assert fragment in card
-    with Image.open(directory / CURVE_NAME) as curve:
-        assert curve.format == "PNG" and curve.size == (1000, 380)
+    # The run's length and the exported checkpoint's place in it, each said once, labelled; epochs counted from 1.
+    assert card.count("8 steps in 1 epochs") == 1 and card.count(f"{8 * 4 * 6:,} training tokens") == 1
+    assert "`best.ckpt` (the run's lowest validation loss), written at step 8, the run's last step, in epoch 1" in card
+    assert "Stopped after" not in card and "| epochs |" not in card
+    assert "dashed line marks the exported checkpoint (step 8)" in card
+    # The registered name first (it loads the bundle offline); the Hub repo only as the registry's place for it.
+    assert "lm-zoo evaluate tiny --split test" in card and 'from_pretrained("tiny")' in card
+    assert "lm-zoo evaluate lm-zoo/tiny" not in card and "`lm-zoo/tiny` at revision `v1`" in card
+    assert "lr 1 (the recipe's initial rate;" in card or "lr 1 (the recipe's; unchanged" in card
+    with Image.open(directory / CURVE_NAME) as picture:
+        assert picture.format == "PNG" and picture.size == (1000, 380)
     # The name loads from the bundle: CLI, the plain module, download's path.
     model, tokenizer = checkpoints.from_pretrained("tiny")
     assert isinstance(model, RecurrentLM) and tokenizer.vocab_size == config["tokenizer"]["vocab_size"]
@@ -96,6 +135,83 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     assert capsys.readouterr().out.strip() == str(directory)
     assert cli.main(["models", "--pretrained"]) == 0
     assert "tiny" in capsys.readouterr().out
+
+
+def test_a_card_is_rendered_again_from_its_edited_notes(
+    run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lm-zoo bundle card`: the notes in config.json edited, the card and curve drawn again without the run's events,
+    and only the changed files' sha256 and the bundle's size rewritten in the registry."""
+    entry = _build(run, capsys)
+    directory = bundle_env / "tiny"
+    path = Path(registry.registry_path())
+    data = json.loads(path.read_text())
+    data["models"]["tiny"]["description"] = "edited by hand"  # another field: left as it is
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    config = json.loads((directory / CONFIG_NAME).read_text())
+    config["training"]["run"]["notes"] = "Trained to test the card."
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    (directory / CURVE_NAME).unlink()  # drawn again from the points config.json keeps
+    capsys.readouterr()
+    assert cli.main(["bundle", "card", "tiny"]) == 0
+    assert capsys.readouterr().out == f"tiny: {CARD_NAME}, {CONFIG_NAME}\n"  # the curve came out the same
+    assert "Trained to test the card." in (directory / CARD_NAME).read_text()
+    after = json.loads(path.read_text())["models"]["tiny"]
+    assert after["description"] == "edited by hand" and after["results"] == entry["results"]
+    assert after["files"][WEIGHTS_NAME] == entry["files"][WEIGHTS_NAME]
+    assert after["size_bytes"] == sum((directory / f).stat().st_size for f in after["files"])
+    assert registry.bundled(registry.load_registry()["tiny"]) == directory  # every hash holds
+    # A damaged file is never registered: the weights changed, the card is not rendered again.
+    (directory / WEIGHTS_NAME).write_bytes(b"x" + (directory / WEIGHTS_NAME).read_bytes()[1:])
+    one_line_error(capsys, cli.main(["bundle", "card", "tiny"]), f"{WEIGHTS_NAME} does not match the sha256")
+
+
+def test_a_character_model_curve_is_in_bits_per_character() -> None:
+    assert (curve_unit("char"), curve_unit("byte"), curve_unit("word"), curve_unit("sentencepiece")) == (
+        BPC,
+        BPC,
+        PERPLEXITY,
+        PERPLEXITY,
+    )
+    assert curve_unit(None, music=True) == NATS_PER_FRAME
+    # Logged: the training loss in nats per character, the validation perplexity per character (an older run).
+    log = RunLog(train_loss=[(0, math.log(8.0)), (9, math.log(2.0))], valid=[(9, 4.0)], valid_tag=VALID_TAG)
+    record = curve_record(log, BPC, 100, 10)
+    assert record["train_loss"] == {"label": "training loss (bits per character)", "points": [[0, 3.0], [9, 1.0]]}
+    assert record["valid"] == {"label": "validation bits per character", "points": [[9, 2.0]]}  # log2(4)
+    # A run that logged val_bpc: taken as it is.
+    logged = replace(log, valid=[(9, 1.5)], valid_tag=BPC_TAG)
+    assert curve_record(logged, BPC, 100, 10)["valid"]["points"] == [[9, 1.5]]
+    # A word model's curve keeps its perplexity and nats.
+    word = curve_record(log, PERPLEXITY, 100, 10)
+    assert word["valid"]["points"] == [[9, 4.0]] and word["train_loss"]["points"][0] == [0, round(math.log(8.0), 5)]
+
+
+def test_the_exported_step_is_marked_on_the_curve(tmp_path: Path) -> None:
+    log = RunLog(
+        train_loss=[(step, 5.0 - step / 100) for step in range(0, 400, 10)],
+        valid=[(99, 50.0), (199, 40.0), (299, 45.0), (399, 47.0)],
+    )
+    record = curve_record(log, PERPLEXITY, 10, 200)
+    marked = np.asarray(Image.open(render_record(record, tmp_path / "marked.png", "t")).convert("RGB"))
+    plain = np.asarray(Image.open(render_record({**record, "exported_step": None}, tmp_path / "plain.png", "t")))
+    grey = np.all(marked == MARK_COLOUR, axis=-1) & ~np.all(plain == MARK_COLOUR, axis=-1)
+    columns = np.flatnonzero(grey.sum(axis=0) > 100)  # the dashed lines: half of each panel's 289-pixel height
+    # Two panels 410 pixels wide from x = 60 and x = 530, each x axis from 0 to its last point: the training loss's
+    # at step 390 (3,900 tokens), the validation's at step 399 (3,990 tokens). The checkpoint is at 2,000 tokens.
+    expected = [60 + 2000 / 3900 * 410, 530 + 2000 / 3990 * 410]
+    assert len(columns) == 2 and np.allclose(columns, expected, atol=1.5), columns
+
+
+def test_a_card_without_curve_points_says_what_its_picture_shows() -> None:
+    """The shipped bundles predate stored curves: a character model's picture is in per-character perplexity, and
+    its card says so (and how to read it in bits per character) instead of calling it bpc."""
+    root = Path(__file__).resolve().parents[1] / "pretrained"
+    config = json.loads((root / "ptb-char-lstm" / CONFIG_NAME).read_text())
+    assert "curve" not in config["training"]["run"]
+    card = render_card(config, "lm-zoo/ptb-char-lstm", "v1")
+    assert "validation perplexity per character (right), not bits per character: bpc = log2(perplexity)" in card
+    assert "The exported checkpoint (step 11,830, 37,856,000 training tokens) is not marked on it." in card
 
 
 def test_a_changed_byte_is_refused_naming_the_file(

@@ -26,13 +26,8 @@ from datamodules.corpora import (
     ensure_files,
     resolve_corpus,
 )
+from tests.conftest import DATA_ROOT, needs_data
 from zoo.errors import DataError
-
-SHARED_DATA = (
-    Path(os.environ["LM_ZOO_DATA"])
-    if os.environ.get("LM_ZOO_DATA")
-    else (Path(__file__).resolve().parents[2] / "shared" / "data")
-)
 
 
 def sha(data: bytes) -> str:
@@ -328,10 +323,10 @@ def test_unwritable_cache_only_costs_rehashing(tmp_path, mirror, monkeypatch):
 # The real PTB files, served from a loopback mirror
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="no PTB under $LM_ZOO_DATA")
+@needs_data("ptb")
 def test_real_ptb_spec_against_loopback_mirror(tmp_path, mirror, monkeypatch):
     for name in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
-        shutil.copyfile(SHARED_DATA / "ptb" / name, mirror.directory / name)
+        shutil.copyfile(DATA_ROOT / "ptb" / name, mirror.directory / name)
     real = CORPORA["ptb"]
     spec = dataclasses.replace(
         real, files=tuple(dataclasses.replace(rf, url=f"{mirror.url}/{rf.name}") for rf in real.files)
@@ -346,19 +341,19 @@ def test_real_ptb_spec_against_loopback_mirror(tmp_path, mirror, monkeypatch):
 
     # A mirror serving different bytes is caught by the real checksum.
     (tmp_path / "data" / "ptb" / "ptb.valid.txt").unlink()
-    (mirror.directory / "ptb.valid.txt").write_bytes((SHARED_DATA / "ptb" / "ptb.valid.txt").read_bytes()[:-1])
+    (mirror.directory / "ptb.valid.txt").write_bytes((DATA_ROOT / "ptb" / "ptb.valid.txt").read_bytes()[:-1])
     with pytest.raises(DataError, match="ptb.valid.txt .* has sha256"):
         resolve_corpus("ptb", root=tmp_path / "data")
     assert not (tmp_path / "data" / "ptb" / "ptb.valid.txt").exists()
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "ptb").is_dir(), reason="no PTB under $LM_ZOO_DATA")
+@needs_data("ptb")
 def test_real_ptb_char_spec_from_a_dot_slash_tgz(tmp_path, mirror, monkeypatch):
     # Mikolov's simple-examples.tgz names its members "./simple-examples/data/...".
     with tarfile.open(mirror.directory / "simple-examples.tgz", "w:gz", compresslevel=1) as tf:
         for split in ("train", "valid", "test"):
-            tf.add(SHARED_DATA / "ptb" / f"ptb.char.{split}.txt", f"./simple-examples/data/ptb.char.{split}.txt")
-        tf.add(SHARED_DATA / "ptb" / "ptb.valid.txt", "./simple-examples/data/ptb.valid.txt")
+            tf.add(DATA_ROOT / "ptb" / f"ptb.char.{split}.txt", f"./simple-examples/data/ptb.char.{split}.txt")
+        tf.add(DATA_ROOT / "ptb" / "ptb.valid.txt", "./simple-examples/data/ptb.valid.txt")
     real = CORPORA["ptb-char"]
     spec = dataclasses.replace(
         real, files=tuple(dataclasses.replace(rf, url=f"{mirror.url}/simple-examples.tgz") for rf in real.files)
@@ -500,24 +495,25 @@ def test_fingerprint_is_the_sha256_of_the_split_and_follows_edits(tmp_path):
 # The real corpora in shared/data (read-only: nothing may be written there)
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="no corpora: set LM_ZOO_DATA")
+@needs_data("ptb")
+@needs_data("wikitext-2")
 def test_real_corpora_offline(monkeypatch):
-    before = sorted(str(p) for p in SHARED_DATA.rglob("*"))
+    before = sorted(str(p) for p in DATA_ROOT.rglob("*"))
     hashed = []
     real = corpora._sha256_file
     monkeypatch.setattr(corpora, "_sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
 
-    ptb = resolve_corpus("ptb", root=SHARED_DATA, download=False)
+    ptb = resolve_corpus("ptb", root=DATA_ROOT, download=False)
     assert ptb.read_text("valid").count("\n") == 3370
-    assert ptb.splits["train"].path == SHARED_DATA / "ptb" / "ptb.train.txt"
-    ptb_char = resolve_corpus("ptb-char", root=SHARED_DATA, download=False)
-    assert ptb_char.splits["test"].path == SHARED_DATA / "ptb" / "ptb.char.test.txt" and ptb_char.spaced_symbols
-    wikitext = resolve_corpus("wikitext-2", root=SHARED_DATA, download=False)
+    assert ptb.splits["train"].path == DATA_ROOT / "ptb" / "ptb.train.txt"
+    ptb_char = resolve_corpus("ptb-char", root=DATA_ROOT, download=False)
+    assert ptb_char.splits["test"].path == DATA_ROOT / "ptb" / "ptb.char.test.txt" and ptb_char.spaced_symbols
+    wikitext = resolve_corpus("wikitext-2", root=DATA_ROOT, download=False)
     assert wikitext.read_text("test").count("\n") == 4358
     assert len(hashed) == 9, "every file checked against its sha256"
 
-    monkeypatch.setenv("LM_ZOO_DATA", str(SHARED_DATA))
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA_ROOT))
     for name in ("ptb", "ptb-char", "wikitext-2"):
         resolve_corpus(name, download=False)
     assert len(hashed) == 9, "verified once, remembered in LM_ZOO_CACHE"
-    assert sorted(str(p) for p in SHARED_DATA.rglob("*")) == before
+    assert sorted(str(p) for p in DATA_ROOT.rglob("*")) == before

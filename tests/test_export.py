@@ -404,7 +404,7 @@ def test_shipped_registry_is_valid() -> None:
 
 def test_models_pretrained_prints_the_registry(registry_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["models", "--pretrained", "--json"]) == 0
-    unset = {"num_parameters": None, "size_bytes": None, "files": {}, "training": {}}  # a format-1 entry has none
+    unset = {"check_results": {}, "num_parameters": None, "size_bytes": None, "files": {}, "training": {}}  # format 1
     assert json.loads(capsys.readouterr().out) == [{"name": "ptb-tiny", "description": "", **ENTRY, **unset}]
     assert cli.main(["models", "--pretrained"]) == 0
     out = capsys.readouterr().out
@@ -424,6 +424,7 @@ def test_models_pretrained_prints_the_registry(registry_file: Path, capsys: pyte
         ({"results": {"dev": {"ppl": 80.0, "eval_batch_size": 1, "bptt": 35}}}, "train/valid/test"),
         ({"paper": "x"}, "unknown ['paper']"),
         ({"files": {"config.json": "abc"}}, "files must map each file name to its sha256"),
+        ({"check_results": {"test": {"ppl": 80.0, "bptt": 35}}}, "check_results: results['test'] needs eval"),
     ],
 )
 def test_registry_validation(
@@ -439,6 +440,7 @@ def test_registry_entry_from_an_export(run: Path) -> None:
     data = {"format_version": 1, "models": {"tiny": {k: v for k, v in entry.to_json().items() if k != "name"}}}
     parsed = registry.parse_registry(data, "generated")["tiny"]
     assert parsed.results["test"]["eval_batch_size"] == 2 and parsed.results["test"]["ppl"] > 1
+    assert parsed.check_results["test"] == parsed.results["test"]  # measured at the run's batch size (2) only
     assert parsed.description == "1 x 8 lstm on corpus" and parsed.revision == "v1"
 
 

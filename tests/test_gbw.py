@@ -4,7 +4,6 @@ zoo, sentence sampling and checkpoints of GBW models."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -29,10 +28,9 @@ from datamodules.multisequence import epoch_layout
 from datamodules.streams import IGNORE_INDEX
 from datamodules.tokenizers import SentenceTokenizer, build_tokenizer
 from lightning_modules import LanguageModel
-from tests.conftest import one_line_error
+from tests.conftest import DATA_ROOT, needs_data, one_line_error
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-SAMPLE = Path(os.environ.get("LM_ZOO_DATA", SHARED)) / "gbw-sample"
+SAMPLE = DATA_ROOT / "gbw-sample"
 PAD = -1  # a padding input no sentence holds, so padding is told apart from a real </S>
 FIRST_ID = 10
 
@@ -246,7 +244,7 @@ def test_the_sentence_tokenizer_wraps_and_unwraps_sentences() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the real sample
-@pytest.mark.skipif(not SAMPLE.is_dir(), reason="no GBW sample (LM_ZOO_DATA)")
+@needs_data("gbw-sample")
 def test_the_real_sample_loads_with_the_manifest_counts() -> None:
     shards = {10: (6_111, 155_717), 11: (6_105, 154_773), 12: (5_986, 150_767), 13: (6_119, 155_414)}  # MANIFEST
     data = GBWDataModule(

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA = Path(os.environ.get("LM_ZOO_DATA", SHARED))
+from tests.conftest import DATA_ROOT, needs_data
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "gbw-sample" / "lstm-2x250-softmax.yaml"
-pytestmark = pytest.mark.skipif(not (DATA / "gbw-sample").is_dir(), reason="no GBW sample (LM_ZOO_DATA)")
+pytestmark = needs_data("gbw-sample")
 
 # Measured (validation perplexity after 40 steps of the 2 x 16 LSTM below, full valid shard, eval batch 64):
 #   seed 1: single 747.341, DDP 747.391 (relative difference 0.00007)
@@ -42,7 +42,7 @@ def fit(tmp_path: Path, name: str, devices: int, seed: int, accelerator: str = "
         str(CONFIG),
         f"--seed_everything={seed}",
         f"--data.init_args.seed={seed}",
-        f"--data.init_args.data_root={DATA}",
+        f"--data.init_args.data_root={DATA_ROOT}",
         f"--data.init_args.batch_size={columns}",
         "--data.init_args.bptt=20",
         "--model.init_args.embedding_size=16",
@@ -70,7 +70,7 @@ def validation_ppl(checkpoint: Path) -> float:
     from lightning_modules.evaluation.perplexity import evaluate
 
     loaded = checkpoints.load(str(checkpoint))
-    datamodule = loaded.datamodule(data_root=str(DATA))
+    datamodule = loaded.datamodule(data_root=str(DATA_ROOT))
     return evaluate(loaded.model, datamodule, "valid", batch_size=64, bptt=50)["ppl"]
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import zoo
+from tests.conftest import needs_data
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,11 +109,10 @@ def test_dynamic_evaluation_runs_on_cuda_and_equals_cpu(tmp_path: Path, monkeypa
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@needs_data("gbw-sample")
 def test_two_gpu_ddp_matches_one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_gbw_ddp import DATA, TOLERANCE, fit, validation_ppl
+    from tests.test_gbw_ddp import TOLERANCE, fit, validation_ppl
 
-    if not (DATA / "gbw-sample").is_dir():
-        pytest.skip("no GBW sample (LM_ZOO_DATA)")
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     single = validation_ppl(fit(tmp_path, "single", devices=1, seed=1, accelerator="gpu"))
     ddp = validation_ppl(fit(tmp_path, "ddp", devices=2, seed=1, accelerator="gpu"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,18 +10,15 @@ import pytest
 import torch
 
 import zoo
-from datamodules.midi import write_midi, write_png
+from datamodules.midi import note_name, roll_layout, write_midi, write_png
 from datamodules.music import MusicDataModule
 from datamodules.piano_rolls import MUSIC_DATASETS, PianoRolls, read_pieces
 from lightning_modules.music import MusicModel
-from tests.conftest import quiet_trainer
+from tests.conftest import DATA_ROOT, needs_data, quiet_trainer
 from zoo.errors import ConfigError, DataError
 from zoo.music import NUM_NOTES, PianoRollLM, bernoulli_nll
 
-DATA = Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")).expanduser()
-needs_music = pytest.mark.skipif(
-    not (DATA / "music" / "JSB_Chorales.mat").exists(), reason="the music datasets are not under $LM_ZOO_DATA/music"
-)
+needs_music = needs_data("music", "JSB_Chorales.mat")
 
 
 # ------------------------------------------------------------------------------------------------------- the data
@@ -31,7 +27,7 @@ needs_music = pytest.mark.skipif(
 def test_pieces_and_frames_per_split_are_manifest_mds(name):
     # MANIFEST.md: JSB 229/76/77 pieces, 13,807/4,602/4,725 frames; Nottingham 694/173/170, 176,561/45,513/44,463; ...
     spec = MUSIC_DATASETS[name]
-    data = MusicDataModule(name, data_root=str(DATA), download=False)
+    data = MusicDataModule(name, data_root=str(DATA_ROOT), download=False)
     for split in ("train", "valid", "test"):
         rolls = data.encoded(split)
         assert rolls.num_pieces == spec.pieces[split]
@@ -43,9 +39,9 @@ def test_pieces_and_frames_per_split_are_manifest_mds(name):
 def test_the_first_chord_of_the_first_chorale():
     # Boulanger-Lewandowski's JSB_Chorales.pickle: train[0][0] == [60, 72, 79, 88], a C major chord (C4 C5 G5 E6);
     # column j is MIDI note 21 + j.
-    first = read_pieces(DATA / "music" / "JSB_Chorales.mat", "train")[0]
+    first = read_pieces(DATA_ROOT / "music" / "JSB_Chorales.mat", "train")[0]
     assert (np.nonzero(first[0])[0] + 21).tolist() == [60, 72, 79, 88]
-    data = MusicDataModule("jsb-chorales", data_root=str(DATA), download=False)
+    data = MusicDataModule("jsb-chorales", data_root=str(DATA_ROOT), download=False)
     assert np.array_equal(data.encoded("train").piece(0), first)
 
 
@@ -170,7 +166,7 @@ def marginal_baseline_nll(train: PianoRolls, test: PianoRolls) -> float:
 @needs_music
 def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
     torch.manual_seed(0)
-    data = MusicDataModule("jsb-chorales", batch_size=16, bptt=32, data_root=str(DATA), download=False, seed=0)
+    data = MusicDataModule("jsb-chorales", batch_size=16, bptt=32, data_root=str(DATA_ROOT), download=False, seed=0)
     model = MusicModel(architecture="lstm", hidden_size=32)
     model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=0.02)
     trainer = quiet_trainer(max_epochs=4, gradient_clip_val=5.0, num_sanity_val_steps=0)
@@ -219,10 +215,32 @@ def test_a_piano_roll_png_has_a_cell_per_note_and_frame(tmp_path):
     roll = np.zeros((10, NUM_NOTES), dtype=np.uint8)
     roll[3, 60 - 21] = 1  # middle C in frame 3
     image = np.asarray(Image.open(write_png(roll, tmp_path / "roll.png", cell=2)))
-    assert image.shape == (NUM_NOTES * 2, 10 * 2)
-    black = np.argwhere(image == 0)
+    layout = roll_layout(10, NUM_NOTES, cell=2)
+    left, top, right, bottom = layout.box
+    assert image.shape == (layout.size[1], layout.size[0])
+    inside = image[top:bottom, left:right]  # the roll itself, inside its axes
+    assert inside.shape == (NUM_NOTES * 2, 10 * 2)
+    black = np.argwhere(inside == 0)
     row = (NUM_NOTES - 1 - (60 - 21)) * 2  # high notes at the top
     assert {tuple(x) for x in black} == {(row + i, 3 * 2 + j) for i in range(2) for j in range(2)}
+    # The axes: labels and ticks drawn in the margins, left of and under the roll.
+    assert (image[:, : left - 1] < 128).sum() > 50 and (image[bottom + 1 :, :] < 128).sum() > 50
+
+
+def test_a_piano_roll_has_a_time_axis_and_a_pitch_axis():
+    assert (note_name(60), note_name(21), note_name(108), note_name(61)) == ("C4", "A0", "C8", "C#4")
+    layout = roll_layout(128, NUM_NOTES, cell=4)
+    left, top, right, bottom = layout.box
+    assert (right - left, bottom - top) == (128 * 4, NUM_NOTES * 4)
+    assert layout.size[0] > right and layout.size[1] > bottom and left > 0 and top > 0  # margins for the axes
+    # Frame numbers at a round spacing, from 0 to the end, at the left edge of their column.
+    assert [label for _, label in layout.x_ticks] == [str(f) for f in range(0, 129, 16)]
+    assert [x for x, _ in layout.x_ticks] == [left + f * 4 for f in range(0, 129, 16)]
+    # Every C from C1 to C8, named and numbered, at the middle of its row (C1, MIDI 24, is column 3 from the bottom).
+    assert [label for _, label in layout.y_ticks] == [f"C{o} ({12 * (o + 1)})" for o in range(1, 9)]
+    assert layout.y_ticks[0][0] == bottom - 3 * 4 - 2
+    assert (layout.x_title, layout.y_title) == ("time (frames)", "pitch (note, MIDI number)")
+    assert [label for _, label in roll_layout(1000, NUM_NOTES, cell=1).x_ticks][:3] == ["0", "64", "128"]
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
@@ -233,7 +251,7 @@ def test_fit_evaluate_and_generate_a_music_model_through_the_cli(tmp_path, capsy
     import cli
     from tests.conftest import one_line_error
 
-    monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA_ROOT))
     config = tmp_path / "jsb.yaml"
     config.write_text(
         f"""
@@ -299,8 +317,8 @@ def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in
 
     from commands.lightning import run_lightning
 
-    monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
-    data = MusicDataModule("jsb-chorales", batch_size=8, bptt=16, data_root=str(DATA))
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA_ROOT))
+    data = MusicDataModule("jsb-chorales", batch_size=8, bptt=16, data_root=str(DATA_ROOT))
     train = data.stream("train")
     windows = [train.num_windows(epoch) for epoch in range(3)]
     assert len(set(windows)) > 1  # the premise: the epochs' lengths differ
@@ -357,7 +375,7 @@ def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_ins
         "MUT3",
     ]
     assert all(len(values) == len(table.ARCHITECTURES) for values in table.PAPER.values())
-    args = argparse.Namespace(epochs=2, patience=1, factor=0.5, workdir=tmp_path, data_root=str(DATA))
+    args = argparse.Namespace(epochs=2, patience=1, factor=0.5, workdir=tmp_path, data_root=str(DATA_ROOT))
     base = full_config(table.BASE_CONFIG)
     for row, name in [("N-dropout", "MUT1"), ("P", "LSTM-b")]:
         architecture, options = table.ARCHITECTURES[name]

@@ -7,7 +7,6 @@ and each copy must score the same NLL per step and give the same logits as the c
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,19 +34,17 @@ from checkpoints.format import (
     read_config,
 )
 from checkpoints.model_card import render_card
+from datamodules.midi import roll_layout
 from datamodules.piano_rolls import MUSIC_DATASETS
 from lightning_modules import LanguageModel
-from tests.conftest import one_line_error
+from tests.conftest import DATA_ROOT, needs_data, one_line_error
 from tests.hub_server import FakeHub
 from tests.test_music import roll_from_midi
 from tests.test_pretrained import _assert_same_figure, _test_figure
 from zoo.errors import CheckpointError, ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
-DATA = Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")).expanduser()
-needs_music = pytest.mark.skipif(
-    not (DATA / "music" / "JSB_Chorales.mat").exists(), reason="the music datasets are not under $LM_ZOO_DATA/music"
-)
+needs_music = needs_data("music", "JSB_Chorales.mat")
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_token"
 NAME = "jsb-tiny"
@@ -84,21 +81,21 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = root / "run.yaml"
     config.write_text(RUN_CONFIG.format(root=root / "run"))
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("LM_ZOO_DATA", str(DATA))
+        env.setenv("LM_ZOO_DATA", str(DATA_ROOT))
         assert cli.main(["fit", "--config", str(config)]) == 0
     return root / "run"
 
 
 @pytest.fixture(autouse=True)
 def data_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LM_ZOO_DATA", str(DATA))
+    monkeypatch.setenv("LM_ZOO_DATA", str(DATA_ROOT))
 
 
 @pytest.fixture(scope="module")
 def exported(run: Path) -> Path:
     """``lm-zoo export`` of the run's best checkpoint (valid and test measured for the card)."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("LM_ZOO_DATA", str(DATA))
+        env.setenv("LM_ZOO_DATA", str(DATA_ROOT))
         assert cli.main(["export", str(run / "checkpoints" / "best.ckpt"), "--out", str(run.parent / "export")]) == 0
     return run.parent / "export"
 
@@ -232,7 +229,8 @@ def test_shipped_text_bundles_read_and_render_as_before() -> None:
             assert config["format_version"] == 3 and config["head"] == MUSIC_HEAD
         else:
             assert config["format_version"] == 2 and config["head"] != MUSIC_HEAD
-        assert render_card(config, entry.repo_id) == (directory / CARD_NAME).read_text(encoding="utf-8"), name
+        card = render_card(config, entry.repo_id, entry.revision)
+        assert card == (directory / CARD_NAME).read_text(encoding="utf-8"), name
     assert table(entries) in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
@@ -245,7 +243,7 @@ def bundle(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     argv = ["bundle", "build", NAME, "--ckpt", str(run / "checkpoints" / "best.ckpt"), "--config", "jsb.yaml"]
     argv += ["--logs", str(run / "lightning_logs" / "version_0"), "--commit", "abc123", "--dtype", "float16"]
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("LM_ZOO_DATA", str(DATA))
+        env.setenv("LM_ZOO_DATA", str(DATA_ROOT))
         env.setenv("LM_ZOO_REGISTRY", str(root / "registry.json"))
         env.setenv("LM_ZOO_PRETRAINED", str(root / "pretrained"))
         assert cli.main(argv) == 0
@@ -289,7 +287,7 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
     from PIL import Image
 
     with Image.open(directory / SAMPLE_PNG_NAME) as png:
-        assert png.format == "PNG" and png.size == (SAMPLE_FRAMES * 4, NUM_NOTES * 4)
+        assert png.format == "PNG" and png.size == roll_layout(SAMPLE_FRAMES, NUM_NOTES).size  # the roll, its axes
     # The card: the figure in the model-index and the table, the piano roll shown, the MIDI linked, no tokenizer.
     card_text = (directory / CARD_NAME).read_text()
     for fragment in (
@@ -299,7 +297,7 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
         "model of polyphonic music",
         "frames/s",
         "No tokenizer",
-        f"lm-zoo generate lm-zoo/{NAME} --num-samples 3 --seed 1 --out samples/",
+        f"lm-zoo generate {NAME} --num-samples 3 --seed 1 --out samples/",  # the registered name: offline
     ):
         assert fragment in card_text, fragment
     card = ModelCard.load(directory / CARD_NAME)

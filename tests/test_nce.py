@@ -4,7 +4,6 @@ full softmax against the unchunked one, and the noise distribution's way from th
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +20,14 @@ from datamodules.gbw import GBWDataModule
 from datamodules.streams import LMBatch
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.perplexity import evaluate
-from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
+from tests.conftest import DATA_ROOT, needs_data, one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG
 from zoo.errors import ConfigError
 from zoo.heads import SoftmaxHead, chunked_nll, scores_nll
 from zoo.nce import NCEHead, UnigramNoise, alias_table
 
 B, T, D, V, K = 2, 3, 4, 11, 5
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-GBW_SAMPLE = Path(os.environ.get("LM_ZOO_DATA", SHARED)) / "gbw-sample"
+GBW_SAMPLE = DATA_ROOT / "gbw-sample"
 
 
 @pytest.fixture
@@ -304,7 +302,7 @@ def _train_on_gbw_sample(head: str, cache: Path, steps: int = 200, seed: int = 0
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.skipif(not GBW_SAMPLE.is_dir(), reason="no GBW sample (LM_ZOO_DATA)")
+@needs_data("gbw-sample")
 def test_nce_reaches_the_full_softmax_perplexity_on_the_gbw_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

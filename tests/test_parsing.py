@@ -6,11 +6,9 @@ model's split points against a per-sentence run."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,11 +27,11 @@ from lightning_modules.evaluation.parsing import (
     sentence_f1,
     tree_spans,
 )
+from tests.conftest import DATA_ROOT, needs_data
 from zoo import RecurrentLM
 from zoo.errors import ConfigError, DataError
 
-DATA = Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")).expanduser()
-TREEBANK = DATA / "treebank" / "treebank.zip"
+TREEBANK = DATA_ROOT / "treebank" / "treebank.zip"
 W = ["a", "b", "c", "d", "e"]
 
 
@@ -128,7 +126,7 @@ def test_gold_sentence_keeps_words_drops_punctuation_traces_and_function_tags():
 
 
 # ------------------------------------------------------------------------------------------------- the real treebank
-@pytest.mark.skipif(not TREEBANK.exists(), reason="the NLTK treebank sample is not under $LM_ZOO_DATA/treebank")
+@needs_data("treebank", "treebank.zip")
 def test_reads_the_nltk_sample_as_manifest_md_counts_it():
     trees = parsing.read_treebank(TREEBANK)
     assert len(trees) == 3914  # MANIFEST.md: 199 files, 3,914 parse trees, 100,676 leaves

@@ -1,13 +1,20 @@
 """Mixed precision: every architecture and head trains under bf16 autocast on CPU (the same non-oneDNN route a CUDA
-tensor takes through the hand-written kernels), close to float32, with the recurrent state kept in float32."""
+tensor takes through the hand-written kernels), close to float32, with the recurrent state kept in float32; and the
+low-precision dtype is what actually ran where the README says it runs (the products autograd runs, in every layer and
+head), while lm-zoo's hand-written kernels (the Mogrifier window) and the adaptive head compute in float32."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import zoo
 from datamodules import TextDataModule
@@ -19,18 +26,68 @@ B, T = 3, 9
 # bf16 keeps 8 bits of mantissa: a relative error of ~0.4% per rounding, a few of them per step and layer.
 OUTPUT_TOLERANCE = 0.05  # largest |bf16 - fp32| of an output, relative to the fp32 outputs' largest magnitude
 GRADIENT_COSINE = 0.98  # every parameter's bf16 gradient points where the fp32 one does
+# Architectures whose whole window is one of lm-zoo's hand-written kernels on the fast path (zoo/mogrifier.py's
+# _MogrifierWindow, under zoo.kernels.autocast_off): every product of the layer runs in the weights' dtype.
+WINDOW_KERNELS = {"mogrifier"}
+
+
+def _is_product(op: str) -> bool:
+    """Whether an op is a matrix product or a fused recurrent kernel (aten's, or lm-zoo's C++ Mogrifier window, whose
+    products the dispatcher sees as one op): the work autocast lowers, or the hand-written kernels keep in float32."""
+    return any(key in op for key in ("mm", "linear", "rnn", "lstm", "gru", "window"))
+
+
+class DtypesRan(TorchDispatchMode):
+    """The dtypes the aten ops of a forward computed in, by the tracked module that ran them.
+
+    A dispatch mode sees every op as it executes, after autocast has cast its inputs: what ran, not what was asked
+    for. ``ran[scope][op]`` is the set of floating output dtypes of ``op`` inside ``modules[scope]`` (the innermost
+    tracked module; ``"outside"`` for ops outside them all).
+    """
+
+    def __init__(self, modules: dict[str, torch.nn.Module] | None = None) -> None:
+        super().__init__()
+        self.modules = modules or {}
+        self.ran: dict[str, dict[str, set[torch.dtype]]] = defaultdict(lambda: defaultdict(set))
+        self._scopes = ["outside"]
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> DtypesRan:
+        for scope, module in self.modules.items():
+            self._hooks.append(module.register_forward_pre_hook(lambda m, a, s=scope: self._scopes.append(s)))
+            self._hooks.append(module.register_forward_hook(lambda m, a, o: self._scopes.pop() and None))
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        op = func.overloadpacket.__name__
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.ran[self._scopes[-1]][op].add(t.dtype)
+        return out
+
+    def products(self, scope: str) -> set[torch.dtype]:
+        """The dtypes the products (and fused recurrent kernels) in ``scope`` computed in."""
+        return {d for op, dtypes in self.ran[scope].items() if _is_product(op) for d in dtypes}
 
 
 def _run(
     stack: torch.nn.Module, x: torch.Tensor, reset: torch.Tensor, dtype: torch.dtype | None
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[tuple[torch.Tensor, ...], DtypesRan]:
     stack.zero_grad()
     torch.manual_seed(5)  # the same dropout masks in both precisions
+    ran = DtypesRan({f"layer {i}": layer for i, layer in enumerate(stack.layers)})
     with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        y, state = stack(x, reset=reset)
+        with ran:  # the forward only: autocast does not cover the backward
+            y, state = stack(x, reset=reset)
         loss = y.float().sin().sum()
     loss.backward()
-    return y.float(), state, tuple(p.grad.clone() for p in stack.parameters())
+    return (y.float(), state, tuple(p.grad.clone() for p in stack.parameters())), ran
 
 
 @pytest.mark.parametrize(
@@ -54,9 +111,16 @@ def test_every_architecture_trains_under_autocast_close_to_float32(
     x = torch.randn(B, T, size)
     reset = torch.zeros(B, T, dtype=torch.bool)
     reset[1, 4] = True
-    y32, state32, grads32 = _run(stack, x, reset, None)
-    y16, state16, grads16 = _run(stack, x, reset, dtype)
+    (y32, state32, grads32), _ = _run(stack, x, reset, None)
+    (y16, state16, grads16), ran = _run(stack, x, reset, dtype)
     assert all(s.dtype == torch.float32 for s in state16), "the carried state stays in the weights' dtype"
+    for layer in range(len(stack.layers)):
+        scope = f"layer {layer}"
+        assert ran.products(scope), f"{scope} ran no product: the recorder missed the layer"
+        if kernels == "fast" and name in WINDOW_KERNELS:  # the hand-written window computes in float32
+            assert ran.products(scope) == {torch.float32}, (scope, ran.ran[scope])
+        else:  # the input products (and, on the plain path, the recurrent ones) ran in the autocast dtype
+            assert dtype in ran.products(scope), (scope, ran.ran[scope])
     assert torch.isfinite(y16).all() and all(torch.isfinite(g).all() for g in grads16)
     assert (y16 - y32).abs().max() <= OUTPUT_TOLERANCE * y32.abs().max()
     for (parameter, _), g16, g32 in zip(stack.named_parameters(), grads16, grads32, strict=True):
@@ -83,13 +147,32 @@ def test_every_head_trains_under_bf16_autocast(head: str) -> None:
         model.zero_grad()
         model._state["train"] = None
         torch.manual_seed(3)  # the same noise words
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        ran = DtypesRan({"stack": model.model.rnn})
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), ran:
             total, count, _, _ = model._window(batch, "train")
             loss = total / count
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         losses.append(float(loss))
     assert losses[1] == pytest.approx(losses[0], rel=0.02)
+    assert loss.dtype == torch.float32, "the loss is summed in float32 whatever the products ran in"
+    # What ran under bf16 (the last pass): the stack's products in bf16, and the head's (the ops outside the stack)
+    # too, except the adaptive head's, which runs its few small products without autocast (zoo.heads._full_precision).
+    assert torch.bfloat16 in ran.products("stack"), ran.ran["stack"]
+    if head == "adaptive":
+        assert ran.products("outside") == {torch.float32}, ran.ran["outside"]
+    else:
+        assert torch.bfloat16 in ran.products("outside"), ran.ran["outside"]
+
+
+def _recorded(step: Callable[..., Any], ran: DtypesRan) -> Callable[..., Any]:
+    """``step`` run inside ``ran``: each call's ops recorded."""
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        with ran:
+            return step(*args, **kwargs)
+
+    return recorded
 
 
 def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,9 +203,15 @@ def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.Monk
         cell_options={"rounds": 2, "rank": 4},
     )
     model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=1e-2)  # LightningCLI's job in lm-zoo
+    ran = DtypesRan({"stack": model.model.rnn})
+    model.training_step = _recorded(model.training_step, ran)  # Lightning calls the step inside its autocast
     trainer = quiet_trainer(max_steps=50, precision="bf16-mixed", callbacks=[losses], limit_val_batches=0)
     trainer.fit(model, datamodule=data)
     assert len(losses.values) == 50 and all(torch.isfinite(torch.tensor(losses.values)))
+    # bf16-mixed ran in bf16: the head's products (outside the stack) did; the Mogrifier's window kernel, by design,
+    # computed in float32.
+    assert torch.bfloat16 in ran.products("outside"), ran.ran["outside"]
+    assert ran.products("stack") == {torch.float32}, ran.ran["stack"]
     first, last = sum(losses.values[:5]) / 5, sum(losses.values[-5:]) / 5
     print(f"bf16-mixed: mean loss of steps 1-5 {first:.3f}, of steps 46-50 {last:.3f}")
     assert last < first - 0.3, (first, last)
@@ -131,9 +220,11 @@ def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.Monk
 def test_plain_module_generates_under_autocast() -> None:
     torch.manual_seed(0)
     model = RecurrentLM(vocab_size=30, embedding_size=8, hidden_size=8, architecture="gru_paper").eval()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    ran = DtypesRan()
+    with torch.autocast("cpu", dtype=torch.bfloat16), ran:
         samples = model.generate(torch.zeros(2, 1, dtype=torch.long), 5, generator=torch.Generator().manual_seed(0))
     assert [len(s) for s in samples] == [5, 5]
+    assert torch.bfloat16 in ran.products("outside"), "sampling ran its products in bf16"
 
 
 def test_a_loss_scaled_fp16_step_with_nce_and_sparse_gradients() -> None:
@@ -160,8 +251,10 @@ def test_a_loss_scaled_fp16_step_with_nce_and_sparse_gradients() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     ids = torch.randint(0, vocab, (B, T + 1))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with torch.autocast("cpu", dtype=torch.float16):
+    ran = DtypesRan()
+    with torch.autocast("cpu", dtype=torch.float16), ran:
         total, count, _, _ = model._window(LMBatch(ids[:, :-1], ids[:, 1:]), "train")
+    assert torch.float16 in ran.products("outside"), "the window's products ran in fp16"
     scaler.scale(total / count).backward()
     assert model.model.embedding.weight.grad.is_sparse
     scaler.unscale_(optimizer)

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import cli
+from tests.conftest import DATA_ROOT, needs_data
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA = Path(os.environ.get("LM_ZOO_DATA", SHARED))
-pytestmark = pytest.mark.skipif(not (DATA / "ptb" / "ptb.train.txt").exists(), reason="no real corpora (LM_ZOO_DATA)")
+pytestmark = needs_data("ptb", "ptb.train.txt")
 
 CONFIG = """
 seed_everything: 1
@@ -46,7 +44,7 @@ optimizer:
 
 def _fit_and_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture[str], **settings: object) -> dict:
     config = tmp_path / "config.yaml"
-    config.write_text(CONFIG.format(root=tmp_path / "run", data=DATA, **settings))
+    config.write_text(CONFIG.format(root=tmp_path / "run", data=DATA_ROOT, **settings))
     assert cli.main(["fit", "--config", str(config)]) == 0
     capsys.readouterr()
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
@@ -73,7 +71,7 @@ def test_ptb_word_lstm_beats_the_unigram_baseline(
 ) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     result = _fit_and_evaluate(tmp_path, capsys, corpus="ptb", steps=300, emb=64, hidden=128, batch=20, bptt=35)
-    unigram = _unigram_ppl(DATA / "ptb" / "ptb.train.txt", DATA / "ptb" / "ptb.valid.txt")
+    unigram = _unigram_ppl(DATA_ROOT / "ptb" / "ptb.train.txt", DATA_ROOT / "ptb" / "ptb.valid.txt")
     assert result["tokens"] == 73_760  # 70,390 words + 3,370 <eos>: every token predicted once
     assert 600 < unigram < 800
     assert result["ppl"] < 0.5 * unigram, (result["ppl"], unigram)

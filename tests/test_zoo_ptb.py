@@ -6,23 +6,19 @@ Skipped only when LM_ZOO_DATA is unset and ../shared/data is absent (CI always s
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 import zoo
 from benchmarks.short_budget import ptb, train_briefly
 from datamodules.text import TextDataModule
+from tests.conftest import DATA_ROOT, needs_data
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA = Path(os.environ.get("LM_ZOO_DATA", SHARED))
-pytestmark = pytest.mark.skipif(not (DATA / "ptb" / "ptb.train.txt").exists(), reason="no real corpora (LM_ZOO_DATA)")
+pytestmark = needs_data("ptb", "ptb.train.txt")
 
 
 @pytest.fixture(scope="module")
 def datamodule() -> TextDataModule:
-    return ptb(str(DATA))
+    return ptb(str(DATA_ROOT))
 
 
 @pytest.mark.parametrize("name", zoo.names())
