@@ -45,6 +45,7 @@ from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 
 GBW_URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
+GBW_SHA256 = "01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e"  # of the archive (HF lm1b's record)
 TRAIN_DIR = "training-monolingual.tokenized.shuffled"
 HELDOUT_DIR = "heldout-monolingual.tokenized.shuffled"
 DEFAULT_FILES = {

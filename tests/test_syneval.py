@@ -11,20 +11,18 @@ import pickle
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 import torch
 
 from datamodules.tokenizers import WordTokenizer
 from lightning_modules.evaluation import syneval
+from tests.conftest import DATA_ROOT, needs_data
 from zoo import RecurrentLM
 from zoo.errors import DataError
 
-DATA = Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")).expanduser() / "syneval"
-needs_templates = pytest.mark.skipif(
-    not (DATA / "templates.tar.xz").exists(), reason="Marvin & Linzen's templates are not under $LM_ZOO_DATA/syneval"
-)
+SYNEVAL = DATA_ROOT / "syneval"
+needs_templates = needs_data("syneval", "templates.tar.xz")
 
 CONDITIONS = {
     "simple_agrmt": [("the author laughs", "the author laugh"), ("the authors laugh", "the authors laughs")],
@@ -82,6 +80,22 @@ def test_unknown_words_are_counted_and_the_known_only_accuracy_leaves_them_out()
     assert comparison["accuracy_without_unknown_words"] is None and comparison["pairs"] == 1
 
 
+def test_a_pair_that_reads_the_same_after_unknown_words_is_a_tie_whatever_the_batching():
+    """Pairs such as "the author zorps" / "the author zorp" read alike when the model knows neither verb form: the
+    grammatical one is not more probable, at any batch size (scored once, not twice with float rounding between)."""
+    tokenizer = WordTokenizer.build("the author authors laughs laugh\nthe cat sat on the mat")
+    torch.manual_seed(0)
+    model = RecurrentLM(tokenizer.vocab_size, "lstm", 8, 8, 1).eval()
+    alike = {"agreement": [("the author zorps", "the author zorp")] * 3 + [("the author laughs", "the author laugh")]}
+    assert tokenizer.encode("the author zorps") == tokenizer.encode("the author zorp")
+    for batch_size in (1, 2, 7):
+        result = syneval.evaluate_syneval(model, tokenizer, alike, batch_size=batch_size)
+        comparison = result["conditions"]["agreement"]["comparisons"]["grammatical > ungrammatical"]
+        known_right = comparison["accuracy_without_unknown_words"]  # the one pair without unknown words
+        assert comparison["accuracy"] == known_right / 4  # the three alike pairs count as not more probable
+        assert result["sentences_scored"] == 3 and result["sentences"] == 4
+
+
 def test_sentence_log_probability_is_the_sum_written_out():
     tokenizer = tokenizer_for(CONDITIONS)
     torch.manual_seed(0)
@@ -106,7 +120,7 @@ def test_anim_and_inanim_files_are_one_condition():
     ("archive", "tuples"), [("templates.tar.xz", 158_084), ("emnlp2018_templates.tar.xz", 163_124)]
 )
 def test_the_published_archives_load_with_the_counts_manifest_md_gives(archive, tuples):
-    conditions = syneval.read_templates(DATA / archive)
+    conditions = syneval.read_templates(SYNEVAL / archive)
     assert sum(len(cases) for cases in conditions.values()) == tuples
     assert set(conditions) == set(syneval.CONDITIONS)  # 22 files joined into the 15 conditions
     assert conditions["simple_agrmt"][0] == ("the author laughs", "the author laugh")
@@ -114,7 +128,7 @@ def test_the_published_archives_load_with_the_counts_manifest_md_gives(archive, 
 
 @needs_templates
 def test_the_original_pickles_in_a_directory_load_and_others_are_refused(tmp_path):
-    with tarfile.open(DATA / "templates.tar.xz") as archive:
+    with tarfile.open(SYNEVAL / "templates.tar.xz") as archive:
         member = next(m for m in archive.getmembers() if m.name.endswith("simple_agrmt.pickle"))
         (tmp_path / "simple_agrmt.pickle").write_bytes(archive.extractfile(member).read())
     assert len(syneval.read_templates(tmp_path)["simple_agrmt"]) == 140
@@ -142,31 +156,45 @@ def test_the_unpickler_refuses_any_global():
         syneval._plain_load(pickle.dumps({"case": [Evil()]}), "evil")
 
 
+def _exported_word_model(directory):
+    """A tiny word model over CONDITIONS' words, exported into ``directory``."""
+    from checkpoints import LoadedModel
+    from checkpoints.export import export_model
+
+    tokenizer = tokenizer_for(CONDITIONS)
+    model = RecurrentLM(tokenizer.vocab_size, "lstm", 8, 8, 1).eval()
+    return export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), directory, results=[])
+
+
+SYNEVAL_CLI = [sys.executable, "-m", "cli", "syneval"]
+
+
+def test_cli_refuses_a_file_that_is_not_a_template(tmp_path):
+    exported = _exported_word_model(tmp_path / "word")
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "x.pickle").write_bytes(b"")
+    args = [*SYNEVAL_CLI, str(exported), "--templates", str(templates)]
+    refused = subprocess.run(args, capture_output=True, text=True)
+    assert refused.returncode == 2 and "x.pickle is not one of Marvin & Linzen's template files" in refused.stderr
+
+
+@needs_templates
 def test_cli_scores_a_word_model_and_refuses_a_character_model(tmp_path):
     from checkpoints import LoadedModel
     from checkpoints.export import export_model
     from datamodules.tokenizers import CharTokenizer
 
-    tokenizer = tokenizer_for(CONDITIONS)
-    model = RecurrentLM(tokenizer.vocab_size, "lstm", 8, 8, 1).eval()
-    exported = export_model(LoadedModel(model, tokenizer, {"corpus": "somewhere"}), tmp_path / "word", results=[])
-    templates = tmp_path / "templates"
-    templates.mkdir()
-    command = [sys.executable, "-m", "cli", "syneval"]
-    if (DATA / "templates.tar.xz").exists():
-        done = subprocess.run(
-            [*command, str(exported), "--templates", str(DATA / "templates.tar.xz"), "--max-tuples", "3", "--json"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        result = json.loads(done.stdout)
-        assert all(c["tuples"] == 3 for c in result["conditions"].values()) and len(result["conditions"]) == 15
-    (templates / "x.pickle").write_bytes(b"")
-    refused = subprocess.run([*command, str(exported), "--templates", str(templates)], capture_output=True, text=True)
-    assert refused.returncode == 2 and "x.pickle is not one of Marvin & Linzen's template files" in refused.stderr
-    if (DATA / "templates.tar.xz").exists():
-        chars = CharTokenizer.build("the author laughs")
-        char_model = RecurrentLM(chars.vocab_size, "lstm", 8, 8, 1).eval()
-        char_dir = export_model(LoadedModel(char_model, chars, {"corpus": "somewhere"}), tmp_path / "char", results=[])
-        args = [*command, str(char_dir), "--templates", str(DATA / "templates.tar.xz")]
-        refused = subprocess.run(args, capture_output=True, text=True)
-        assert refused.returncode == 2 and "reads char tokens: give a word-level model" in refused.stderr
+    exported = _exported_word_model(tmp_path / "word")
+    archive = str(SYNEVAL / "templates.tar.xz")
+    done = subprocess.run(
+        [*SYNEVAL_CLI, str(exported), "--templates", archive, "--max-tuples", "3", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result = json.loads(done.stdout)
+    assert all(c["tuples"] == 3 for c in result["conditions"].values()) and len(result["conditions"]) == 15
+    chars = CharTokenizer.build("the author laughs")
+    char_model = RecurrentLM(chars.vocab_size, "lstm", 8, 8, 1).eval()
+    char_dir = export_model(LoadedModel(char_model, chars, {"corpus": "somewhere"}), tmp_path / "char", results=[])
+    refused = subprocess.run([*SYNEVAL_CLI, str(char_dir), "--templates", archive], capture_output=True, text=True)
+    assert refused.returncode == 2 and "reads char tokens: give a word-level model" in refused.stderr

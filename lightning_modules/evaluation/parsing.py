@@ -58,6 +58,7 @@ WORD_TAGS = frozenset(
 PHRASE_TYPES = ("NP", "VP", "PP", "ADJP", "SBAR")  # reported by name; the JSON has every label
 WSJ10_WORDS = 10
 TREEBANK_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"
+TREEBANK_SHA256 = "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c37399"  # nltk_data @ 5db857e
 
 # A binary tree: a word, or a pair of trees.
 BinaryTree = str | tuple["BinaryTree", "BinaryTree"]

@@ -38,7 +38,8 @@ import torch
 from lightning_modules.evaluation.sentences import score_sentences
 from zoo.errors import DataError
 
-ARCHIVES = {  # sha256 of the archives in MANIFEST.md
+TEMPLATES_SOURCE = "https://github.com/BeckyMarvin/LM_syneval/tree/edb7378 (data/templates, EMNLP2018/templates)"
+ARCHIVES = {  # sha256 of the tar.xz archives that repack the pickles of TEMPLATES_SOURCE
     "045082eeb12743e822def32b5b8992982b2665f18599ced850ff993d2e023952": "templates.tar.xz",
     "4e235382c5ab1ab4a0bf34aa4ff6286049226df835dfc6e55a37ac689242c056": "emnlp2018_templates.tar.xz",
 }
@@ -190,9 +191,7 @@ def sentence_log_probs(
         batch_size: sentences per forward pass (padded at their ends, which earlier steps cannot see).
     """
     end = [tokenizer.index["."]] if "." in getattr(tokenizer, "index", {}) else [tokenizer.eos_id]
-    # In the given order, not by length: the accuracies in docs/syntax.md were measured so, and another batching would
-    # change float rounding, which could turn a near tie.
-    scores = score_sentences(model, tokenizer, sentences, batch_size, end=end, by_length=False)
+    scores = score_sentences(model, tokenizer, sentences, batch_size, end=end)
     return [score.logprob for score in scores]
 
 
@@ -233,8 +232,15 @@ def evaluate_syneval(
         accuracy over all tuples and over those without unknown words; the overall accuracy over every comparison.
     """
     chosen = {name: cases[:max_tuples] if max_tuples else cases for name, cases in conditions.items()}
-    unique = list(dict.fromkeys(s for cases in chosen.values() for case in cases for s in case))
-    score = dict(zip(unique, sentence_log_probs(model, tokenizer, unique, batch_size)))
+    # Sentences that differ only in words the model does not know read as the same ids (a quarter of some templates'
+    # pairs on a PTB vocabulary): each reading is scored once, so such a pair ties exactly (and the grammatical one
+    # is not "more probable") instead of being decided by float rounding, which moves with the batching.
+    reading = {s: tuple(tokenizer.encode(s)) for cases in chosen.values() for case in cases for s in case}
+    first_of = {}
+    for sentence, ids in reading.items():
+        first_of.setdefault(ids, sentence)
+    scored = dict(zip(first_of, sentence_log_probs(model, tokenizer, list(first_of.values()), batch_size)))
+    score = {sentence: scored[ids] for sentence, ids in reading.items()}
     counts: dict[str, _Condition] = {}
     for name, cases in chosen.items():
         condition = counts.setdefault(name, _Condition())
@@ -274,7 +280,8 @@ def evaluate_syneval(
     return {
         "conditions": results,
         "accuracy": right / total if total else None,
-        "sentences_scored": len(unique),
+        "sentences_scored": len(first_of),
+        "sentences": len(reading),
         "end_token": "." if "." in getattr(tokenizer, "index", {}) else "<eos>",
         "max_tuples": max_tuples,
         "scoring": "sum of log-probabilities from <eos>, words and end; the grammatical sentence must be more probable",

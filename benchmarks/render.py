@@ -1,0 +1,456 @@
+"""Render the tables of README.md and docs/ from the stored results, so that no figure there is typed by hand.
+
+A rendered block in a Markdown file sits between two markers naming its renderer::
+
+    <!-- rendered: reverse-copy (python benchmarks/render.py; do not edit by hand) -->
+    | length | ... |
+    <!-- /rendered: reverse-copy -->
+
+Each renderer reads one results file: a JSON under ``benchmarks/results/`` written by the command that measured it
+(named in the table's caption), or ``checkpoints/registry.json`` for the shipped models. ``python benchmarks/render.py``
+rewrites every block; ``--check`` only reports the stale ones (``tests/test_docs.py`` runs the same check, so a block
+that drifts from its results file fails the suite).
+
+Usage::
+
+    python benchmarks/render.py            # rewrite every block in README.md and docs/*.md
+    python benchmarks/render.py --check    # exit 1 and name the blocks that differ
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(
+    r"<!-- rendered: (?P<name>[\w-]+)(?P<note>[^>]*)-->\n(?P<body>.*?)\n?<!-- /rendered: (?P=name) -->", re.S
+)
+
+# The architectures' column order in Jozefowicz et al. 2015's Tables 1 and 2.
+JOZEFOWICZ_COLUMNS = ["Tanh", "LSTM", "LSTM-f", "LSTM-i", "LSTM-o", "LSTM-b", "GRU", "MUT1", "MUT2", "MUT3"]
+
+
+def _load(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def _bold_best(values: list[float], text: list[str], best: Callable[[list[float]], float]) -> list[str]:
+    """``text`` with the entry of the best value (``min`` or ``max``) in bold."""
+    target = best(values)
+    return [f"**{t}**" if v == target else t for v, t in zip(values, text, strict=True)]
+
+
+def _trials_note(trials: dict[str, int]) -> str:
+    """One line saying how many trials each cell holds: every cell the same, or the counts that differ."""
+    counts = sorted(set(trials.values()))
+    if len(counts) == 1:
+        return f"Trials per cell: {counts[0]} (every cell)."
+    listed = ", ".join(f"{cell} {n}" for cell, n in trials.items())
+    return f"Trials per cell: {listed}."
+
+
+def _cell_trials(cell: dict) -> int:
+    """The trials a cell's study finished (``trials_run``, recorded since the count was made exact), else requested."""
+    return int(cell.get("trials_run", cell["trials"]))
+
+
+def reverse_copy() -> str:
+    """Melis et al. 2020 Figure 4 at CPU scale (``benchmarks/reverse_copy.py``): test loss per length and model."""
+    cells = _load("reverse_copy.json")
+    lengths = sorted({cell["length"] for cell in cells.values()})
+    lstm, mog = cells[f"{lengths[0]}/LSTM"], cells[f"{lengths[0]}/Mogrifier"]
+    lines = [
+        _row(
+            [
+                "length",
+                f"LSTM (1 × {lstm['hidden_size']}, {lstm['parameters']:,} parameters)",
+                f"Mogrifier (1 × {mog['hidden_size']}, {mog['parameters']:,} parameters)",
+                "Mogrifier − LSTM",
+            ]
+        ),
+        "|---:|---:|---:|---:|",
+    ]
+    for length in lengths:
+        a, b = cells[f"{length}/LSTM"]["test_loss"], cells[f"{length}/Mogrifier"]["test_loss"]
+        lines.append(_row([length, f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}".replace("-", "−")]))
+    lines += ["", _trials_note({key: _cell_trials(cell) for key, cell in cells.items()})]
+    return "\n".join(lines)
+
+
+def music_table() -> str:
+    """Jozefowicz et al. 2015 Table 2 at CPU scale (``benchmarks/music_table.py``): test NLL per frame."""
+    cells = _load("music_table.json")
+    rows = list(dict.fromkeys(cell["row"] for cell in cells.values()))
+    lines = [_row(["", *JOZEFOWICZ_COLUMNS]), "|---" * (len(JOZEFOWICZ_COLUMNS) + 1) + "|"]
+    for row in rows:
+        ours = [cells[f"{row}/{arch}"]["test_nll"] for arch in JOZEFOWICZ_COLUMNS]
+        paper = [cells[f"{row}/{arch}"]["paper"] for arch in JOZEFOWICZ_COLUMNS]
+        lines.append(_row([f"{row} (lm-zoo)", *_bold_best(ours, [f"{v:.3f}" for v in ours], min)]))
+        lines.append(_row([f"{row} (paper)", *[f"{v:.3f}" for v in paper]]))
+        lines.append(_row([f"{row}: lm-zoo − paper", *[f"{o - p:+.3f}" for o, p in zip(ours, paper, strict=True)]]))
+    minutes = {row: sum(c["tune_seconds"] for c in cells.values() if c["row"] == row) / 60 for row in rows}
+    spent = ", ".join(f"{row} {m:.1f}" for row, m in minutes.items())
+    lines += [
+        "",
+        _trials_note({key: _cell_trials(cell) for key, cell in cells.items()}),
+        f"Tuning time per row, summed over its cells (minutes): {spent}.",
+    ]
+    return "\n".join(lines)
+
+
+def search_table1() -> str:
+    """Jozefowicz et al. 2015 Table 1 at CPU scale (``benchmarks/search_table1.py``): best next-step accuracy."""
+    cells = _load("search_table1.json")
+    tasks = list(dict.fromkeys(cell["task"] for cell in cells.values()))
+    lines = [_row(["", *JOZEFOWICZ_COLUMNS]), "|---" * (len(JOZEFOWICZ_COLUMNS) + 1) + "|"]
+    for task in tasks:
+        ours = [cells[f"{task}/{arch}"]["accuracy"] for arch in JOZEFOWICZ_COLUMNS]
+        paper = [cells[f"{task}/{arch}"]["paper"] for arch in JOZEFOWICZ_COLUMNS]
+        lines.append(_row([f"{task} (lm-zoo)", *_bold_best(ours, [f"{v:.4f}" for v in ours], max)]))
+        lines.append(_row([f"{task} (paper)", *[f"{v:.4f}" for v in paper]]))
+    settings = sorted({cell["settings"] for cell in cells.values()})
+    minutes = sum(cell["seconds"] for cell in cells.values()) / 60
+    lines += [
+        "",
+        f"Settings per cell: {', '.join(map(str, settings))}; training time summed over the cells: {minutes:.0f} min.",
+    ]
+    return "\n".join(lines)
+
+
+def score_throughput() -> str:
+    """``benchmarks/score_throughput.py``: sentences scored per second by ``lm-zoo score`` at each batch size."""
+    result = _load("score_throughput.json")
+    lines = [
+        f"`{result['command']}` ({result['machine']}; {result['sentences']:,} sentences, {result['tokens']:,} tokens):",
+        "",
+        "| batch size | sentences/s | tokens/s | largest log-probability difference from batch 1 |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            _row(
+                [
+                    row["batch_size"],
+                    f"{row['sentences_per_s']:,.0f}",
+                    f"{row['tokens_per_s']:,.0f}",
+                    f"{row['largest_logprob_difference_from_batch_1']:.1e}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+PHRASES = ["NP", "VP", "PP", "ADJP", "SBAR"]  # the phrase types Shen et al. 2019 report recall for
+
+
+def pct(fraction: float) -> str:
+    """A fraction as a percentage to one decimal, as the papers give them."""
+    return f"{100 * fraction:.1f}"
+
+
+def parse() -> str:
+    """``lm-zoo parse ptb-on-lstm --json``: sentence-level F1 per layer and recall per phrase type, with baselines."""
+    result = _load("parse_ptb-on-lstm.json")
+    lines = [
+        f"`lm-zoo parse {result['source']} --json > benchmarks/results/parse_ptb-on-lstm.json`: F1 and recall in %.",
+        "",
+        _row(["tree", f"WSJ10 ({result['wsj10_sentences']:,})", f"all lengths ({result['sentences']:,})", *PHRASES]),
+        "|---|---:|---:|" + "---:|" * len(PHRASES),
+    ]
+    layers = result["layers"]
+    best = max(layer["f1_wsj10"] for layer in layers)
+    for layer in layers:
+        f1 = [pct(layer["f1_wsj10"]), pct(layer["f1_all"])]
+        if layer["f1_wsj10"] == best:
+            f1 = [f"**{value}**" for value in f1]
+        recall = [pct(layer["recall"][phrase]) for phrase in PHRASES]
+        lines.append(_row([f"`{result['source']}` layer {layer['layer']}", *f1, *recall]))
+    for name, baseline in sorted(result["baselines"].items(), key=lambda item: -item[1]["f1_wsj10"]):
+        label = name.replace("_", "-") + (f" (seed {result['random_seed']})" if name == "random" else "")
+        lines.append(_row([label, pct(baseline["f1_wsj10"]), pct(baseline["f1_all"]), *[""] * len(PHRASES)]))
+    counts = ", ".join(f"{phrase} {result['phrase_counts'][phrase]:,}" for phrase in PHRASES)
+    lines += ["", f"Gold phrases of two words or more in the sample: {counts}."]
+    return "\n".join(lines)
+
+
+SYNEVAL_MODELS = ["ptb-on-lstm", "ptb-lstm-3x400"]  # the ON-LSTM and its LSTM twin: same size, recipe, epochs
+
+
+def syneval() -> str:
+    """``lm-zoo syneval NAME --json``, for the ON-LSTM and its LSTM twin: accuracy per condition, in %."""
+    results = {name: _load(f"syneval_{name}.json") for name in SYNEVAL_MODELS}
+    first = results[SYNEVAL_MODELS[0]]
+    names = [f"`{name}`" for name in SYNEVAL_MODELS]
+    lines = [
+        "Commands: "
+        + ", ".join(
+            f"`lm-zoo syneval {name} --json > benchmarks/results/syneval_{name}.json`" for name in SYNEVAL_MODELS
+        )
+        + f"; {first['sentences']:,} sentences per model, {first['sentences_scored']:,} distinct once unknown words "
+        "read as `<unk>`. Accuracy in %:",
+        "",
+        _row(
+            [
+                "condition",
+                "tuples",
+                "with an unknown word",
+                *[f"{n} all" for n in names],
+                *[f"{n} without unknown words" for n in names],
+            ]
+        ),
+        "|---|---:|---:|" + "---:|" * (2 * len(names)),
+    ]
+    for key, condition in first["conditions"].items():
+        rows = [results[name]["conditions"][key] for name in SYNEVAL_MODELS]
+        known = [row["comparisons"]["grammatical > ungrammatical"]["accuracy_without_unknown_words"] for row in rows]
+        lines.append(
+            _row(
+                [
+                    condition["name"],
+                    f"{condition['tuples']:,}",
+                    f"{condition['tuples_with_unknown_words']:,}",
+                    *[pct(row["accuracy"]) for row in rows],
+                    *["—" if value is None else pct(value) for value in known],
+                ]
+            )
+        )
+    overall = [f"**{pct(results[name]['accuracy'])}**" for name in SYNEVAL_MODELS]
+    lines.append(_row(["**overall**", "", "", *overall, *[""] * len(names)]))
+    return "\n".join(lines)
+
+
+# What the papers report for the recipe each shipped model scales down: citations, not measurements of ours.
+PAPER_FIGURES = {
+    "ptb-lstm-small": "Zaremba et al. 2014, small: valid 120.7, test 114.5",
+    "ptb-lstm-medium": "Zaremba et al. 2014, medium (untied, 39 epochs): valid 86.2, test 82.7",
+    "ptb-mogrifier-cpu": "Melis et al. 2020 Table 1, 24M parameters, tuned: test 51.0",
+    "ptb-lstm-melis-cpu": "Melis et al. 2020 Table 1, LSTM at 24M parameters, tuned: test 54.6",
+    "ptb-on-lstm": "Shen et al. 2019, 3 x 1150 for 1,000 epochs: test 56.17",
+    "nottingham-gru": "Jozefowicz et al. 2015 Table 2, GRU on Nottingham: 3.410 NLL per frame",
+}
+
+
+def _registry_figure(result: dict) -> str:
+    for metric, unit, digits in (("nll_per_step", "NLL/frame", 4), ("bpc", "bpc", 4), ("ppl", "ppl", 2)):
+        if metric in result:
+            return f"{result[metric]:.{digits}f} {unit}"
+    raise KeyError(f"a result with no known metric: {sorted(result)}")
+
+
+def models_vs_papers() -> str:
+    """The shipped models (``checkpoints/registry.json``) beside what their papers report for the full recipe."""
+    registry = json.loads((ROOT / "checkpoints" / "registry.json").read_text(encoding="utf-8"))["models"]
+    lines = [
+        "| model | valid | test | eval batch, BPTT | training (wall, tokens/s) | the paper's recipe reports |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for name, entry in registry.items():
+        valid, test, run = entry["results"]["valid"], entry["results"]["test"], entry["training"]
+        lines.append(
+            _row(
+                [
+                    f"[`{name}`](../pretrained/{name}/README.md)",
+                    _registry_figure(valid),
+                    _registry_figure(test),
+                    f"{test['eval_batch_size']}, {test['bptt']}",
+                    f"{run['wall_time_s'] / 60:.0f} min, {run['tokens_per_s']:,.0f}",
+                    PAPER_FIGURES.get(name, "—"),
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def mogrifier_pair() -> str:
+    """The shipped PTB pair that puts Melis et al. 2020's claim to CPU scale: the same recipe, Mogrifier and LSTM."""
+    registry = json.loads((ROOT / "checkpoints" / "registry.json").read_text(encoding="utf-8"))["models"]
+    lines = [
+        "| model | command | parameters | wall time, tokens/s | valid / test ppl | eval batch, BPTT |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for name in ("ptb-mogrifier-cpu", "ptb-lstm-melis-cpu"):
+        entry = registry[name]
+        valid, test, run = entry["results"]["valid"], entry["results"]["test"], entry["training"]
+        lines.append(
+            _row(
+                [
+                    f"`{name}`",
+                    f"`{run['command']}`",
+                    f"{entry['num_parameters']:,}",
+                    f"{run['wall_time_s'] / 60:.1f} min, {run['tokens_per_s']:,.0f}",
+                    f"{valid['ppl']:.2f} / {test['ppl']:.2f}",
+                    f"{test['eval_batch_size']}, {test['bptt']}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def corpora() -> str:
+    """Every dataset lm-zoo downloads or reads, with the canonical URL and sha256 that its code checks."""
+    from datamodules.corpora import CORPORA
+    from datamodules.gbw import GBW_SHA256, GBW_URL, HELDOUT_DIR, TRAIN_DIR
+    from datamodules.piano_rolls import MUSIC_DATASETS
+    from lightning_modules.evaluation.parsing import TREEBANK_SHA256, TREEBANK_URL
+    from lightning_modules.evaluation.syneval import ARCHIVES, TEMPLATES_SOURCE
+
+    lines = ["| name | file under `$LM_ZOO_DATA` | level | downloaded from | sha256 |", "|---|---|---|---|---|"]
+    specs = [*CORPORA.values(), *MUSIC_DATASETS.values()]
+    for spec in specs:
+        level = getattr(spec, "level", "piano roll")
+        for remote in spec.files:
+            source = f"{remote.url}" + (f" (member `{remote.member}`)" if remote.member else "")
+            digest = f"`{remote.sha256}`" if remote.sha256 else "none published: only presence is checked"
+            lines.append(_row([f"`{spec.name}`", f"`{spec.directory}/{remote.name}`", level, source, digest]))
+    lines.append(
+        _row(
+            [
+                "`gbw`",
+                f"`gbw/{TRAIN_DIR}/`, `gbw/{HELDOUT_DIR}/`",
+                "word",
+                f"{GBW_URL} (not downloaded: unpack it there)",
+                f"`{GBW_SHA256}` (the archive)",
+            ]
+        )
+    )
+    lines.append(
+        _row(
+            [
+                "`gbw-sample`",
+                "`gbw-sample/news.en.heldout-000{10,11,12,13}-of-00050`",
+                "word",
+                "held-out shards 10-13 of the same archive (train, train, valid, test)",
+                "the archive's",
+            ]
+        )
+    )
+    lines.append(
+        _row(
+            [
+                "treebank (for `lm-zoo parse`)",
+                "`treebank/treebank.zip`",
+                "parse trees",
+                f"{TREEBANK_URL} (not downloaded: put it there)",
+                f"`{TREEBANK_SHA256}`",
+            ]
+        )
+    )
+    for digest, archive in ARCHIVES.items():
+        lines.append(
+            _row(
+                [
+                    "templates (for `lm-zoo syneval`)",
+                    f"`syneval/{archive}`",
+                    "sentence tuples",
+                    f"{TEMPLATES_SOURCE}, repacked unchanged as tar.xz (or pass its pickle directory)",
+                    f"`{digest}`",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+def fit_overhead() -> str:
+    """``benchmarks/fit_overhead.py``: ``lm-zoo fit`` against a plain PyTorch loop, with and without lm-zoo's malloc
+    settings on each side, so that the like-for-like ratios stand beside the as-installed one."""
+    result = _load("fit_overhead.json")
+    settings = result["settings"]
+    load = [round(max(*entry["before"][:1], *entry["after"][:1]), 1) for entry in result["load_average"]]
+    lines = [
+        f"`{'`, then `'.join(result['commands'])}` (the 2 x 200 PTB LSTM at batch {settings['batch']}, BPTT "
+        f"{settings['bptt']}, {settings['steps']} timed steps per round, {settings['threads']} threads, torch "
+        f"{settings['torch']}; highest 1-minute load average around the rounds: {max(load)}):",
+        "",
+        "| side | tokens/s (median) | peak RSS |",
+        "|---|---:|---:|",
+    ]
+    for side, tokens in result["median_tokens_per_s"].items():
+        rss = result["median_peak_rss_bytes"][side] / 2**20
+        lines.append(_row([side, f"{tokens:,.0f}", f"{rss:,.0f} MiB"]))
+    lines += ["", "| ratio | what it measures | tokens/s | peak RSS |", "|---|---|---:|---:|"]
+    for ratio in result["ratios"]:
+        lines.append(_row([ratio["sides"], ratio["what"], f"{ratio['tokens_per_s']:.2f}", f"{ratio['peak_rss']:.2f}"]))
+    return "\n".join(lines)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "models-vs-papers": models_vs_papers,
+    "mogrifier-pair": mogrifier_pair,
+    "corpora": corpora,
+    "reverse-copy": reverse_copy,
+    "music-table": music_table,
+    "search-table1": search_table1,
+    "score-throughput": score_throughput,
+    "parse": parse,
+    "syneval": syneval,
+    "fit-overhead": fit_overhead,
+}
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The Markdown files whose blocks are rendered: the README and docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render(text: str, path: Path | None = None) -> str:
+    """``text`` with every rendered block replaced by what its renderer gives now.
+
+    Raises:
+        KeyError: a block names no known renderer.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in RENDERERS:
+            raise KeyError(f"{path or 'text'}: no renderer named {name!r} (known: {', '.join(RENDERERS)})")
+        try:
+            body = RENDERERS[name]()
+        except FileNotFoundError as missing:  # the docs then say so instead of keeping a figure nothing backs
+            body = f"No stored result yet: `{Path(missing.filename).relative_to(ROOT)}` is absent."
+        return f"<!-- rendered: {name}{match['note']}-->\n{body}\n<!-- /rendered: {name} -->"
+
+    return BLOCK.sub(replace, text)
+
+
+def stale_blocks(root: Path = ROOT) -> list[str]:
+    """``file: block`` for every rendered block that differs from what its results file gives now."""
+    stale = []
+    for path in documents(root):
+        text = path.read_text(encoding="utf-8")
+        for match in BLOCK.finditer(text):
+            if render(match[0], path) != match[0]:
+                stale.append(f"{path.relative_to(root)}: {match['name']}")
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report stale blocks and exit 1; change nothing")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_blocks()
+        for block in stale:
+            print(f"stale: {block} (run python benchmarks/render.py)")
+        return 1 if stale else 0
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        rendered = render(text, path)
+        if rendered != text:
+            path.write_text(rendered, encoding="utf-8")
+            print(f"rendered {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
