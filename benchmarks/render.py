@@ -384,6 +384,34 @@ def fit_overhead() -> str:
     return "\n".join(lines)
 
 
+def quantize_int8() -> str:
+    """``benchmarks/quantize.py``: float32 against ``--quantize int8``, scoring and sampling at batch 1, side by side."""
+    result = _load("quantize_int8.json")
+    lines = [
+        f"`{result['command'].strip()}` ({result['machine']}, torch {result['torch']}, quantized engine "
+        f"{result['quantized_engine']}): scoring is the test split at eval batch 1; sampling is one stream.",
+        "",
+        "| model | test ppl float32 / int8 (change) | scoring tokens/s float32 / int8 (×) "
+        "| sampling tokens/s float32 / int8 (×) |",
+        "|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        f32, i8 = row["float32"], row["int8"]
+        lines.append(
+            _row(
+                [
+                    f"`{row['model']}`",
+                    f"{f32['scoring']['ppl']:.2f} / {i8['scoring']['ppl']:.2f} ({100 * row['ppl_change']:+.2f}%)",
+                    f"{f32['scoring']['tokens_per_s']:,.0f} / {i8['scoring']['tokens_per_s']:,.0f} "
+                    f"({row['scoring_speedup']:.2f}×)",
+                    f"{f32['sampling']['tokens_per_s']:,.0f} / {i8['sampling']['tokens_per_s']:,.0f} "
+                    f"({row['sampling_speedup']:.2f}×)",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,
@@ -395,6 +423,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "parse": parse,
     "syneval": syneval,
     "fit-overhead": fit_overhead,
+    "quantize-int8": quantize_int8,
 }
 
 

@@ -16,6 +16,7 @@
           "files": {"config.json": "<sha256>", ...},  # optional: every file of the export and its sha256
           "results": {"test": {"ppl": 112.38, "eval_batch_size": 1, "bptt": 35, "tokens": 82430}},
           "check_results": {"test": {"ppl": 112.42, "eval_batch_size": 10, "bptt": 35, "tokens": 82430}},  # optional
+          "int8_results": {"test": {"ppl": 112.51, "eval_batch_size": 1, "bptt": 35, "tokens": 82430}},  # optional
           "training": {"command": "lm-zoo fit --config configs/ptb/lstm-small.yaml", ...}   # optional
         }
       }
@@ -32,6 +33,8 @@ moves a figure in its 4th digit (ptb-lstm-small: 113.76 at batch 1, 113.80 at ba
 but the larger batch re-measures 2-7x faster on a 2-core CPU (ptb-lstm-medium 61-76 s -> 27 s, ptb-char-lstm 84-145 s
 -> 20 s), so the test suite re-measures ``check_results`` on every run and ``make verify-pretrained`` ``results``.
 Where ``results`` were measured at that batch size already (GBW, music), the two are the same figure.
+``int8_results`` are the test figure of the model run with ``--quantize int8`` (:mod:`zoo.quantization`), where that
+applies and was measured (``benchmarks/quantize.py``).
 
 ``lm-zoo models --pretrained`` prints the registry; ``lm-zoo download NAME``, ``checkpoints.load(NAME)`` and
 ``checkpoints.from_pretrained(NAME)`` accept a short name. A model
@@ -63,7 +66,7 @@ DEFAULT_BUNDLE_ROOT = Path(__file__).resolve().parent.parent / "pretrained"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # no "/": a short name is never mistaken for a repo id
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
-_OPTIONAL = {"check_results", "description", "num_parameters", "size_bytes", "files", "training"}
+_OPTIONAL = {"check_results", "int8_results", "description", "num_parameters", "size_bytes", "files", "training"}
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _TEXT_METRICS = ("ppl", "bpc")
 _MUSIC_METRICS = ("nll_per_step",)  # a piano-roll model's (lightning_modules.evaluation.music.evaluate_music)
@@ -83,6 +86,8 @@ class RegistryEntry:
     results: dict[str, dict[str, float | int]] = field(default_factory=dict)
     #: The test figure at the recipe's eval batch size, which the test suite re-measures (module doc).
     check_results: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    #: The test figure under ``--quantize int8``, where measured (module doc).
+    int8_results: dict[str, dict[str, float | int]] = field(default_factory=dict)
     description: str = ""
     num_parameters: int | None = None
     size_bytes: int | None = None
@@ -177,12 +182,14 @@ def parse_registry(data: Any, where: str) -> dict[str, RegistryEntry]:
             raise ConfigError(f"{at}: training must be an object")
         results = _check_results(entry["results"], at)
         check_results = _check_results(entry.get("check_results") or {}, f"{at}: check_results")
+        int8_results = _check_results(entry.get("int8_results") or {}, f"{at}: int8_results")
         entries[name] = RegistryEntry(
             name=name,
             **{
                 **entry,
                 "results": results,
                 "check_results": check_results,
+                "int8_results": int8_results,
                 "files": files,
                 "training": entry.get("training") or {},
             },

@@ -10,7 +10,15 @@ from typing import Any
 
 import checkpoints
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument, option
+from commands.common import (
+    DEVICE_HELP,
+    QUANTIZE_HELP,
+    SOURCE_HELP,
+    CommandParser,
+    device_argument,
+    option,
+    quantize_model,
+)
 from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
 from lightning_modules.evaluation.music import describe_music, evaluate_music
@@ -29,13 +37,20 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
 
     procedure = procedure_from_args(args)  # mc, dynamic, tune_trials
     check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
+    if args.quantize and (procedure["mc"] or procedure["dynamic"]):
+        raise ConfigError(
+            "--quantize int8 scores with fixed int8 weights: --mc-samples needs dropout and --dynamic trains the "
+            "weights; drop one of them"
+        )
     loaded = checkpoints.load(args.source, args.revision)
+    quantize_model(loaded, args.quantize, args.device)
     datamodule = loaded.datamodule(args.corpus, args.data_root)
     if loaded.is_music:
         _evaluate_music(args, loaded, datamodule, procedure)
@@ -43,6 +58,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
     result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
     result["source"] = loaded.source
+    if args.quantize:
+        result["quantize"] = args.quantize
     if args.json:
         print(json.dumps(result))
         return

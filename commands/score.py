@@ -10,7 +10,15 @@ from pathlib import Path
 
 import checkpoints
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument, option
+from commands.common import (
+    DEVICE_HELP,
+    QUANTIZE_HELP,
+    SOURCE_HELP,
+    CommandParser,
+    device_argument,
+    option,
+    quantize_model,
+)
 from lightning_modules.evaluation.sentences import score_sentences
 from zoo.errors import ConfigError, DataError
 
@@ -72,6 +80,7 @@ def cmd_score(argv: Sequence[str]) -> None:
     parser.add_argument("--no-end", action="store_true", help="score the words only, not the end of the sentence")
     parser.add_argument("--batch-size", type=option("--batch-size", int, 1), default=64, help="sentences per pass")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
     args = parser.parse_args(argv)
     if args.nbest and (args.document or args.per_token):
         raise ConfigError("--nbest scores each hypothesis alone into one column: drop --document and --per-token")
@@ -81,6 +90,7 @@ def cmd_score(argv: Sequence[str]) -> None:
     loaded = checkpoints.load(args.source, args.revision)
     if loaded.is_music:
         raise ConfigError(f"{loaded.source} is a music model: lm-zoo score scores text (lm-zoo evaluate scores music)")
+    quantize_model(loaded, args.quantize, args.device)
     sentences = [hypothesis for _, _, hypothesis in entries] if entries is not None else lines
     scores = score_sentences(
         loaded.model.to(args.device),

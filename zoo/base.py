@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from zoo.errors import ConfigError
 from zoo.kernels import plain_kernels
 
 State = tuple[Tensor, ...]
@@ -229,6 +230,9 @@ class FusedLayer(CellLayer):
     #: run the fused kernel on their sentence segments, packed (:meth:`_segments`): ``None`` on CUDA only, where
     #: cuDNN's packed kernel beats the per-step loop; ``True``/``False`` everywhere/nowhere.
     packed_segments: bool | None = None
+    #: Set by :func:`zoo.quantization.quantize_int8`, which makes ``rnn`` an int8 module with no float weights for a
+    #: per-step loop: every window then runs the fused kernel, a window with resets as packed segments.
+    int8: bool = False
 
     def __init__(self, rnn: nn.RNNBase, fused: bool = True) -> None:
         if not rnn.batch_first or rnn.num_layers != 1 or rnn.bidirectional:
@@ -240,6 +244,10 @@ class FusedLayer(CellLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
+        if self.int8:
+            if state_mask is not None:
+                raise ConfigError("an int8 layer is for inference: state dropout needs the float model")
+            return self._segments(x, state, keep_at) if keep_at else self._fused(x, state)
         if self.fused and state_mask is None and not plain_kernels() and _fused_under_autocast(self.rnn, x):
             packed = self.packed_segments if self.packed_segments is not None else x.device.type == "cuda"
             if not keep_at:
@@ -253,7 +261,7 @@ class FusedLayer(CellLayer):
         """The fused kernel over ``x`` from ``state`` (each ``(N, H)``); the final state in the weights' dtype."""
         hx = tuple(s.unsqueeze(0) for s in state)  # (1, N, H): nn.RNNBase's (layers, N, H)
         y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
-        dtype = self.rnn.weight_hh_l0.dtype  # autocast returns its own dtype; the state stays the weights'
+        dtype = state[0].dtype  # autocast returns its own dtype; the state stays the one it came in (the weights')
         return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
 
     def _segments(self, x: Tensor, state: State, keep_at: dict[int, Tensor]) -> tuple[Tensor, State]:

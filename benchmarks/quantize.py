@@ -1,0 +1,100 @@
+"""float32 against int8 (``--quantize int8``, PyTorch's dynamic quantization) for shipped word models, side by side in
+one process on the same thread count: scoring tokens/s (``lm-zoo evaluate --batch-size 1`` over the test split, whose
+perplexity each side reports) and sampling tokens/s (batch 1, seeded). Writes a new results file (``--out``, or
+``benchmarks/results/quantize_int8-<time>.json``)::
+
+    LM_ZOO_DATA=../shared/data python benchmarks/quantize.py
+    LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --tokens 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import checkpoints  # noqa: E402
+from benchmarks import output  # noqa: E402
+from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
+from zoo.quantization import quantize_int8  # noqa: E402
+
+NAME = "quantize_int8"  # benchmarks/results/quantize_int8.json
+MODELS = ["ptb-lstm-small", "ptb-lstm-medium", "wikitext-2-lstm"]
+
+
+def _scoring(model: torch.nn.Module, loaded: Any) -> dict[str, float]:
+    """The test split at eval batch 1 and the run's eval BPTT, as ``lm-zoo evaluate --batch-size 1`` scores it."""
+    start = time.perf_counter()
+    result = evaluate(model, loaded.datamodule(None, None), "test", 1, None, "cpu")
+    seconds = time.perf_counter() - start
+    tokens = result["tokens"]
+    return {
+        "ppl": result["ppl"],
+        "bptt": result["bptt"],
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+def _sampling(model: torch.nn.Module, start_id: int, tokens: int, seed: int) -> dict[str, float]:
+    """``tokens`` ids sampled at batch 1 from a line start, one step at a time (no stop id: a fixed length)."""
+    generator = torch.Generator().manual_seed(seed)
+    begin = time.perf_counter()
+    with torch.no_grad():
+        sampled = model.generate(torch.tensor([[start_id]]), tokens, generator=generator)
+    seconds = time.perf_counter() - begin
+    return {"tokens": len(sampled[0]), "seconds": seconds, "tokens_per_s": len(sampled[0]) / seconds}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=MODELS)
+    parser.add_argument("--sample-tokens", type=int, default=2000, help="tokens sampled per side")
+    parser.add_argument("--threads", type=int, default=2)
+    output.add_arguments(parser, NAME, resumable=False)
+    args = parser.parse_args(argv)
+    path = output.output_path(args, NAME)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.models:
+        loaded = checkpoints.load(name)
+        sides = {"float32": loaded.model.eval(), "int8": quantize_int8(loaded.model)}
+        row: dict[str, Any] = {"model": name}
+        for side, model in sides.items():  # each side's scoring, then each side's sampling: same conditions
+            row[side] = {"scoring": _scoring(model, loaded)}
+            print(
+                f"{name} {side}: scoring {row[side]['scoring']['tokens_per_s']:,.0f} tokens/s, "
+                f"ppl {row[side]['scoring']['ppl']:.4f}",
+                flush=True,
+            )
+        for side, model in sides.items():
+            row[side]["sampling"] = _sampling(model, loaded.tokenizer.eos_id, args.sample_tokens, seed=1)
+            print(f"{name} {side}: sampling {row[side]['sampling']['tokens_per_s']:,.0f} tokens/s", flush=True)
+        row["scoring_speedup"] = row["int8"]["scoring"]["tokens_per_s"] / row["float32"]["scoring"]["tokens_per_s"]
+        row["sampling_speedup"] = row["int8"]["sampling"]["tokens_per_s"] / row["float32"]["sampling"]["tokens_per_s"]
+        row["ppl_change"] = row["int8"]["scoring"]["ppl"] / row["float32"]["scoring"]["ppl"] - 1
+        rows.append(row)
+    output.write(
+        path,
+        {
+            "command": "python benchmarks/quantize.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "quantized_engine": torch.backends.quantized.engine,
+            "machine": f"{platform.machine()}, {args.threads} torch threads",
+            "rows": rows,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
