@@ -385,7 +385,7 @@ def fit_overhead() -> str:
 
 
 def quantize_int8() -> str:
-    """``benchmarks/quantize.py``: float32 against ``--quantize int8``, scoring and sampling at batch 1, side by side."""
+    """``benchmarks/quantize.py``: float32 against ``--quantize int8``, scoring and sampling at batch 1, in one run."""
     result = _load("quantize_int8.json")
     lines = [
         f"`{result['command'].strip()}` ({result['machine']}, torch {result['torch']}, quantized engine "
@@ -412,6 +412,42 @@ def quantize_int8() -> str:
     return "\n".join(lines)
 
 
+def inference_overhead() -> str:
+    """``benchmarks/inference_overhead.py``: ``lm-zoo evaluate`` (whole process) and ``RecurrentLM.generate`` against
+    plain PyTorch loops over the same weights."""
+    result = _load("inference_overhead.json")
+    evaluation, generation = result["evaluation"], result["generation"]
+    lines = [
+        f"`{result['command'].strip()}` ({result['machine']}, torch {result['torch']}; `{result['model']}`):",
+        "",
+        "| what | plain loop | lm-zoo | lm-zoo / plain loop |",
+        "|---|---:|---:|---:|",
+    ]
+    seconds, ppl = evaluation["median_seconds"], evaluation["ppl"]
+    lines.append(
+        _row(
+            [
+                "evaluation of the test split at batch 1, whole process (median seconds; perplexity)",
+                f"{seconds['plain loop']:.2f} s; {ppl['plain loop']:.4f}",
+                f"{seconds['lm-zoo evaluate']:.2f} s; {ppl['lm-zoo evaluate']:.4f}",
+                f"{evaluation['time_ratio']:.2f}× the time",
+            ]
+        )
+    )
+    rates = generation["median_tokens_per_s"]
+    lines.append(
+        _row(
+            [
+                f"sampling {generation['tokens']:,} tokens at batch 1 (median tokens/s)",
+                f"{rates['plain loop']:,.0f}",
+                f"{rates['RecurrentLM.generate']:,.0f}",
+                f"{generation['speed_ratio']:.2f}× the speed",
+            ]
+        )
+    )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,
@@ -424,6 +460,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "syneval": syneval,
     "fit-overhead": fit_overhead,
     "quantize-int8": quantize_int8,
+    "inference-overhead": inference_overhead,
 }
 
 
