@@ -88,17 +88,29 @@ def reverse_copy() -> str:
     return "\n".join(lines)
 
 
+def _against_paper(
+    cells: dict[str, dict], group: str, metric: str, digits: int, best: Callable, difference: bool = False
+) -> list[str]:
+    """A Jozefowicz et al. 2015 table: a column per architecture, and per ``group`` (a row or task of the paper's
+    table) lm-zoo's ``metric`` (the best in bold), the paper's, and with ``difference`` lm-zoo's minus the paper's."""
+    groups = list(dict.fromkeys(cell[group] for cell in cells.values()))
+    lines = [_row(["", *JOZEFOWICZ_COLUMNS]), "|---" * (len(JOZEFOWICZ_COLUMNS) + 1) + "|"]
+    for name in groups:
+        ours = [cells[f"{name}/{arch}"][metric] for arch in JOZEFOWICZ_COLUMNS]
+        paper = [cells[f"{name}/{arch}"]["paper"] for arch in JOZEFOWICZ_COLUMNS]
+        lines.append(_row([f"{name} (lm-zoo)", *_bold_best(ours, [f"{v:.{digits}f}" for v in ours], best)]))
+        lines.append(_row([f"{name} (paper)", *[f"{v:.{digits}f}" for v in paper]]))
+        if difference:
+            gaps = [f"{o - p:+.{digits}f}" for o, p in zip(ours, paper, strict=True)]
+            lines.append(_row([f"{name}: lm-zoo − paper", *gaps]))
+    return lines
+
+
 def music_table() -> str:
     """Jozefowicz et al. 2015 Table 2 at CPU scale (``benchmarks/music_table.py``): test NLL per frame."""
     cells = _load("music_table.json")
     rows = list(dict.fromkeys(cell["row"] for cell in cells.values()))
-    lines = [_row(["", *JOZEFOWICZ_COLUMNS]), "|---" * (len(JOZEFOWICZ_COLUMNS) + 1) + "|"]
-    for row in rows:
-        ours = [cells[f"{row}/{arch}"]["test_nll"] for arch in JOZEFOWICZ_COLUMNS]
-        paper = [cells[f"{row}/{arch}"]["paper"] for arch in JOZEFOWICZ_COLUMNS]
-        lines.append(_row([f"{row} (lm-zoo)", *_bold_best(ours, [f"{v:.3f}" for v in ours], min)]))
-        lines.append(_row([f"{row} (paper)", *[f"{v:.3f}" for v in paper]]))
-        lines.append(_row([f"{row}: lm-zoo − paper", *[f"{o - p:+.3f}" for o, p in zip(ours, paper, strict=True)]]))
+    lines = _against_paper(cells, "row", "test_nll", 3, min, difference=True)
     minutes = {row: sum(c["tune_seconds"] for c in cells.values() if c["row"] == row) / 60 for row in rows}
     spent = ", ".join(f"{row} {m:.1f}" for row, m in minutes.items())
     lines += [
@@ -112,13 +124,7 @@ def music_table() -> str:
 def search_table1() -> str:
     """Jozefowicz et al. 2015 Table 1 at CPU scale (``benchmarks/search_table1.py``): best next-step accuracy."""
     cells = _load("search_table1.json")
-    tasks = list(dict.fromkeys(cell["task"] for cell in cells.values()))
-    lines = [_row(["", *JOZEFOWICZ_COLUMNS]), "|---" * (len(JOZEFOWICZ_COLUMNS) + 1) + "|"]
-    for task in tasks:
-        ours = [cells[f"{task}/{arch}"]["accuracy"] for arch in JOZEFOWICZ_COLUMNS]
-        paper = [cells[f"{task}/{arch}"]["paper"] for arch in JOZEFOWICZ_COLUMNS]
-        lines.append(_row([f"{task} (lm-zoo)", *_bold_best(ours, [f"{v:.4f}" for v in ours], max)]))
-        lines.append(_row([f"{task} (paper)", *[f"{v:.4f}" for v in paper]]))
+    lines = _against_paper(cells, "task", "accuracy", 4, max)
     settings = sorted({cell["settings"] for cell in cells.values()})
     minutes = sum(cell["seconds"] for cell in cells.values()) / 60
     lines += [
