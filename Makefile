@@ -23,7 +23,7 @@ test: setup
 
 # The registered figures themselves (most at eval batch 1); `make test` re-measures each model's check figure instead.
 verify-pretrained: setup
-	$(BIN)/python -m pytest -q -m verify_pretrained tests/test_pretrained.py
+	$(BIN)/python -m pytest -q -m verify_pretrained
 
 docs: setup
 	$(BIN)/lm-zoo bundle table
