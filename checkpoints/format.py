@@ -58,7 +58,7 @@ from zoo.language_model import RecurrentLM
 from zoo.music import PianoRollLM
 
 if TYPE_CHECKING:
-    from lightning import LightningDataModule
+    from datamodules.stream_data import StreamData
 
 
 FORMAT = "lm-zoo"
@@ -110,9 +110,10 @@ class LoadedModel:
         """Whether this is a model of piano-roll frames (``lm-zoo evaluate`` and ``generate`` treat it as music)."""
         return isinstance(self.model, PianoRollLM)
 
-    def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> LightningDataModule:
+    def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> StreamData:
         """The data module the model was trained with (its class and settings, or on ``corpus``: for a music model
-        another dataset), using the model's own tokenizer.
+        another dataset), using the model's own tokenizer. A text model's is :class:`datamodules.TextData`, the
+        ``TextDataModule`` without Lightning: scoring and sampling need the corpus, not a Trainer.
 
         Raises:
             ConfigError: the model does not say which corpus it was trained on and none was given.
@@ -176,9 +177,9 @@ class LoadedModel:
         return [tokenizer.decode(prompt_ids[1:] + ids).rstrip("\n") for ids in samples], temperature
 
 
-def data_module_class(class_path: str | None, where: str) -> type[LightningDataModule]:
+def data_module_class(class_path: str | None, where: str) -> type[StreamData]:
     """The data module class a model records in its data settings (``class_path``); ``None`` (models saved before
-    it was recorded) means ``TextDataModule``.
+    it was recorded) means ``TextDataModule``, for which its Lightning-free twin ``TextData`` is returned.
 
     Only lm-zoo's own data modules are looked up, by name: a downloaded ``config.json`` never makes lm-zoo import
     anything else.
@@ -186,11 +187,12 @@ def data_module_class(class_path: str | None, where: str) -> type[LightningDataM
     Raises:
         CheckpointError: the class is not one of lm-zoo's data modules.
     """
-    from lightning import LightningDataModule
+    from datamodules.stream_data import StreamData
 
     name = (class_path or "TextDataModule").rsplit(".", 1)[-1]
+    name = "TextData" if name == "TextDataModule" else name  # the same class without Lightning, which costs its import
     found = getattr(datamodules, name, None) if name in datamodules.__all__ else None
-    if not (isinstance(found, type) and issubclass(found, LightningDataModule)):
+    if not (isinstance(found, type) and issubclass(found, StreamData)):
         raise CheckpointError(
             f"{where} was trained with the data module {class_path!r}, which this lm-zoo does not have; upgrade lm-zoo"
         )

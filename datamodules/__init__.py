@@ -18,7 +18,9 @@ _HOMES = {
     "MultiSequenceWindows": "datamodules.multisequence",
     "MusicDataModule": "datamodules.music",
     "ReverseCopyDataModule": "datamodules.reverse_copy",
+    "StreamData": "datamodules.stream_data",
     "StreamWindows": "datamodules.streams",
+    "TextData": "datamodules.text_data",
     "TextDataModule": "datamodules.text",
     "Tokenizer": "datamodules.tokenizers",
 }

@@ -1,50 +1,17 @@
-"""What every lm-zoo data module shares: ordered window streams for stateful truncated BPTT, one per rank, whose
-training position survives a checkpoint.
-
-A subclass provides ``tokenizer``, ``encoded(split)`` (prepares a split, cached on disk) and ``stream(split,
-batch_size, bptt)`` (the split's windows for this rank); this base turns them into Lightning's hooks and loaders.
-"""
+"""The Lightning data module every lm-zoo data module is: :class:`~datamodules.stream_data.StreamData` (the streams,
+their hooks and loaders) with ``LightningDataModule``, which LightningCLI and the Trainer take."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import lightning as L
-import torch
-from torch.utils.data import DataLoader, IterableDataset
 
-from datamodules.streams import training_position
-
-SPLITS = ("train", "valid", "test")
-STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+from datamodules.stream_data import StreamData
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write through a temp file beside ``path`` and rename, so a killed run never leaves a half-written cache entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def cache_key(*parts: Any) -> str:
-    """A short, stable name for a cache entry derived from JSON-serialisable ``parts``."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
-
-
-class StreamDataModule(L.LightningDataModule):
-    """The Lightning side of a corpus read as ordered streams (see :mod:`datamodules.streams`).
+class StreamDataModule(StreamData, L.LightningDataModule):
+    """The Lightning side of a corpus read as ordered streams: :class:`StreamData`'s hooks, on a LightningDataModule.
 
     With a ``Trainer`` of your own (not ``lm-zoo fit``, which sets it), pass ``reload_dataloaders_every_n_epochs=1``:
     an epoch's number of windows can change from one epoch to the next (shuffled sentences or examples packed into
@@ -52,107 +19,6 @@ class StreamDataModule(L.LightningDataModule):
     of an epoch one window shorter than the first and validate a longer one before its end.
     """
 
-    tokenizer: Any
-    batch_size: int  # the subclass's sizes and seed, which _window_settings reads
-    eval_batch_size: int
-    bptt: int
-    eval_bptt: int
-    seed: int
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
-
-    def encoded(self, split: str) -> Any:
-        """Prepare ``split`` (tokenise into the cache, or map it back from there)."""
-        raise NotImplementedError
-
-    def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> IterableDataset:
-        """The windows of ``split`` for this rank (evaluation sizes unless it is the training split)."""
-        raise NotImplementedError
-
-    def prepare_data(self) -> None:
-        """Fill the caches (runs once per node before ``setup``)."""
-        for split in SPLITS:
-            self.encoded(split)
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in STAGE_SPLITS.get(stage or "", SPLITS):
-            self.encoded(split)
-
-    def _window_settings(self, split: str, batch_size: int | None, bptt: int | None) -> dict[str, Any]:
-        """What a multi-sequence stream of ``split`` takes besides its data
-        (:class:`~datamodules.multisequence.MultiSequenceWindows`): the training sizes or the evaluation ones unless
-        given, a new order every training epoch (fixed otherwise), and this rank's share."""
-        training = split == "train"
-        rank, world_size = self._rank_world()
-        return {
-            "batch_size": batch_size or (self.batch_size if training else self.eval_batch_size),
-            "bptt": bptt or (self.bptt if training else self.eval_bptt),
-            "shuffle": training,
-            "seed": self.seed,
-            "rank": rank,
-            "world_size": world_size,
-            "epoch": self._training_epoch(split),
-        }
-
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
-    def _training_epoch(self, split: str) -> Any:
-        """The trainer's epoch as the training stream's epoch source, so a resumed run reads the epochs (orders,
-        variable lengths) it would have read; ``None`` for evaluation streams and outside a trainer."""
-        trainer = self.trainer
-        return (lambda: trainer.current_epoch) if split == "train" and trainer is not None else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Stored in every checkpoint: the tokenizer, so a model is always used with its own vocabulary, and during
-        ``fit`` the training stream's position, so a resumed run continues mid-epoch where it stopped."""
-        state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
-        if self.trainer is not None:
-            state["train_position"] = training_position(self.trainer)
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the checkpoint's stream position for the next training loader (subclasses restore the tokenizer)."""
-        self._train_position = state_dict.get("train_position")
-
-    def _loader(self, split: str) -> DataLoader:
-        # batch_size=None: the dataset yields whole windows; one process keeps the columns in order. A generator of its
-        # own, or iterating the loader draws a seed from the global RNG (a resumed run would get other dropout masks).
-        return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
-
-    def train_dataloader(self) -> DataLoader:
-        loader = ResumableLoader(self.stream("train"), batch_size=None, num_workers=0, generator=torch.Generator())
-        if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
-            # Kept for every loader made while the trainer is still in that epoch: Lightning makes the loader again
-            # when it restores its epoch counter (lm-zoo fit reloads loaders every epoch, cli.py). The stream reads
-            # the position only until the trainer's epoch is past it.
-            loader.dataset.load_state_dict(self._train_position)
-            trainer = self.trainer
-            if trainer is None or trainer.current_epoch > self._train_position["epoch"]:
-                self._train_position = None
-        return loader
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-
-class ResumableLoader(DataLoader):
-    """The training loader, which says it can resume mid-epoch, because it can.
-
-    Lightning warns that a run resumed mid-epoch "is not resumable ... unreliable results" unless each loader has
-    ``state_dict`` / ``load_state_dict``. lm-zoo resumes the stream's position through the data module's state (it
-    travels with the tokenizer in every checkpoint, :meth:`StreamDataModule.state_dict`, and is restored when the loader
-    is made), so the loader's own state is empty and nothing is restored twice.
-    """
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+    def _save_settings(self, frame: Any) -> None:
+        # The settings go into every checkpoint (``datamodule_hyper_parameters``), which exports read back.
+        self.save_hyperparameters(frame=frame)

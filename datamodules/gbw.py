@@ -37,10 +37,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from datamodules.base import SPLITS, StreamDataModule, atomic_write, cache_key
+from datamodules.base import StreamDataModule
 from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.progress import Progress
+from datamodules.stream_data import SPLITS, atomic_write, cache_key
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 

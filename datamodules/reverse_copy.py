@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from datamodules.base import SPLITS, StreamDataModule
+from datamodules.base import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
+from datamodules.stream_data import SPLITS
 from datamodules.tokenizers import EOS, UNK, TextUnits, Tokenizer, WordTokenizer
 from zoo.errors import DataError
 

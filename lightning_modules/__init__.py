@@ -2,20 +2,33 @@
 
 Scoring a trained network is :mod:`lightning_modules.evaluation`; the architecture search is
 :mod:`lightning_modules.search`.
+
+The names below are handed out on first use (PEP 562), as ``zoo`` and ``datamodules`` do theirs: importing
+``lightning_modules.evaluation`` (what ``lm-zoo evaluate`` and ``score`` need) then costs no Lightning import, which
+took most of a scoring command's start-up.
 """
 
-from lightning_modules.averaging import WeightAveragingOnPlateau
-from lightning_modules.language_model import LanguageModel
-from lightning_modules.music import MusicModel
-from lightning_modules.schedules import CosineDecay, DecayOnPlateau, HalveOnPlateau, LinearDecay, ZarembaDecay
+from __future__ import annotations
 
-__all__ = [
-    "CosineDecay",
-    "DecayOnPlateau",
-    "HalveOnPlateau",
-    "LanguageModel",
-    "LinearDecay",
-    "MusicModel",
-    "WeightAveragingOnPlateau",
-    "ZarembaDecay",
-]
+from importlib import import_module
+from typing import Any
+
+_HOMES = {
+    "WeightAveragingOnPlateau": "lightning_modules.averaging",
+    "LanguageModel": "lightning_modules.language_model",
+    "MusicModel": "lightning_modules.music",
+    "CosineDecay": "lightning_modules.schedules",
+    "DecayOnPlateau": "lightning_modules.schedules",
+    "HalveOnPlateau": "lightning_modules.schedules",
+    "LinearDecay": "lightning_modules.schedules",
+    "ZarembaDecay": "lightning_modules.schedules",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'lightning_modules' has no attribute {name!r}")
+    value = getattr(import_module(_HOMES[name]), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value

@@ -36,6 +36,18 @@ def test_the_zoo_imports_no_training_stack() -> None:
     assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
 
 
+def test_scoring_a_text_model_imports_no_training_stack() -> None:
+    """lm-zoo evaluate, score and generate of a text model read its corpus through datamodules.TextData, the data
+    module without Lightning, whose import cost more than scoring a small model (docs/results.md)."""
+    loaded = _modules_after(  # LM_ZOO_DATA comes from this process (tests/conftest.py sets it)
+        "import cli\n"
+        "assert cli.main(['evaluate', 'synthetic-xml-lstm', '--split', 'test', '--device', 'cpu']) == 0\n"
+        "assert cli.main(['generate', 'ptb-lstm-small', '--num-samples', '1', '--max-tokens', '3']) == 0"
+    )
+    assert "zoo" in loaded and "datamodules" in loaded  # the probe ran
+    assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
+
+
 def test_lm_zoo_help_imports_no_torch() -> None:
     loaded = _modules_after("import cli\ncli._usage()")
     assert "torch" not in loaded and "lightning" not in loaded

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from datamodules.music import MusicDataModule
 from datamodules.progress import Progress
 from zoo.music import PianoRollLM
+
+if TYPE_CHECKING:  # a music model's data module is a LightningDataModule: imported by whoever builds one
+    from datamodules.music import MusicDataModule
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from datamodules.progress import Progress
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from datamodules.text import TextDataModule
+from datamodules.text_data import TextData
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
     TuningTrial,
@@ -171,7 +171,7 @@ class _Procedure:
     best_trial: TuningTrial | None = None
 
 
-def _windows(datamodule: TextDataModule, split: str, batch_size: int, steps: int) -> Progress:
+def _windows(datamodule: TextData, split: str, batch_size: int, steps: int) -> Progress:
     """A split's windows at the evaluation's batch size, with progress shown under the split's name."""
     return Progress(datamodule.stream(split, batch_size=batch_size, bptt=steps), split)
 
@@ -204,7 +204,7 @@ def _mc_procedure(model: RecurrentLM, mc: MCDropout, seed: int, bptt: int, strea
 
 def _dynamic_procedure(
     model: RecurrentLM,
-    datamodule: TextDataModule,
+    datamodule: TextData,
     dynamic: DynamicEvaluation,
     tune_trials: int,
     tune_tokens: int | None,
@@ -269,7 +269,7 @@ def _dynamic_procedure(
 
 def _search_temperature(
     model: RecurrentLM,
-    datamodule: TextDataModule,
+    datamodule: TextData,
     valid: Iterable[LMBatch],
     procedure: _Procedure,
     mc: MCDropout | None,
@@ -306,7 +306,7 @@ def _search_temperature(
 
 def evaluate(
     model: RecurrentLM,
-    datamodule: TextDataModule,
+    datamodule: TextData,
     split: str = "test",
     batch_size: int | None = None,
     bptt: int | None = None,
@@ -406,7 +406,7 @@ def evaluate(
     return result
 
 
-def _metrics(datamodule: TextDataModule, split: str, nats: float, count: int) -> dict[str, Any]:
+def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[str, Any]:
     """``split, corpus, tokenizer, tokens, loss, ppl`` and ``bpc`` / ``word_ppl`` where they apply."""
     units = datamodule.units(split)
     loss = nats / count
