@@ -4,7 +4,7 @@ perplexity each side reports) and sampling tokens/s (batch 1, seeded). Writes a 
 ``benchmarks/results/quantize_int8-<time>.json``)::
 
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py
-    LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --tokens 20000
+    LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --sample-tokens 500
 """
 
 from __future__ import annotations

@@ -49,17 +49,7 @@ class Int8SoftmaxHead(nn.Module):
         holder = nn.Sequential(float_layer)  # quantize_dynamic swaps children, never the module it is given
         self.output = quantize_dynamic(holder, {nn.Linear}, dtype=torch.qint8)[0]
         self.vocab_size = head.out_features
-        self.in_features = head.in_features
         self.chunk_logits = head.chunk_logits
-
-    @property
-    def output_layer(self) -> None:
-        """No float ``(V, D)`` matrix to tie or initialise: the weights are int8."""
-        return None
-
-    @property
-    def context_size(self) -> int:
-        return self.in_features
 
     def forward(self, h: Tensor) -> Tensor:
         """Logits ``(B, T, V)`` float32 for ``h (B, T, D)``."""
@@ -132,8 +122,3 @@ def _quantize_modules(quantized: RecurrentLM) -> None:
         quantized.decoder = Int8SoftmaxHead(quantized.decoder)
     else:
         quantize_dynamic(quantized.decoder.adaptive, {nn.Linear}, dtype=torch.qint8, inplace=True)
-
-
-def is_quantized(model: nn.Module) -> bool:
-    """Whether :func:`quantize_int8` made ``model``."""
-    return any(getattr(layer, "int8", False) for layer in getattr(getattr(model, "rnn", None), "layers", []))
