@@ -82,7 +82,7 @@ def _run(
     stack.zero_grad()
     torch.manual_seed(5)  # the same dropout masks in both precisions
     ran = DtypesRan({f"layer {i}": layer for i, layer in enumerate(stack.layers)})
-    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+    with torch.autocast(x.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         with ran:  # the forward only: autocast does not cover the backward
             y, state = stack(x, reset=reset)
         loss = y.float().sin().sum()
@@ -100,16 +100,22 @@ def test_every_architecture_trains_under_autocast_close_to_float32(
     name: str, dtype: torch.dtype, kernels: str, zoo_settings
 ) -> None:
     zoo_settings(plain_kernels=kernels == "plain")  # the fast paths, and the plain reference path
-    if dtype == torch.float16 and name == "lstm":
-        pytest.skip("oneDNN has no float16 LSTM on CPU (cuDNN has one; Lightning runs 16-mixed on CPU as bf16)")
+    check_architecture_under_autocast(name, dtype, kernels == "fast", "cpu")
+
+
+def check_architecture_under_autocast(name: str, dtype: torch.dtype, fast: bool, device: str) -> None:
+    """Train-mode forward and backward of ``name``'s tiny stack under ``dtype`` autocast on ``device``: close to
+    float32, the state kept in float32, every layer's products in the autocast dtype (float32 in the hand-written
+    window kernels on the fast path). The GPU suite runs the same on CUDA."""
     options = dict(zoo.preset(name, "tiny"))
     size, hidden, layers = options.pop("input_size"), options.pop("hidden_size"), options.pop("num_layers")
     torch.manual_seed(0)
     # Training mode with the recurrent regularisers on, and a reset mid-window: the per-step loops, not only the
     # fused kernels, run under autocast.
     stack = zoo.build(name, size, hidden, max(layers, 2), dropout=0.2, state_dropout=0.2, **options).train()
-    x = torch.randn(B, T, size)
-    reset = torch.zeros(B, T, dtype=torch.bool)
+    stack.to(device)
+    x = torch.randn(B, T, size, device=device)
+    reset = torch.zeros(B, T, dtype=torch.bool, device=device)
     reset[1, 4] = True
     (y32, state32, grads32), _ = _run(stack, x, reset, None)
     (y16, state16, grads16), ran = _run(stack, x, reset, dtype)
@@ -117,7 +123,7 @@ def test_every_architecture_trains_under_autocast_close_to_float32(
     for layer in range(len(stack.layers)):
         scope = f"layer {layer}"
         assert ran.products(scope), f"{scope} ran no product: the recorder missed the layer"
-        if kernels == "fast" and name in WINDOW_KERNELS:  # the hand-written window computes in float32
+        if fast and name in WINDOW_KERNELS:  # the hand-written window computes in float32
             assert ran.products(scope) == {torch.float32}, (scope, ran.ran[scope])
         else:  # the input products (and, on the plain path, the recurrent ones) ran in the autocast dtype
             assert dtype in ran.products(scope), (scope, ran.ran[scope])
@@ -127,6 +133,56 @@ def test_every_architecture_trains_under_autocast_close_to_float32(
         if g32.abs().max() > 0:
             cosine = torch.nn.functional.cosine_similarity(g16.flatten(), g32.flatten(), dim=0)
             assert cosine >= GRADIENT_COSINE, (parameter, float(cosine))
+
+
+# The architectures whose layers wrap a fused nn.LSTM / nn.GRU / nn.RNN (zoo.base.FusedLayer).
+FUSED = ("lstm", "gru", "rnn_tanh")
+AUTOCAST_MODES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fused_layer_dtypes(name: str, mode: str, device: str = "cpu") -> dict[str, Any]:
+    """What a fused architecture's layers computed in under one autocast mode, on ``device``: the dtypes of every
+    product inside each layer, the output's and the carried state's, and how often the fused kernel was called.
+
+    The GPU suite (``tests/test_gpu.py``) asks the same of CUDA, where autocast's own rule for cuDNN's RNNs is
+    float16 whatever the autocast dtype.
+    """
+    dtype = AUTOCAST_MODES[mode]
+    options = dict(zoo.preset(name, "tiny"))
+    size, hidden = options.pop("input_size"), options.pop("hidden_size")
+    options.pop("num_layers")
+    torch.manual_seed(0)
+    stack = zoo.build(name, size, hidden, 2, dropout=0.2, **options).train().to(device)
+    calls = []
+    hooks = [layer.rnn.register_forward_pre_hook(lambda m, a: calls.append(m)) for layer in stack.layers]
+    ran = DtypesRan({f"layer {i}": layer for i, layer in enumerate(stack.layers)})
+    with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None), ran:
+        y, state = stack(torch.randn(B, T, size, device=device))
+    (y.float().sum() + sum(s.sum() for s in state)).backward()
+    for hook in hooks:
+        hook.remove()
+    return {
+        "products": [ran.products(f"layer {i}") for i in range(len(stack.layers))],
+        "output": y.dtype,
+        "state": {s.dtype for s in state},
+        "fused_calls": len(calls),
+        "gradients": {p.grad.dtype for p in stack.parameters()},
+    }
+
+
+@pytest.mark.parametrize("mode", AUTOCAST_MODES)
+@pytest.mark.parametrize("name", FUSED)
+def test_the_fused_layers_compute_in_the_autocast_dtype(name: str, mode: str) -> None:
+    """bf16 autocast runs the fused layers in bf16 and fp16 autocast in fp16, never one for the other, and the fused
+    kernel (not the per-step loop) is what ran. On CPU autocast itself would leave nn.GRU in float32; on CUDA its RNN
+    wrapper would run every one of them in float16 (zoo/base.py's module doc): lm-zoo casts explicitly."""
+    ran = fused_layer_dtypes(name, mode)
+    expected = AUTOCAST_MODES[mode] or torch.float32
+    assert ran["fused_calls"] == 2, "each of the two layers ran its fused kernel once"
+    assert ran["products"] == [{expected}, {expected}], ran["products"]
+    assert ran["output"] == expected
+    assert ran["state"] == {torch.float32}, "the carried state stays in the weights' dtype"
+    assert ran["gradients"] == {torch.float32}
 
 
 @pytest.mark.parametrize("head", ["softmax", "mos", "nce", "sampled_softmax", "adaptive"])
@@ -175,19 +231,23 @@ def _recorded(step: Callable[..., Any], ran: DtypesRan) -> Callable[..., Any]:
     return recorded
 
 
-def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lightning's ``bf16-mixed`` precision, 50 steps of a tiny Mogrifier (the most hand-written kernels)."""
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+def tiny_mixed_fit(
+    tmp_path: Path, precision: str, architecture: str, accelerator: str = "cpu", **cell_options: Any
+) -> tuple[list[float], DtypesRan, L.Trainer]:
+    """50 steps of Lightning's ``precision`` on a learnable corpus (each word follows the one before): the losses,
+    what the stack and the rest of the step computed in, and the trainer (its precision plugin). The GPU suite runs
+    it on CUDA."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for split, lines in (("train", 400), ("valid", 20), ("test", 20)):  # learnable: each word follows the one before
+    for split, lines in (("train", 400), ("valid", 20), ("test", 20)):
         text = "".join(" ".join(f"w{(start + i) % 12}" for i in range(8)) + "\n" for start in range(lines))
         (corpus / f"{split}.txt").write_text(text)
     data = TextDataModule(str(corpus), batch_size=4, bptt=10)
     data.prepare_data()
 
     class Losses(L.Callback):
-        values: list[float] = []
+        def __init__(self) -> None:
+            self.values: list[float] = []
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
             self.values.append(float(outputs["loss"]))
@@ -196,25 +256,34 @@ def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.Monk
     torch.manual_seed(0)
     model = LanguageModel(
         vocab_size=data.vocab_size,
-        architecture="mogrifier",
+        architecture=architecture,
         embedding_size=16,
         hidden_size=16,
         num_layers=1,
-        cell_options={"rounds": 2, "rank": 4},
+        cell_options=cell_options or None,
     )
     model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=1e-2)  # LightningCLI's job in lm-zoo
     ran = DtypesRan({"stack": model.model.rnn})
     model.training_step = _recorded(model.training_step, ran)  # Lightning calls the step inside its autocast
-    trainer = quiet_trainer(max_steps=50, precision="bf16-mixed", callbacks=[losses], limit_val_batches=0)
+    trainer = quiet_trainer(
+        max_steps=50, precision=precision, callbacks=[losses], limit_val_batches=0, accelerator=accelerator, devices=1
+    )
     trainer.fit(model, datamodule=data)
     assert len(losses.values) == 50 and all(torch.isfinite(torch.tensor(losses.values)))
+    first, last = sum(losses.values[:5]) / 5, sum(losses.values[-5:]) / 5
+    print(f"{precision} on {accelerator}: mean loss of steps 1-5 {first:.3f}, of steps 46-50 {last:.3f}")
+    assert last < first - 0.3, (first, last)
+    return losses.values, ran, trainer
+
+
+def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's ``bf16-mixed`` precision, 50 steps of a tiny Mogrifier (the most hand-written kernels)."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    _, ran, _ = tiny_mixed_fit(tmp_path, "bf16-mixed", "mogrifier", rounds=2, rank=4)
     # bf16-mixed ran in bf16: the head's products (outside the stack) did; the Mogrifier's window kernel, by design,
     # computed in float32.
     assert torch.bfloat16 in ran.products("outside"), ran.ran["outside"]
     assert ran.products("stack") == {torch.float32}, ran.ran["stack"]
-    first, last = sum(losses.values[:5]) / 5, sum(losses.values[-5:]) / 5
-    print(f"bf16-mixed: mean loss of steps 1-5 {first:.3f}, of steps 46-50 {last:.3f}")
-    assert last < first - 0.3, (first, last)
 
 
 def test_plain_module_generates_under_autocast() -> None:

@@ -25,9 +25,15 @@ Regularisers that act inside the recurrence live here, so that every architectur
 Mixed precision (``torch.autocast``, Lightning's ``bf16-mixed`` / ``16-mixed``): the recurrent state is kept in the
 parameters' dtype (float32 when the weights are), between steps and between windows, whatever the autocast dtype:
 a recurrence accumulates its rounding errors over hundreds of steps. The products of a step run in the autocast dtype
-where autograd runs them (the fused ``nn.LSTM``/``nn.GRU``, the per-step loops' pointwise ops); the hand-written
-kernels (``zoo/kernels.py``, the Mogrifier window) compute in the weights' dtype, as ``torch.amp.custom_fwd(
-cast_inputs=torch.float32)`` would, so that their backward, which autocast does not cover, sees the same dtypes.
+where autograd runs them (the per-step loops' products and pointwise ops). The fused ``nn.LSTM``/``nn.GRU``/``nn.RNN``
+layers run in the autocast dtype too, but not through autocast: they are called with autocast off and their input,
+state and weights cast to its dtype (:meth:`FusedLayer._fused`), because autocast's own rule for them differs by device
+and never says so. On CUDA, its wrapper for cuDNN RNNs (``aten/src/ATen/cudnn/AutocastRNN.cpp``,
+``_cudnn_rnn_cast_reflatten``) casts to float16 whatever the autocast dtype, so under ``bf16-mixed``, where Lightning
+uses no gradient scaler, per-token-mean gradients of size ~1/(B T) would fall into float16's subnormal range; on CPU,
+autocast runs ``nn.LSTM`` in bfloat16 but leaves ``nn.GRU`` in float32. The hand-written kernels (``zoo/kernels.py``,
+the Mogrifier window) compute in the weights' dtype, as ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` would, so
+that their backward, which autocast does not cover, sees the same dtypes.
 """
 
 from __future__ import annotations
@@ -193,29 +199,33 @@ class CellLayer(RecurrentLayer):
         return torch.stack(outputs, dim=1), state  # (B, T, H)
 
 
-_FUSED_AUTOCAST: dict[tuple[type, torch.dtype], bool] = {}
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast lowers products to on ``device_type``, or ``None`` where autocast is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-def _fused_under_autocast(rnn: nn.RNNBase, x: Tensor) -> bool:
-    """Whether ``rnn``'s fused CPU kernel runs under the autocast in force (always ``True`` without one, or on GPU).
+_FUSED_IN: dict[tuple[type, torch.dtype], bool] = {}
 
-    oneDNN builds its bfloat16 RNN primitives only on CPUs with AVX-512; elsewhere (an AMD EPYC with AVX2, this
-    project's CI machine) ``nn.LSTM`` under bf16 autocast raises "could not create a primitive descriptor", and no
-    CPU has a float16 one. Tried once per class and dtype on a 2-unit copy; where it fails, the layer takes its
-    per-step loop, which autocast covers like any other ops.
+
+def _fused_runs_in(rnn: nn.RNNBase, dtype: torch.dtype) -> bool:
+    """Whether ``rnn``'s fused CPU kernel runs in ``dtype`` on this machine.
+
+    Tried once per class and dtype on a 2-unit copy. Called the way :meth:`FusedLayer._fused` calls it (autocast off,
+    tensors cast), ``nn.LSTM`` takes oneDNN's bfloat16 primitive on CPUs that have one and ATen's own loop elsewhere,
+    so this holds on every CPU seen so far; where it fails, the layer takes its per-step loop, which autocast covers
+    like any other ops.
     """
-    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
-        return True
-    key = (type(rnn), torch.get_autocast_dtype("cpu"))
-    if key not in _FUSED_AUTOCAST:
-        probe = type(rnn)(2, 2, batch_first=True)
+    key = (type(rnn), dtype)
+    if key not in _FUSED_IN:
+        with torch.random.fork_rng(devices=[]):  # the probe's initial weights must not move the run's dropout masks
+            probe = type(rnn)(2, 2, batch_first=True).to(dtype)
         try:
-            with torch.no_grad():
-                probe(torch.zeros(1, 2, 2))
-            _FUSED_AUTOCAST[key] = True
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                probe(torch.zeros(1, 2, 2, dtype=dtype))
+            _FUSED_IN[key] = True
         except RuntimeError:
-            _FUSED_AUTOCAST[key] = False
-    return _FUSED_AUTOCAST[key]
+            _FUSED_IN[key] = False
+    return _FUSED_IN[key]
 
 
 class FusedLayer(CellLayer):
@@ -248,7 +258,7 @@ class FusedLayer(CellLayer):
             if state_mask is not None:
                 raise ConfigError("an int8 layer is for inference: state dropout needs the float model")
             return self._segments(x, state, keep_at) if keep_at else self._fused(x, state)
-        if self.fused and state_mask is None and not plain_kernels() and _fused_under_autocast(self.rnn, x):
+        if self.fused and state_mask is None and not plain_kernels() and self._fused_kernel_runs(x):
             packed = self.packed_segments if self.packed_segments is not None else x.device.type == "cuda"
             if not keep_at:
                 y, hx = self._fused(x, state)
@@ -257,11 +267,29 @@ class FusedLayer(CellLayer):
                 return self._segments(x, state, keep_at)
         return super().forward(x, state, keep_at, state_mask)
 
+    def _fused_kernel_runs(self, x: Tensor) -> bool:
+        """Whether the fused kernel runs in the autocast dtype in force (always on GPU, or without autocast)."""
+        dtype = autocast_dtype(x.device.type)
+        return dtype is None or x.device.type != "cpu" or _fused_runs_in(self.rnn, dtype)
+
     def _fused(self, x: Tensor | nn.utils.rnn.PackedSequence, state: State) -> tuple[Any, State]:
         """The fused kernel over ``x`` from ``state`` (each ``(N, H)``); the final state in the weights' dtype."""
         hx = tuple(s.unsqueeze(0) for s in state)  # (1, N, H): nn.RNNBase's (layers, N, H)
-        y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
-        dtype = state[0].dtype  # autocast returns its own dtype; the state stays the one it came in (the weights')
+        device = (x.data if isinstance(x, nn.utils.rnn.PackedSequence) else x).device.type
+        compute = None if self.int8 else autocast_dtype(device)
+        if compute is None:
+            y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
+        else:
+            # Autocast's dtype, cast here rather than by autocast, whose RNN rule is float16 on CUDA whatever the
+            # autocast dtype (module doc). `_flat_weights` are the weights the module would use, including a
+            # weight_drop'ped matrix that functional_call put in place.
+            weights = {
+                n: w.to(compute) for n, w in zip(self.rnn._flat_weights_names, self.rnn._flat_weights, strict=True)
+            }
+            hx = tuple(h.to(compute) for h in hx)
+            with torch.autocast(device, enabled=False):
+                y, hx = functional_call(self.rnn, weights, (x.to(compute), hx if self.state_size > 1 else hx[0]))
+        dtype = state[0].dtype  # the state stays in the dtype it came in (the weights')
         return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
 
     def _segments(self, x: Tensor, state: State, keep_at: dict[int, Tensor]) -> tuple[Tensor, State]:
