@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -170,18 +169,6 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
     return {"tokens_per_s": args.batch * args.bptt / result["seconds_per_step"], "peak": result["peak"]}
 
 
-def hardware() -> dict[str, object]:
-    """What the figures were measured on."""
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        model = names[0] if names else model
-    return {"machine": platform.machine(), "cpu": model, "cpu_count": os.cpu_count(), "system": platform.platform()}
-
-
 def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, object]:
     """The medians over ``rounds`` and the ratios of :data:`RATIOS`."""
     speed = {side: statistics.median(r[side]["tokens_per_s"] for r in rounds) for side in SIDES}
@@ -226,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 
     path = output.output_path(args, NAME)
     settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
-    settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": hardware()}
+    settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": output.hardware()}
     stored = output.read(path) if args.resume else {}
     if stored:
         output.check_same("the measurement", stored.get("settings", {}), settings, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -96,3 +97,15 @@ def check_same(what: str, recorded: dict[str, Any], expected: dict[str, Any], pa
     if differ:
         settings = "; ".join(differ)
         fail(f"--resume: {what} of {path} was run with {settings}: resume with its settings or start a new file")
+
+
+def hardware() -> dict[str, object]:
+    """What the figures were measured on."""
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        model = names[0] if names else model
+    return {"machine": platform.machine(), "cpu": model, "cpu_count": os.cpu_count(), "system": platform.platform()}

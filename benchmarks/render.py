@@ -33,6 +33,7 @@ BLOCK = re.compile(
     r"<!-- rendered: (?P<name>[\w-]+)(?P<note>[^>]*)-->\n(?P<body>.*?)\n?<!-- /rendered: (?P=name) -->", re.S
 )
 
+MODES = ("bf16", "fp16")  # benchmarks/autocast_dtypes.py
 # The architectures' column order in Jozefowicz et al. 2015's Tables 1 and 2.
 JOZEFOWICZ_COLUMNS = ["Tanh", "LSTM", "LSTM-f", "LSTM-i", "LSTM-o", "LSTM-b", "GRU", "MUT1", "MUT2", "MUT3"]
 
@@ -454,7 +455,27 @@ def inference_overhead() -> str:
     return "\n".join(lines)
 
 
+def autocast_dtypes() -> str:
+    """``benchmarks/autocast_dtypes.py``: the dtypes each architecture's layers computed their products in, per
+    autocast mode and path, and the carried state's."""
+    result = _load("autocast_dtypes.json")
+    lines = [
+        f"`{result['command'].strip()}` ({result['device']}, {result['machine']}, torch {result['torch']}): the dtypes "
+        "the matrix products and fused kernels inside the layers ran in, on the fast path (no reset, no state "
+        "dropout) / the per-step loop (state dropout and a reset mid-window); the carried state.",
+        "",
+        "| architecture | bf16 autocast | fp16 autocast | state |",
+        "|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        cells = [f"{row[mode]['fast path']['products']} / {row[mode]['per-step loop']['products']}" for mode in MODES]
+        states = {path["state"] for mode in MODES for path in row[mode].values()}
+        lines.append(_row([f"`{row['architecture']}`", *cells, " + ".join(sorted(states))]))
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "autocast-dtypes": autocast_dtypes,
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,
     "corpora": corpora,

@@ -5,7 +5,6 @@ head), while lm-zoo's hand-written kernels (the Mogrifier window) and the adapti
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,9 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import zoo
+from benchmarks.autocast_dtypes import DtypesRan
 from datamodules import TextDataModule
 from lightning_modules import LanguageModel
 from tests.conftest import quiet_trainer
@@ -29,51 +27,6 @@ GRADIENT_COSINE = 0.98  # every parameter's bf16 gradient points where the fp32 
 # Architectures whose whole window is one of lm-zoo's hand-written kernels on the fast path (zoo/mogrifier.py's
 # _MogrifierWindow, under zoo.kernels.autocast_off): every product of the layer runs in the weights' dtype.
 WINDOW_KERNELS = {"mogrifier"}
-
-
-def _is_product(op: str) -> bool:
-    """Whether an op is a matrix product or a fused recurrent kernel (aten's, or lm-zoo's C++ Mogrifier window, whose
-    products the dispatcher sees as one op): the work autocast lowers, or the hand-written kernels keep in float32."""
-    return any(key in op for key in ("mm", "linear", "rnn", "lstm", "gru", "window"))
-
-
-class DtypesRan(TorchDispatchMode):
-    """The dtypes the aten ops of a forward computed in, by the tracked module that ran them.
-
-    A dispatch mode sees every op as it executes, after autocast has cast its inputs: what ran, not what was asked
-    for. ``ran[scope][op]`` is the set of floating output dtypes of ``op`` inside ``modules[scope]`` (the innermost
-    tracked module; ``"outside"`` for ops outside them all).
-    """
-
-    def __init__(self, modules: dict[str, torch.nn.Module] | None = None) -> None:
-        super().__init__()
-        self.modules = modules or {}
-        self.ran: dict[str, dict[str, set[torch.dtype]]] = defaultdict(lambda: defaultdict(set))
-        self._scopes = ["outside"]
-        self._hooks: list[Any] = []
-
-    def __enter__(self) -> DtypesRan:
-        for scope, module in self.modules.items():
-            self._hooks.append(module.register_forward_pre_hook(lambda m, a, s=scope: self._scopes.append(s)))
-            self._hooks.append(module.register_forward_hook(lambda m, a, o: self._scopes.pop() and None))
-        return super().__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        op = func.overloadpacket.__name__
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                self.ran[self._scopes[-1]][op].add(t.dtype)
-        return out
-
-    def products(self, scope: str) -> set[torch.dtype]:
-        """The dtypes the products (and fused recurrent kernels) in ``scope`` computed in."""
-        return {d for op, dtypes in self.ran[scope].items() if _is_product(op) for d in dtypes}
 
 
 def _run(
