@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -278,3 +280,28 @@ def test_packed_segments_are_for_cuda_by_default(monkeypatch: pytest.MonkeyPatch
     reset = torch.zeros(2, 6, dtype=torch.bool)
     reset[0, 3] = True
     stack(torch.randn(2, 6, 4), reset=reset)
+
+
+def test_the_fast_paths_self_checks_pass_when_first_run_under_autocast() -> None:
+    """The feature tests of oneDNN's packed linear and of the C++ Mogrifier loops run once per process, at the first
+    window; when that window ran under bf16 autocast they compared a bf16 product with a float32 one and turned the
+    fast paths off for the whole process (with a warning that the C++ loops "compute other numbers")."""
+    from zoo import mogrifier, native
+
+    cpp = native.ops()
+    if cpp is None:
+        pytest.skip("no C++ toolchain here: the C++ loops are not built")
+    checks = (kernels._packed_linear_works, lambda: mogrifier._usable(cpp))
+    try:
+        kernels._packed_linear_works.cache_clear()
+        mogrifier._usable.cache_clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+            warnings.simplefilter("error")  # "the C++ Mogrifier loops are not used" would fail the test
+            under_autocast = [check() for check in checks]
+        kernels._packed_linear_works.cache_clear()
+        mogrifier._usable.cache_clear()
+        assert under_autocast == [check() for check in checks]
+        assert under_autocast[1], "the C++ loops were refused"
+    finally:
+        kernels._packed_linear_works.cache_clear()
+        mogrifier._usable.cache_clear()

@@ -155,10 +155,14 @@ def _packed_linear_works() -> bool:
     try:
         generator = torch.Generator().manual_seed(0)  # the user's random stream is not this check's to draw from
         x, w, add, bias = (torch.randn(*shape, generator=generator) for shape in ((3, 5), (4, 5), (3, 4), (4,)))
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
-        y = torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, None, "add")
-        z = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        return bool(torch.allclose(y, x @ w.t() + add, atol=1e-5) and torch.allclose(z, x @ w.t() + bias, atol=1e-5))
+        # Autocast off: the first call may come under the caller's autocast, which would lower `x @ w.t()` to bf16,
+        # and the check would turn the packed route off for the whole process.
+        with torch.autocast("cpu", enabled=False), torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
+            y = torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, None, "add")
+            z = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            expected = x @ w.t()
+        return bool(torch.allclose(y, expected + add, atol=1e-5) and torch.allclose(z, expected + bias, atol=1e-5))
     except (AttributeError, RuntimeError, TypeError):
         return False
 

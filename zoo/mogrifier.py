@@ -487,7 +487,9 @@ def _loops_agree(cpp: Any) -> bool:
             weight_x, weight_h, operand_x, operand_h = w_x, w_h, w_x, w_h
         outputs = []
         for loops in (cpp, _PythonLoops):
-            with torch.no_grad():
+            # Autocast off: the first window may run under the caller's autocast, which would lower the Python twin's
+            # products to bf16 and not the C++ loops', and the check would refuse correct C++ loops for the process.
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
                 *forward, saved = loops.mogrifier_window_forward(
                     x, h0, c0, keep, None, weight_x, weight_h, onednn, bias, firsts, lefts, biases
                 )
