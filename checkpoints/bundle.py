@@ -57,14 +57,16 @@ from checkpoints.format import (
     CONFIG_NAME,
     CURVE_NAME,
     EXPORT_FILES,
+    HASHES_KEY,
     SAMPLE_MIDI_NAME,
     SAMPLE_PNG_NAME,
     LoadedModel,
+    export_file_hashes,
     lm_zoo_version,
     load_export,
 )
 from checkpoints.model_card import render_card
-from datamodules.corpora import _sha256_file
+from datamodules.corpora import sha256_file
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from datamodules.synthetic import xml_closing_tags_matched
@@ -365,7 +367,8 @@ def render_again(name: str) -> dict[str, str]:
     changed files' sha256 and the bundle's size in the registry (those fields only).
 
     For a change to the card's wording or to the notes in ``config.json``; the weights and results stay as they are
-    (every other file must still match the registry, and the export must still load).
+    (every other file must still match the registry, and the export must still load). A bundle exported before
+    configs recorded their files' sha256 gets them here, from the files just checked against the registry.
 
     Returns:
         The new sha256 of each file that changed.
@@ -387,11 +390,14 @@ def render_again(name: str) -> dict[str, str]:
     inputs = {CONFIG_NAME, CARD_NAME, *([CURVE_NAME] if run.get("curve") else [])}
     inputs |= {SAMPLE_PNG_NAME} if run.get("sample") else set()
     for file in sorted(set(entry.files) - inputs):  # never register a damaged file's hash
-        if not (directory / file).is_file() or _sha256_file(directory / file) != entry.files[file]:
+        if not (directory / file).is_file() or sha256_file(directory / file) != entry.files[file]:
             raise CheckpointError(
                 f"{directory}/{file} does not match the sha256 the registry lists for {name}: restore it (git checkout "
                 "-- pretrained/) before rendering the card again"
             )
+    if config.get(HASHES_KEY) != export_file_hashes(directory):  # a bundle exported before configs recorded them
+        config[HASHES_KEY] = export_file_hashes(directory)  # of files just checked against the registry
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     loaded = load_export(directory, source=name)  # and config.json still describes these weights
     if run.get("curve"):
         render_record(run["curve"], directory / CURVE_NAME, curve_title(name, run))
@@ -405,7 +411,7 @@ def render_again(name: str) -> dict[str, str]:
                 )
             (directory / SAMPLE_PNG_NAME).write_bytes((Path(staging) / SAMPLE_PNG_NAME).read_bytes())
     (directory / CARD_NAME).write_text(render_card(config, entry.repo_id, entry.revision), encoding="utf-8")
-    files = {f: _sha256_file(directory / f) for f in entry.files}
+    files = {f: sha256_file(directory / f) for f in entry.files}
     registry.update_files(name, files, sum((directory / f).stat().st_size for f in files))
     return {f: h for f, h in files.items() if entry.files.get(f) != h}
 
@@ -417,7 +423,7 @@ def _registry_entry(
     run's record (:data:`REGISTRY_TRAINING_KEYS`)."""
     config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
     entry = registry.entry_for(config, name, repo_id, revision)
-    files = {f: _sha256_file(out / f) for f in EXPORT_FILES if (out / f).is_file()}
+    files = {f: sha256_file(out / f) for f in EXPORT_FILES if (out / f).is_file()}
     return replace(
         entry,
         description=description or entry.description,

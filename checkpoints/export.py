@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from checkpoints.format import (
     EXPORT_FILES,
     FORMAT,
     FORMAT_VERSION,
+    HASHES_KEY,
     MUSIC_HEAD,
     SENTENCEPIECE_NAME,
     STORED_DTYPES,
@@ -29,6 +31,7 @@ from checkpoints.format import (
     VOCAB_NAME,
     WEIGHTS_NAME,
     LoadedModel,
+    export_file_hashes,
     lm_zoo_version,
     read_config,
 )
@@ -183,11 +186,7 @@ def export_model(
         CheckpointError: ``out_dir`` holds something that is not an export, a setting is not JSON-like, an asset has
             a name an export does not ship, or a result is of the other kind of model (text / music).
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"--out {out} is a file: choose a directory")
-    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
-        raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
+    out = check_out_dir(out_dir)
     if dtype not in STORED_DTYPES:
         raise CheckpointError(f"cannot store weights as {dtype!r}: choose one of {', '.join(STORED_DTYPES)}")
     files = dict(assets or {})
@@ -212,6 +211,7 @@ def export_model(
         network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
     # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
     save_model(network, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    config[HASHES_KEY] = export_file_hashes(out)  # checked at every load (format.verify_export_files)
     (out / CARD_NAME).write_text(render_card(config, repo_id, revision), encoding="utf-8")
     shutil.copymode(out / CARD_NAME, out / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -247,6 +247,25 @@ def measure(
     return [result_record(score(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
 
 
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a path an export can be written to, checked before anything is measured or replaced.
+
+    Raises:
+        CheckpointError: it is a file, a directory that holds something other than an export, or under a path that
+            cannot be created or written (the nearest existing parent is not a writable directory).
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file: choose a directory")
+    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
+        raise CheckpointError(f"{out} exists and is not an lm-zoo export: choose an empty or new --out directory")
+    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        why = "is not a directory" if not parent.is_dir() else "is not writable"
+        raise CheckpointError(f"--out {out}: cannot be created, {parent} {why}: choose another directory")
+    return out
+
+
 def export(
     source: str | Path,
     out_dir: str | Path,
@@ -270,6 +289,7 @@ def export(
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         device: where to evaluate.
     """
+    check_out_dir(out_dir)  # before the minutes of measuring
     loaded = load(source)
     if results is None:
         results = measure(loaded, splits, batch_size, bptt, data_root, device)

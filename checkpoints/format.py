@@ -40,6 +40,7 @@ import base64
 import importlib.metadata
 import inspect
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from torch import Tensor
 
 import datamodules
 import zoo
+from datamodules.corpora import sha256_file
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, ConfigError, LMZooError, clip
 from zoo.language_model import RecurrentLM
@@ -76,6 +78,10 @@ SAMPLE_PNG_NAME = "sample.png"  # the same piece as a piano roll, which the card
 # Files an export may ship besides its config, weights, tokenizer and card: copied in by export_model(assets=...).
 ASSET_NAMES = (CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)
 EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, *ASSET_NAMES)
+# The files whose sha256 an export's config records under HASHES_KEY (written by `lm-zoo export` and `bundle`), checked
+# whenever the export is loaded: what the model computes with. The card and pictures describe it and may be redrawn.
+HASHED_FILES = (WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME)
+HASHES_KEY = "sha256"
 # How the weights may be stored; the loaded model computes in float32 either way.
 STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
@@ -406,6 +412,44 @@ def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
         ) from None
 
 
+def export_file_hashes(directory: Path) -> dict[str, str]:
+    """The sha256 of each of :data:`HASHED_FILES` that ``directory`` holds, for its config's :data:`HASHES_KEY`."""
+    return {name: sha256_file(directory / name) for name in HASHED_FILES if (directory / name).is_file()}
+
+
+def verify_export_files(directory: Path, config: dict[str, Any], where: str) -> None:
+    """Check the weight and tokenizer files against the sha256 the config records, naming the first that differs.
+
+    An export written before lm-zoo recorded them still loads, with a one-line note on stderr that it cannot be
+    verified.
+
+    Raises:
+        CheckpointError: a recorded file is missing or its bytes changed.
+    """
+    recorded = config.get(HASHES_KEY)
+    if recorded is None:
+        print(
+            f"lm-zoo: note: {where} was exported before lm-zoo recorded its files' sha256, so its weights and "
+            "tokenizer cannot be verified (lm-zoo export it again to record them)",
+            file=sys.stderr,
+        )
+        return
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise CheckpointError(f'{where}: {CONFIG_NAME}\'s "{HASHES_KEY}" is not a map of file names to sha256')
+    for name, expected in sorted(recorded.items()):
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{where} has no {name}, whose sha256 its {CONFIG_NAME} records: {_AGAIN}")
+        if sha256_file(path) != expected:
+            raise CheckpointError(
+                f"{where}/{name} does not match the sha256 its {CONFIG_NAME} records: the file was changed or "
+                f"damaged; {_AGAIN}"
+            )
+
+
+_AGAIN = "download or export the model again"
+
+
 def load_export(directory: str | Path, source: str | None = None) -> LoadedModel:
     """Load an export directory: JSON, safetensors and the tokenizer files only, never a pickle.
 
@@ -416,8 +460,9 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
         source: how to name it in messages and ``LoadedModel.source`` (e.g. the repo id); default the path.
 
     Raises:
-        CheckpointError: it is not an export, a file is missing or corrupt, the architecture is unknown, or the
-            weights do not fit the settings or vocabulary (the message names the tensors).
+        CheckpointError: it is not an export, a file is missing, corrupt or not the one its config's sha256 names,
+            the architecture is unknown, or the weights do not fit the settings or vocabulary (the message names the
+            tensors).
     """
     directory = Path(directory)
     where = source or str(directory)
@@ -425,6 +470,7 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
         raise CheckpointError(f"{where} is not a directory: pass a directory written by `lm-zoo export`")
     refuse_pickles(directory, where)
     config = read_config(directory, where)
+    verify_export_files(directory, config, where)
     hparams = config["model"]
     architecture = hparams.get("architecture")
     if architecture not in zoo.names():

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.format import EXPORT_FILES
-from datamodules.corpora import _sha256_file  # the corpora's checksum, as datamodules.gbw uses it
+from datamodules.corpora import sha256_file  # the corpora's checksum, as datamodules.gbw uses it
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -229,7 +229,7 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         path = directory / file
         if not path.is_file():
             raise CheckpointError(f"{where} has no {file}, which the registry lists for {entry.name}: {_RESTORE}")
-        if _sha256_file(path) != expected:
+        if sha256_file(path) != expected:
             raise CheckpointError(
                 f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
                 f"or damaged; {_RESTORE}"

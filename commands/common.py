@@ -75,9 +75,11 @@ def _chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-# errno values that say something about the user's paths (permissions, a file where a directory should be, a full
-# disk), not about lm-zoo: these become one line too.
-_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+# errno values that say something about the user's paths (missing, permissions, a file where a directory should be,
+# a full disk), not about lm-zoo: these become one line too.
+_PATH_ERRNOS = {
+    errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+}  # fmt: skip
 
 
 # The packages only one feature needs (pyproject.toml's extras): a missing one is one line naming the extra to install.
@@ -106,9 +108,33 @@ def user_error(err: BaseException) -> LMZooError | None:
             cache = cache_root()
             hint = "set LM_ZOO_CACHE to a writable directory" if path.is_relative_to(cache) else "check the path"
             return DataError(f"{path}: {current.strerror.lower()}: {hint}")
+        storage = _storage_error(current)
+        if storage is not None:
+            return storage
         missing = current.name.split(".")[0] if isinstance(current, ModuleNotFoundError) and current.name else None
         if missing in EXTRAS:
             return ConfigError(f'this needs {missing}, which is not installed: pip install "lm-zoo[{EXTRAS[missing]}]"')
+    return None
+
+
+STORAGE_FORMS = "sqlite:///FILE.db, postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB or a journal FILE.log"
+
+
+def _storage_error(err: BaseException) -> LMZooError | None:
+    """An Optuna storage URL (``--storage`` of tune and search) that SQLAlchemy cannot parse or open, or whose database
+    driver is not installed, as one line. Recognised by the exception's module and Optuna's own message, so that
+    SQLAlchemy is never imported here."""
+    module = type(err).__module__
+    if isinstance(err, ImportError) and "DB access module for the specified storage URL" in str(err):
+        return ConfigError(
+            "--storage: the database driver for this URL is not installed (postgresql:// needs psycopg2, "
+            "mysql+pymysql:// needs pymysql): pip install it, or use sqlite:///FILE.db"
+        )
+    if module.startswith("sqlalchemy") and type(err).__name__ == "ArgumentError":
+        return ConfigError(f"--storage: {str(err).splitlines()[0]}: use {STORAGE_FORMS}")
+    if module.startswith("sqlalchemy") and type(err).__name__ == "OperationalError":
+        reason = str(getattr(err, "orig", None) or err).splitlines()[0]
+        return DataError(f"--storage: the storage cannot be opened ({reason}): check the URL, the server and the path")
     return None
 
 

@@ -48,7 +48,7 @@ def cmd_search(argv: Sequence[str]) -> None:
         parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
         parser.add_argument("--json", action="store_true")
         args = parser.parse_args(argv[1:])
-        store = SearchStore(args.storage)
+        store = SearchStore(args.storage, create=False)
         result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
         print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
         return

@@ -420,7 +420,8 @@ def _reason(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks (corpora, exports and bundles are checked by it)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -479,7 +480,7 @@ def _check_present(spec: FileSet, rf: RemoteFile, path: Path) -> None:
     # (writable) cache, keyed by path, size and mtime; the data root itself may be read-only.
     actual = _remembered_sha256(path, st)
     if actual is None:
-        actual = _sha256_file(path)
+        actual = sha256_file(path)
         if actual == rf.sha256:
             _remember_sha256(path, actual)
     if actual != rf.sha256:

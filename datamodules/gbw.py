@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from datamodules.base import StreamDataModule
-from datamodules.corpora import _remember_sha256, _remembered_sha256, _sha256_file, cache_root, data_root
+from datamodules.corpora import _remember_sha256, _remembered_sha256, cache_root, data_root, sha256_file
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.progress import Progress
 from datamodules.stream_data import SPLITS, atomic_write, cache_key
@@ -100,7 +100,7 @@ def file_fingerprint(path: Path) -> str:
     st = path.stat()
     digest = _remembered_sha256(path, st)
     if digest is None:
-        digest = _sha256_file(path)
+        digest = sha256_file(path)
         _remember_sha256(path, digest)
     return digest
 

@@ -34,7 +34,7 @@ from checkpoints.curves import (
 )
 from checkpoints.format import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
 from checkpoints.model_card import render_card
-from datamodules.corpora import _sha256_file
+from datamodules.corpora import sha256_file
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
 from tests.test_export import train_run
@@ -80,7 +80,7 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     assert registry.load_registry()["tiny"].to_json() == entry
     assert entry["repo_id"] == "lm-zoo/tiny" and entry["revision"] == "v1"
     assert set(entry["files"]) == {CONFIG_NAME, WEIGHTS_NAME, "vocab.txt", CARD_NAME, CURVE_NAME}
-    assert all(_sha256_file(directory / f) == h for f, h in entry["files"].items())
+    assert all(sha256_file(directory / f) == h for f, h in entry["files"].items())
     assert entry["size_bytes"] == sum((directory / f).stat().st_size for f in entry["files"])
     # Every figure at eval batch 1 and at the run's eval batch (2), each re-measurable on the stored weights.
     config = json.loads((directory / CONFIG_NAME).read_text())

@@ -280,8 +280,8 @@ def test_present_files_are_hashed_once(tmp_path, mirror, monkeypatch):
     for name, data in TOY.items():
         (directory / name).write_bytes(data)
     hashed = []
-    real = corpora._sha256_file
-    monkeypatch.setattr(corpora, "_sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    real = corpora.sha256_file
+    monkeypatch.setattr(corpora, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
 
     ensure_files(spec, tmp_path / "data", download=False)
     assert sorted(hashed) == sorted(TOY)
@@ -500,8 +500,8 @@ def test_fingerprint_is_the_sha256_of_the_split_and_follows_edits(tmp_path):
 def test_real_corpora_offline(monkeypatch):
     before = sorted(str(p) for p in DATA_ROOT.rglob("*"))
     hashed = []
-    real = corpora._sha256_file
-    monkeypatch.setattr(corpora, "_sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    real = corpora.sha256_file
+    monkeypatch.setattr(corpora, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
 
     ptb = resolve_corpus("ptb", root=DATA_ROOT, download=False)
     assert ptb.read_text("valid").count("\n") == 3370

@@ -23,7 +23,7 @@ import cli
 import zoo
 from checkpoints import registry
 from checkpoints.export import export_model
-from checkpoints.format import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, LoadedModel, load_export
+from checkpoints.format import CONFIG_NAME, HASHES_KEY, VOCAB_NAME, WEIGHTS_NAME, LoadedModel, load_export
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, write_word_corpus
@@ -289,7 +289,40 @@ def _edit_config(directory: Path, edit) -> None:
     (directory / CONFIG_NAME).write_text(json.dumps(config))
 
 
+def test_a_changed_or_missing_file_is_named_by_the_sha256_its_config_records(
+    run: Path, exported: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = json.loads((exported / CONFIG_NAME).read_text())[HASHES_KEY]
+    assert set(recorded) == {WEIGHTS_NAME, VOCAB_NAME}
+    state = load_file(exported / WEIGHTS_NAME)
+    state["decoder.bias"][0] += 1  # a file that still loads and fits: only its sha256 tells
+    save_file(state, exported / WEIGHTS_NAME)
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), f"{WEIGHTS_NAME} does not match the sha256")
+    shutil.copy(run / "export" / WEIGHTS_NAME, exported / WEIGHTS_NAME)
+    vocab = exported / VOCAB_NAME
+    lines = vocab.read_text().splitlines(keepends=True)
+    vocab.write_text("".join([lines[1], lines[0], *lines[2:]]))  # two words swapped: the same size, other ids
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), f"{VOCAB_NAME} does not match the sha256")
+    vocab.unlink()
+    one_line_error(capsys, cli.main(["evaluate", str(exported)]), f"has no {VOCAB_NAME}, whose sha256")
+
+
+def test_an_export_from_before_the_hashes_loads_with_a_note(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _edit_config(exported, lambda c: c.pop(HASHES_KEY))
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(exported), "--json"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "sha256" in line]
+    assert notes == [f"lm-zoo: note: {exported} was exported before lm-zoo recorded its files' sha256, so its "
+                     "weights and tokenizer cannot be verified (lm-zoo export it again to record them)"]  # fmt: skip
+
+
+def _without_hashes(directory: Path) -> None:
+    """Make ``directory`` an export from before configs recorded sha256, so the loaders' own checks are what speak."""
+    _edit_config(directory, lambda c: c.pop(HASHES_KEY))
+
+
 def test_corrupt_or_missing_weights(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _without_hashes(exported)
     weights = exported / WEIGHTS_NAME
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
@@ -302,6 +335,7 @@ def test_corrupt_or_missing_weights(exported: Path, capsys: pytest.CaptureFixtur
 
 
 def test_missing_or_extra_tensor_is_named(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _without_hashes(exported)
     state = load_file(exported / WEIGHTS_NAME)
     save_file({k: v for k, v in state.items() if k != "decoder.bias"}, exported / WEIGHTS_NAME)
     one_line_error(capsys, cli.main(["evaluate", str(exported)]), "missing tensors ['decoder.bias']")
@@ -315,6 +349,7 @@ def test_unknown_architecture(exported: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_vocabulary_that_does_not_fit_the_weights(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _without_hashes(exported)
     vocab = exported / VOCAB_NAME
     vocab.write_text("".join(vocab.read_text().splitlines(keepends=True)[:-1]))
     one_line_error(capsys, cli.main(["evaluate", str(exported)]), "vocab.txt has 41 entries", "42")
@@ -349,6 +384,9 @@ def test_sources_that_are_no_model(run: Path, tmp_path: Path, capsys: pytest.Cap
     one_line_error(capsys, code, "--revision applies to a Hub repo id")
     code = cli.main(["export", str(run / "export"), "--out", str(tmp_path), "--splits"])
     one_line_error(capsys, code, "is not an lm-zoo export: choose an empty or new --out")
+    # An --out that cannot be created is said before the source is even loaded (a missing source would say so).
+    code = cli.main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "notes.txt" / "export")])
+    one_line_error(capsys, code, "cannot be created", "notes.txt is not a directory")
 
 
 # --------------------------------------------------------------------------------------------------- security

@@ -230,7 +230,7 @@ def test_corrupt_weights_on_the_hub(run: Path, hub: FakeHub, capsys: pytest.Capt
     files = {p.name: p.read_bytes() for p in (run / "export").iterdir()}
     hub.add_repo("org/truncated", {**files, WEIGHTS_NAME: files[WEIGHTS_NAME][:100]})
     code = cli.main(["evaluate", "org/truncated"])
-    one_line_error(capsys, code, "org/truncated: model.safetensors is not a readable safetensors file")
+    one_line_error(capsys, code, "org/truncated/model.safetensors does not match the sha256 its config.json records")
 
 
 def test_publish_errors(export: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ from lightning_modules.search.evolution import (
     load_config,
 )
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from tests.conftest import one_line_error
 from zoo.errors import ConfigError
 from zoo.genome import format_genome, parse
 
@@ -279,7 +280,6 @@ def test_the_rate_counts_the_hours_the_search_ran_not_the_gaps_between_its_runs(
 
 
 def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.conftest import one_line_error
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("memorise: {data: {}, num_params: [1]}\ntasks: {a: {data: {}, num_params: [1], speed: 3}}\n")
@@ -292,6 +292,26 @@ def test_a_bad_search_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     # The command's own arguments too, as every other command's: one line, not argparse's usage.
     one_line_error(capsys, cli.main(["search", "--config", str(bad), "--workers", "x"]), "--workers", "invalid int")
     one_line_error(capsys, cli.main(["search", "report"]), "required: --storage", "lm-zoo search report --help")
+
+
+def test_a_report_on_a_storage_without_a_search_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report never creates the store it is asked about, and a URL that cannot be parsed or opened, or whose
+    database driver is missing, is one line."""
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    for missing in ("sqlite:///missing.db", "missing.log"):
+        one_line_error(capsys, cli.main(["search", "report", "--storage", missing]), "missing", "no such file")
+    assert not list(tmp_path.iterdir()), "the report created a store"
+    sqlite3.connect(tmp_path / "other.db").execute("create table unrelated (x)").connection.close()
+    one_line_error(capsys, cli.main(["search", "report", "--storage", "sqlite:///other.db"]), "holds no lm-zoo search")
+    one_line_error(capsys, cli.main(["search", "report", "--storage", "nonsense"]), "--storage", "sqlite:///FILE.db")
+    one_line_error(capsys, cli.main(["search", "report", "--storage", "sqlite:////proc/none/x.db"]), "/proc/none/x.db")
+    one_line_error(
+        capsys, cli.main(["search", "report", "--storage", "mysql://u@127.0.0.1:1/db"]), "driver", "not installed"
+    )
 
 
 def test_a_config_error_inside_an_evaluation_is_one_line(

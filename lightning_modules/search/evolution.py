@@ -42,7 +42,7 @@ import optuna  # the search extra (pip install "lm-zoo[search]")
 import yaml
 
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 from zoo.genome import GenomeError, format_genome, parse
 from zoo.mutation import mutate
 
@@ -132,9 +132,17 @@ class SearchStore:
         storage: an SQLAlchemy URL (``sqlite:///search.db``, ``postgresql://host/db``, ...) or a journal file path
             ending in ``.log``.
         heartbeat: seconds between a running trial's heartbeats; a trial silent for four of them is failed.
+        create: start a new search when the storage holds none; ``False`` (a report) refuses, and never creates a
+            SQLite or journal file that is not there.
+
+    Raises:
+        DataError: ``create`` is ``False`` and the storage holds no search.
     """
 
-    def __init__(self, storage: str, heartbeat: int = 60) -> None:
+    def __init__(self, storage: str, heartbeat: int = 60, create: bool = True) -> None:
+        local = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else storage
+        if not create and (storage.endswith(".log") or storage.startswith("sqlite:///")) and not Path(local).exists():
+            raise DataError(f"{local}: no such file, so no search to report: give the workers' --storage")
         if storage.endswith(".log"):
             from optuna.storages.journal import JournalFileBackend
 
@@ -144,6 +152,8 @@ class SearchStore:
                 # Heartbeats and failing stale trials are "experimental" in Optuna (since 2.9): what we rely on.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 backend = optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=4 * heartbeat)
+        if not create and STUDY not in {study.study_name for study in optuna.get_all_study_summaries(backend)}:
+            raise DataError(f"{storage} holds no lm-zoo search (no study {STUDY!r}): give the workers' --storage")
         self.study = optuna.create_study(storage=backend, study_name=STUDY, direction="maximize", load_if_exists=True)
 
     def evaluations(self) -> list[Evaluation]:
