@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from datamodules.streams import IGNORE_INDEX, LMBatch, ResumableStream
+from zoo.base import Resets
 from zoo.errors import ConfigError
 
 
@@ -185,7 +186,8 @@ class MultiSequenceWindows(ResumableStream):
 
     # ------------------------------------------------------------------------------------------------ windows
     def window(self, layout: EpochLayout, index: int) -> LMBatch:
-        """Window ``index`` of an epoch: ``(B, T)`` inputs, targets and resets for this rank's columns."""
+        """Window ``index`` of an epoch: ``(B, T)`` inputs, targets and resets for this rank's columns, the resets
+        also as a :class:`zoo.base.Resets`."""
         columns = slice(self.rank * self._batch_size, (self.rank + 1) * self._batch_size)
         start, length = layout.column_start[columns], layout.column_length[columns]  # (B,)
         t0 = index * self.bptt
@@ -208,7 +210,8 @@ class MultiSequenceWindows(ResumableStream):
         inputs = tokens[:, :steps].masked_fill(~inside_t, self.pad_id)
         targets = tokens[:, 1:].masked_fill(unpredicted, IGNORE_INDEX)
         reset = inside_t & torch.from_numpy(stream[:, :steps] == sentence_start[:, :steps])
-        return LMBatch(inputs, targets, reset)
+        # Where the resets fall, worked out here on the host: a step on a GPU would otherwise wait to learn it.
+        return LMBatch(inputs, targets, reset, Resets.from_mask(reset))
 
     def __iter__(self) -> Iterator[LMBatch]:
         epoch, skip = self._next_epoch()  # windows are addressed by index, so a resumed epoch skips for free

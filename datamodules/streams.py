@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from zoo.base import Resets
 from zoo.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -50,11 +51,15 @@ class LMBatch(NamedTuple):
         inputs: ``(B, T)`` token ids.
         targets: ``(B, T)`` next-token ids; ``-100`` where nothing is predicted.
         reset: ``(B, T)`` bool or ``None``; ``True`` zeroes stream b's recurrent state before step t.
+        resets: ``reset`` with where its resets fall, worked out on the host (:class:`zoo.base.Resets`), so that a
+            step on a GPU never waits to learn it; the window builders add it (``datamodules.multisequence``). ``None``:
+            the model works it out from ``reset``.
     """
 
     inputs: Tensor
     targets: Tensor
     reset: Tensor | None = None
+    resets: Resets | None = None
 
 
 def column_spans(num_pairs: int, num_columns: int) -> list[tuple[int, int]]:

@@ -203,7 +203,10 @@ class LanguageModel(StatefulTraining):
             # model also learns to start from zeros, as evaluation streams do. Never outside training.
             keep = torch.rand(state[0].size(1), device=state[0].device) >= self.drop_state_probability
             state = mask_state(state, keep.to(state[0].dtype))
-        features, state, raw, dropped = self.model.run(batch.inputs, state, batch.reset)
+        # The data module's Resets (where the resets fall, worked out on the host) spares the step a host
+        # synchronisation that a bare reset mask on a GPU costs.
+        reset = batch.resets if batch.resets is not None else batch.reset
+        features, state, raw, dropped = self.model.run(batch.inputs, state, reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words
             total = self.model.decoder.token_nll(features, batch.targets).sum()
@@ -211,7 +214,10 @@ class LanguageModel(StatefulTraining):
         elif isinstance(self.model.decoder, NCEHead):
             if not self.model.decoder.noise.ready:
                 raise ConfigError(NO_NOISE)
-            total, count = self.model.decoder.training_loss(features, batch.targets)
+            # Noise shared by the batch (dpnn's batchnoise) comes from the generator every rank seeds alike, so the
+            # global batch shares it as one process's batch does; per-row noise is each rank's own, like its masks.
+            generator = None if self.model.decoder.per_row else self.shared_generator
+            total, count = self.model.decoder.training_loss(features, batch.targets, generator=generator)
         elif isinstance(self.model.decoder, AdaptiveSoftmaxHead):  # exact nats, each target's own cluster only
             total, count = self.model.decoder.training_loss(features, batch.targets)
         else:

@@ -7,6 +7,10 @@ keeps each stage's state in ``self._state[stage]`` (zeroed here at every epoch s
 :meth:`StatefulTraining.window_nll` (validation and test steps are this module's) and
 :meth:`StatefulTraining.log_epoch_figures`, updates ``self.metrics["train_nll"]`` and sets ``self._train_loss`` in its
 training step for the divergence guard.
+
+Under DDP (:mod:`lightning_modules.resume` has the details) each rank draws its own dropout masks but the same shared
+draws (:attr:`StatefulTraining.shared_generator`, e.g. NCE noise words), a checkpoint keeps every rank's resume state
+keyed by rank, and the divergence guard decides on every rank's loss at once, so that all ranks stop at the same step.
 """
 
 from __future__ import annotations
@@ -16,14 +20,56 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
-from torchmetrics.aggregation import MeanMetric
+from torchmetrics import Metric
 
-from lightning_modules.resume import RESUME_KEY, non_finite, rng_states, set_rng_states
+from lightning_modules.resume import (
+    RESUME_KEY,
+    generator_state,
+    keyed_by_rank,
+    new_shared_generator,
+    non_finite,
+    rank_state,
+    rng_states,
+    seed_rank,
+    set_generator_state,
+    set_rng_states,
+)
 from zoo.base import State
 from zoo.errors import CheckpointError, TrainingDivergedError
 
 STAGES = ("train", "val", "test")
+
+
+class WeightedMean(Metric):
+    """The weighted mean of the values it is given (nats per unit, weighted by the units): torchmetrics' ``MeanMetric``
+    without its NaN check.
+
+    ``MeanMetric`` asks the device whether a value is NaN at every update, two host synchronisations a step, to drop
+    it; with ``nan_strategy="disable"`` torchmetrics (1.9) also drops the weights, and every window would count
+    alike. Here a NaN training loss stops the run anyway (the divergence guard), and a NaN in evaluation should show
+    in the result, not vanish from it. The states keep ``MeanMetric``'s names and meaning (``mean_value`` the weighted
+    sum, ``weight`` the weights' sum), which checkpoints store; both are summed across ranks.
+    """
+
+    full_state_update = False
+    mean_value: Tensor
+    weight: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("mean_value", default=torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, value: Tensor, weight: Tensor) -> None:
+        """Add ``value`` with ``weight`` (a tensor or a number; the predicted units of a window)."""
+        weight = torch.as_tensor(weight, device=self.weight.device)
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()
+
+    def compute(self) -> Tensor:
+        return self.mean_value / self.weight
 
 
 class StatefulTraining(L.LightningModule):
@@ -31,12 +77,15 @@ class StatefulTraining(L.LightningModule):
 
     divergence_threshold: float  # nats per predicted unit; 0 turns the guard off
     model: nn.Module
+    # Draws that must be equal on every rank (NCE noise words), from fit's first step on; None outside fit, where
+    # draws fall back to the global generator.
+    shared_generator: torch.Generator | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self._state: dict[str, State | None] = dict.fromkeys(STAGES)
         self._resume: dict[str, Any] | None = None  # what a checkpoint kept for resuming fit, used by on_train_start
-        self.metrics = nn.ModuleDict({f"{stage}_nll": MeanMetric() for stage in STAGES})
+        self.metrics = nn.ModuleDict({f"{stage}_nll": WeightedMean() for stage in STAGES})
 
     def on_train_epoch_start(self) -> None:
         self._state["train"] = None
@@ -63,8 +112,9 @@ class StatefulTraining(L.LightningModule):
 
     def _eval_step(self, batch: Any, stage: str) -> None:
         total, count = self.window_nll(batch, stage)
-        if count > 0:
-            self.metrics[f"{stage}_nll"].update(total / count, weight=count)
+        # A window with nothing to predict (a column's padding) adds 0 with weight 0: asking whether count > 0 would
+        # make the host wait for the device.
+        self.metrics[f"{stage}_nll"].update(total / count.clamp(min=1), weight=count)
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
@@ -120,21 +170,47 @@ class StatefulTraining(L.LightningModule):
                 "--trainer.gradient_clip_val, then resume from the last checkpoint"
             )
         train_nll = self.metrics["train_nll"]
-        checkpoint[RESUME_KEY] = {
-            "train_state": self._state["train"],
-            "train_nll": {"mean_value": train_nll.mean_value.detach(), "weight": train_nll.weight.detach()},
+        state = self._state["train"]
+        # On the CPU: the gather pickles tensors with their device, and rank 0 must not unpickle rank 1's GPU tensors.
+        mine = {
+            "train_state": None if state is None else tuple(s.cpu() for s in state),
+            "train_nll": {"mean_value": train_nll.mean_value.detach().cpu(), "weight": train_nll.weight.detach().cpu()},
             "rng": rng_states(),
         }
+        if self.shared_generator is not None:
+            mine["shared_rng"] = generator_state(self.shared_generator)
+        # Lightning calls this hook on every rank but only rank 0 writes: gather every rank's own state first.
+        world_size = self._distributed_world_size()
+        ranks: list[Any] = [mine] if world_size == 1 else [None] * world_size
+        if world_size > 1:
+            dist.all_gather_object(ranks, mine)
+        checkpoint[RESUME_KEY] = keyed_by_rank(ranks)
+
+    def _distributed_world_size(self) -> int:
+        """The number of ranks whose state must be gathered (1 outside a process group)."""
+        trainer = self._trainer
+        world_size = trainer.world_size if trainer is not None else 1
+        return world_size if world_size > 1 and dist.is_available() and dist.is_initialized() else 1
 
     def on_train_start(self) -> None:
-        """Resuming: put back the carried state, the loss accumulator and the generators saved with the checkpoint.
+        """Give each rank its own generators and all ranks the shared one; resuming, put back this rank's carried
+        state, loss accumulator and generators saved with the checkpoint.
 
         Here, after Lightning's restore and the loader's first fetch, so the next dropout mask is the one the
         interrupted run would have drawn. (A checkpoint taken between epochs resets the state at the epoch start.)
+
+        Raises:
+            CheckpointError: the checkpoint was written by another number of processes (:func:`rank_state`).
         """
         resume, self._resume = self._resume, None
+        # Rank 0's seed (after seed_everything: the run's seed, the same on every rank) for the rank offsets and the
+        # shared generator: broadcast, so that they agree even in a run that seeded nothing.
+        seed = int(self.trainer.strategy.broadcast(torch.initial_seed()))
+        self.shared_generator = new_shared_generator(seed, self.device)
         if resume is None:
+            seed_rank(seed, self.global_rank)
             return
+        resume = rank_state(resume, self.global_rank, self.trainer.world_size)
         state = resume.get("train_state")
         self._state["train"] = None if state is None else tuple(s.to(self.device) for s in state)
         train_nll = self.metrics["train_nll"]
@@ -144,13 +220,19 @@ class StatefulTraining(L.LightningModule):
         # end (no window left) computes a restored accumulator without one.
         train_nll.update(torch.zeros((), device=self.device), weight=torch.zeros((), device=self.device))
         set_rng_states(resume["rng"])
+        if "shared_rng" in resume:  # checkpoints written before the shared generator start it from the seed
+            set_generator_state(self.shared_generator, resume["shared_rng"])
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Stop before the optimizer writes a diverged step into the weights: a training loss that is NaN, infinite
         or above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g.
         through an overflowing cell). Both in one host copy, the training step's only synchronisation of its own.
         Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
-        scaled gradients overflowed."""
+        scaled gradients overflowed.
+
+        Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
+        copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
+        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)"""
         loss = getattr(self, "_train_loss", None)
         trainer = self._trainer
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
@@ -159,9 +241,18 @@ class StatefulTraining(L.LightningModule):
         checked = ([loss.float()] if loss is not None else []) + ([torch.stack(sums).sum()] if sums else [])
         if not checked:
             return
-        values = torch.stack(checked).tolist()  # one host copy
+        values = torch.stack(checked)  # (1 or 2,)
+        world_size = self._distributed_world_size()
+        if world_size > 1:
+            gathered = values.new_empty(world_size * values.numel())  # (W * (1 or 2),): gloo wants it flat
+            dist.all_gather_into_tensor(gathered, values)
+            rows = gathered.view(world_size, -1).tolist()  # one host copy of every rank's values
+        else:
+            rows = [values.tolist()]  # one host copy
         if loss is not None:
-            self._check_loss(values.pop(0))
+            for rank, row in enumerate(rows):  # the lowest failing rank names the step's failure, on every rank
+                self._check_loss(row[0], rank if len(rows) > 1 else None)
+        values = rows[0][1:] if loss is not None else rows[0]  # the all-reduced gradients: the same on every rank
         if values and not math.isfinite(values[0]):
             raise TrainingDivergedError(
                 f"a gradient became NaN or infinite at step {self.global_step} (epoch {self.current_epoch}) with a "
@@ -169,11 +260,12 @@ class StatefulTraining(L.LightningModule):
                 "checkpoint"
             )
 
-    def _check_loss(self, value: float) -> None:
+    def _check_loss(self, value: float, rank: int | None = None) -> None:
         if not math.isfinite(value) or 0 < self.divergence_threshold < value:
             limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
+            where = "" if rank is None else f"rank {rank}'s "
             raise TrainingDivergedError(
-                f"training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
+                f"{where}training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
                 f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
                 "the last checkpoint"
             )

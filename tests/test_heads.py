@@ -189,3 +189,43 @@ def test_adaptive_head_options_are_checked() -> None:
         RecurrentLM(vocab_size=40, hidden_size=15, head="adaptive")  # 15 / 4^2 < 1
     assert default_adaptive_cutoffs(33278) == [2079, 8319]
     assert default_adaptive_cutoffs(4) == [1, 2]
+
+
+def test_adaptive_training_loss_touches_every_cluster_without_changing_loss_or_gradients() -> None:
+    """A tail cluster with no target in the step (words 5-6 here) still takes part in the graph, with exact-zero
+    gradients, so that DDP's reducer hears from every parameter (tests/test_ddp_heads.py); the loss and every gradient
+    are bit for bit those of torch's ``AdaptiveLogSoftmaxWithLoss`` alone, which leaves that cluster out."""
+    import copy
+
+    targets = torch.tensor([[0, 4, -100], [3, 2, 1]])  # no word of cluster 2
+    head = _adaptive()
+    reference = copy.deepcopy(head)
+    h = torch.randn(B, T, H, dtype=torch.double)
+
+    h_new = h.clone().requires_grad_(True)
+    total, count = head.training_loss(h_new, targets)
+    total.backward()
+
+    h_old = h.clone().requires_grad_(True)
+    predicted = targets.reshape(-1) != -100
+    rows = h_old.reshape(-1, H)[predicted]
+    expected = -reference.adaptive(rows, targets.reshape(-1)[predicted]).output.sum()  # the code path before
+    expected.backward()
+
+    assert count.item() == 5 and torch.equal(total, expected)
+    assert torch.equal(h_new.grad, h_old.grad)
+    left_out = []
+    for (name, new), old in zip(head.named_parameters(), reference.parameters(), strict=True):
+        assert new.grad is not None, name  # every parameter reached by the backward pass
+        if old.grad is None:
+            left_out.append(name)
+            assert torch.equal(new.grad, torch.zeros_like(new)), name
+        else:
+            assert torch.equal(new.grad, old.grad), name
+    assert left_out == ["adaptive.tail.1.0.weight", "adaptive.tail.1.1.weight"]  # the situation did occur
+
+    head.zero_grad(set_to_none=True)
+    nothing, none = head.training_loss(h_new, torch.full((B, T), -100))  # a window of padding only
+    nothing.backward()
+    assert nothing.item() == 0 and none.item() == 0
+    assert all(p.grad is not None and p.grad.abs().sum() == 0 for p in head.parameters())

@@ -7,7 +7,8 @@ learning-rate schedule, and the equal-weight average of the weights (``WeightAve
 the run, i.e. the first step of epoch 1; validation and the saved weights use it). Its ``on_fit_start`` asks the
 trainer for the run's length, which makes Lightning build and prefetch the training loader before it restores its
 counters: the stream must still start at the resumed position. One run is killed twice: as epoch 1 starts, and mid-
-epoch three steps after the last periodic ``last.ckpt``.
+epoch three steps after the last periodic ``last.ckpt``; the first of these checkpoints is rewritten in the
+un-keyed layout of checkpoints written before per-rank resume state, which must still resume exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import checkpoints
 from datamodules import TextDataModule
 from datamodules.streams import StreamWindows
+from lightning_modules.resume import RESUME_KEY
 from tests.conftest import write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,11 +191,17 @@ def test_sigkill_or_ctrl_c_then_resume_ends_like_an_uninterrupted_run(
     runs.mkdir()
     first = _write_recipe(runs / "first.yaml", corpus, PAUSE.format(step=epoch_0, marker=runs / "first.paused"))
     assert _fit_until_killed(first, env, runs / "first.paused") == (1, 0)
-    saved = _read(runs / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")
+    first_checkpoint = runs / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = _read(first_checkpoint)
+    assert saved[RESUME_KEY]["world_size"] == 1 and "rank_0" in saved[RESUME_KEY]  # the one rank's state, keyed
     assert saved["global_step"] == epoch_0 and saved["TextDataModule"]["train_position"] == {
         "epoch": 0,
         "windows": epoch_0,
     }
+    # Rewritten in the layout of checkpoints written before the per-rank one (one process's state un-keyed, no shared
+    # generator): the second part resumes from it, and the run still ends bit for bit like the uninterrupted one.
+    legacy = {name: value for name, value in saved[RESUME_KEY]["rank_0"].items() if name != "shared_rng"}
+    torch.save({**saved, RESUME_KEY: legacy}, first_checkpoint)
 
     second = _write_recipe(runs / "second.yaml", corpus, PAUSE.format(step=KILL_AT_STEP, marker=runs / "second.paused"))
     epoch, batch = _fit_until_killed(second, env, runs / "second.paused", "--ckpt_path", "last")

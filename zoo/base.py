@@ -6,7 +6,8 @@ The zoo contract (``../shared/DESIGN.md``): ``forward(x: (B, T, I), state=None, 
   ``(num_layers, B, ...)`` (for the LSTM: ``(h, c)``, the layout of ``nn.LSTM``'s ``hx``). ``None`` means zeros.
   Callers treat it as opaque apart from :func:`detach_state`.
 * ``reset[b, t] = True`` zeroes stream b's state *before* step t. A reset at ``t = 0`` is applied to the incoming state;
-  a reset later in the window forces the per-step path, since cuDNN cannot zero a state mid-sequence.
+  a reset later in the window needs more than one fused call, since cuDNN cannot zero a state mid-sequence: on CUDA the
+  window's sentence segments run as one packed sequence (:meth:`FusedLayer._segments`), elsewhere the per-step loop.
 * Adding a cell: subclass :class:`CellLayer`, put everything that does not depend on the state in
   :meth:`~CellLayer.hoist` (one matmul over the whole window) and the recurrence in :meth:`~CellLayer.step`; then
   subclass :class:`RecurrentStack` to build a list of those layers.
@@ -39,8 +40,9 @@ that their backward, which autocast does not cover, sees the same dtypes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +90,122 @@ def _mask_layer_state(state: State, keep: Tensor) -> State:
 def sequence_dropout_mask(like: Tensor, p: float) -> Tensor:
     """An inverted-dropout mask shaped like ``like`` (``(B, H)``), to be reused at every step of a window."""
     return torch.bernoulli(torch.full_like(like, 1 - p)) / (1 - p)
+
+
+def _moved(tensor: Tensor, device: torch.device | str, non_blocking: bool | None) -> Tensor:
+    """``tensor.to(device)``; ``non_blocking=None`` copies from the CPU asynchronously (CUDA stages pageable memory
+    before returning, so nothing waits for the device: Lightning passes ``non_blocking`` to tensors only) and to the
+    CPU synchronously (an asynchronous copy to the host could be read before it lands)."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu" if non_blocking is None else non_blocking)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A window cut at its resets into sentence segments, laid out as one ``PackedSequence`` for
+    :meth:`FusedLayer._segments`.
+
+    Each stream's window is cut where it resets; every piece is a sequence of its own, the first starting from the
+    stream's carried state and the others from zeros. The packed layout puts the pieces longest first, step by step
+    (time-major), so packed row ``row_start[j] + rank[piece]`` holds step ``j`` of a piece: since every step of the
+    window is in exactly one piece, packing is a permutation of the window's ``B * T`` steps, and so is unpacking.
+    Built on the host (:meth:`from_reset`), then moved with the batch.
+
+    Attributes:
+        step_of_row: ``(B*T,)`` long, the flat step ``b * T + t`` at each packed row (gathers the packed input).
+        row_of_step: ``(B*T,)`` long, the packed row of each flat step (gathers the output back).
+        batch_sizes: pieces still running at each step, the ``PackedSequence``'s: host data, Python ints.
+        first: ``(P,)`` bool, pieces in packed order that begin the window (they start from the carried state).
+        owner: ``(P,)`` long, each piece's stream.
+        last: ``(B,)`` long, each stream's last piece (whose final state is the stream's).
+    """
+
+    step_of_row: Tensor
+    row_of_step: Tensor
+    batch_sizes: tuple[int, ...]
+    first: Tensor
+    owner: Tensor
+    last: Tensor
+
+    _tensor_fields: ClassVar[tuple[str, ...]] = ("step_of_row", "row_of_step", "first", "owner", "last")
+
+    @classmethod
+    def from_reset(cls, reset: Tensor) -> Segments:
+        """The segments of a window from its ``(B, T)`` bool reset mask, computed where the mask is (the host)."""
+        batch, steps = reset.shape
+        cut = reset.clone()
+        cut[:, 0] = True  # every stream's window starts a piece, from the state it carries in
+        cut = cut.flatten()  # (B*T,)
+        starts = cut.nonzero().squeeze(1)  # (P,) flat step of each piece's first step, stream by stream
+        lengths = torch.diff(starts, append=starts.new_tensor([batch * steps]))  # (P,)
+        piece = cut.cumsum(0) - 1  # (B*T,) the piece of each step
+        offset = torch.arange(batch * steps) - starts[piece]  # (B*T,) the step's position in its piece
+        order = torch.sort(lengths, descending=True, stable=True).indices  # (P,) pieces, longest first
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))  # (P,) each piece's place in the packed order
+        running = lengths[order].unsqueeze(0) > torch.arange(int(lengths.max())).unsqueeze(1)  # (L, P)
+        batch_sizes = running.sum(1)  # (L,)
+        row_start = batch_sizes.cumsum(0) - batch_sizes  # (L,) the first packed row of each step
+        row_of_step = row_start[offset] + rank[piece]  # (B*T,)
+        step_of_row = torch.empty_like(row_of_step)
+        step_of_row[row_of_step] = torch.arange(batch * steps)
+        streams_pieces = cut.view(batch, steps).sum(1)  # (B,)
+        return cls(
+            step_of_row=step_of_row,
+            row_of_step=row_of_step,
+            batch_sizes=tuple(batch_sizes.tolist()),
+            first=starts[order] % steps == 0,
+            owner=starts[order] // steps,
+            last=rank[streams_pieces.cumsum(0) - 1],
+        )
+
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Segments:
+        """The index tensors on ``device`` (``batch_sizes`` stay host ints); see :func:`_moved` for ``non_blocking``."""
+        moved = {name: _moved(getattr(self, name), device, non_blocking) for name in self._tensor_fields}
+        return replace(self, **moved)
+
+
+@dataclass(frozen=True)
+class Resets:
+    """A window's ``(B, T)`` reset mask with where its resets fall, worked out on the host.
+
+    Learning where a reset falls from a mask on a GPU makes the host wait for the device (``nonzero``, ``.tolist()``),
+    once per window and again per layer for packed segments. :meth:`from_mask` does it while the mask is still on the
+    host (where the data module builds the window: ``datamodules.multisequence``), and :meth:`to` moves the result
+    with the batch (Lightning moves any object with a ``to`` method). A stack's ``forward`` takes one wherever it
+    takes a mask.
+
+    Attributes:
+        mask: ``(B, T)`` bool, ``True`` zeroes stream b's state before step t.
+        steps: the steps ``t > 0`` at which some stream resets (host data, Python ints).
+        segments: the window's :class:`Segments`, or ``None`` when no stream resets after step 0.
+    """
+
+    mask: Tensor
+    steps: tuple[int, ...]
+    segments: Segments | None
+
+    @classmethod
+    def from_mask(cls, reset: Tensor) -> Resets:
+        """Work out where ``reset``'s resets fall. A mask on the CPU costs no synchronisation; one on a GPU is copied
+        to the host once (the result's tensors go back asynchronously)."""
+        host = reset.cpu()  # (B, T); the mask itself on the CPU
+        steps = tuple((host[:, 1:].any(0).nonzero().flatten() + 1).tolist())
+        segments = Segments.from_reset(host).to(reset.device) if steps else None
+        return cls(reset, steps, segments)
+
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Resets:
+        """The mask and segments on ``device``; see :func:`_moved` for ``non_blocking``."""
+        segments = None if self.segments is None else self.segments.to(device, non_blocking)
+        return Resets(_moved(self.mask, device, non_blocking), self.steps, segments)
+
+
+class KeepAt(dict[int, Tensor]):
+    """step ``t > 0`` -> ``(B,)`` keep-mask, for the steps where some stream resets: what every layer reads; with the
+    window's :class:`Segments` (or ``None``) for a layer that runs it as packed segments."""
+
+    def __init__(self, keep: dict[int, Tensor], segments: Segments | None) -> None:
+        super().__init__(keep)
+        self.segments = segments
 
 
 class RecurrentLayer(nn.Module):
@@ -299,36 +417,30 @@ class FusedLayer(CellLayer):
         the stream's carried state and the others from zeros (what the reset does), and all of them go through the
         kernel at once as a ``PackedSequence`` (cuDNN's variable-length RNN). The outputs go back to their steps and
         each stream's state is that at the end of its last piece: what the per-step loop computes.
+
+        The layout (:class:`Segments`) comes with ``keep_at`` from the stack, worked out on the host before the batch
+        moved (:class:`Resets`), so the window runs with gathers alone: no host synchronisation. A plain ``keep_at``
+        dict (a caller of the layer's own) is copied to the host once to work it out.
         """
         batch, steps, _ = x.shape
-        resets = torch.stack([keep_at[t] == 0 for t in sorted(keep_at)], 1).cpu()  # (B, R), one host copy
-        times = sorted(keep_at)
-        starts: list[int] = []  # flat index b * T + t of each piece's first step
-        lengths: list[int] = []
-        last_piece = []
-        for b in range(batch):
-            cuts = [0] + [t for t, cut in zip(times, resets[b].tolist(), strict=True) if cut] + [steps]
-            for start, end in zip(cuts, cuts[1:], strict=False):
-                starts.append(b * steps + start)
-                lengths.append(end - start)
-            last_piece.append(len(starts) - 1)
-        longest = max(lengths)
-        offsets = torch.arange(longest)
-        length = torch.tensor(lengths)
-        valid = offsets.unsqueeze(0) < length.unsqueeze(1)  # (P, L)
-        index = (torch.tensor(starts).unsqueeze(1) + offsets).masked_fill(~valid, 0).to(x.device)  # (P, L)
-        pieces = x.reshape(batch * steps, -1)[index]  # (P, L, I), padded with step 0's input (never read)
-        first = torch.tensor([start % steps == 0 for start in starts], device=x.device)  # (P,)
-        owner = torch.tensor(starts, device=x.device) // steps  # (P,)
-        piece_state = tuple(torch.where(first.unsqueeze(1), s[owner], s.new_zeros(())) for s in state)
-        packed = nn.utils.rnn.pack_padded_sequence(pieces, length, batch_first=True, enforce_sorted=False)
+        segments = keep_at.segments if isinstance(keep_at, KeepAt) else None
+        if segments is None:
+            reset = torch.zeros(batch, steps, dtype=torch.bool)
+            if keep_at:
+                times = sorted(keep_at)
+                reset[:, times] = torch.stack([keep_at[t] == 0 for t in times], 1).cpu()  # (B, R), one host copy
+            segments = Segments.from_reset(reset).to(x.device)
+        flat = x.reshape(batch * steps, -1)  # (B*T, I)
+        # Built directly rather than by pack_padded_sequence, which copies its sort order to the device and (unpacked
+        # by pad_packed_sequence) back: the pieces are already longest first, the batch sizes host ints.
+        packed = nn.utils.rnn.PackedSequence(
+            flat.index_select(0, segments.step_of_row), torch.tensor(segments.batch_sizes)
+        )
+        first = segments.first.unsqueeze(1)  # (P, 1)
+        piece_state = tuple(torch.where(first, s.index_select(0, segments.owner), s.new_zeros(())) for s in state)
         y_packed, final = self._fused(packed, piece_state)
-        y_pieces, _ = nn.utils.rnn.pad_packed_sequence(y_packed, batch_first=True, total_length=longest)  # (P, L, H)
-        valid = valid.to(x.device)
-        y = y_pieces.new_empty(batch * steps, y_pieces.size(-1))
-        y[index[valid]] = y_pieces[valid]  # every step of the window is in exactly one piece
-        last = torch.tensor(last_piece, device=x.device)
-        return y.view(batch, steps, -1), tuple(s[last] for s in final)
+        y = y_packed.data.index_select(0, segments.row_of_step)  # (B*T, H), every step from its piece
+        return y.view(batch, steps, -1), tuple(s.index_select(0, segments.last) for s in final)
 
 
 class RecurrentStack(nn.Module):
@@ -399,13 +511,17 @@ class RecurrentStack(nn.Module):
         per_layer = [layer.initial_state(batch_size, like) for layer in self.layers]
         return tuple(torch.stack(parts) for parts in zip(*per_layer))
 
-    def forward(self, x: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
+    def forward(
+        self, x: Tensor, state: State | None = None, reset: Tensor | Resets | None = None
+    ) -> tuple[Tensor, State]:
         """Run the stack over a window.
 
         Args:
             x: ``(B, T, I)`` inputs.
             state: the state after the previous window, or ``None`` for zeros.
-            reset: ``(B, T)`` bool; ``True`` zeroes that stream's state before that step.
+            reset: ``(B, T)`` bool; ``True`` zeroes that stream's state before that step. Or a :class:`Resets`, the
+                same mask with where its resets fall, worked out on the host: then the window needs no host
+                synchronisation (a bare mask on a GPU costs one, to learn where its resets fall).
 
         Returns:
             ``(y, state)`` with ``y`` the last layer's outputs ``(B, T, H)`` (with ``sum_layer_outputs``: the sum of
@@ -416,10 +532,12 @@ class RecurrentStack(nn.Module):
             state = self.initial_state(x.size(0), x if parameter is None else x.new_empty(0, dtype=parameter.dtype))
         keep_at: dict[int, Tensor] = {}
         if reset is not None:
-            keep = (~reset).to(x.dtype)  # (B, T)
+            # Where the resets fall is host data: a Resets brings it (worked out before the batch moved to the
+            # device); a bare mask on a GPU is copied to the host once to learn it.
+            resets = reset if isinstance(reset, Resets) else Resets.from_mask(reset)
+            keep = (~resets.mask).to(x.dtype)  # (B, T)
             state = mask_state(state, keep[:, 0])
-            # One host sync per window to learn where (if anywhere) a mid-window reset falls.
-            keep_at = {t: keep[:, t] for t in (reset[:, 1:].any(0).nonzero().flatten() + 1).tolist()}
+            keep_at = KeepAt({t: keep[:, t] for t in resets.steps}, resets.segments)
         layer_input = x
         new_state: list[State] = []
         summed: Tensor | None = None

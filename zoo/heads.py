@@ -326,12 +326,19 @@ class AdaptiveSoftmaxHead(nn.Module):
             ``(summed nats, number of predicted positions)``: unlike NCE, these are the model's true nats.
         """
         predicted = targets.reshape(-1) != -100
-        rows = h.reshape(-1, h.size(-1))[predicted]  # (N, D)
-        if rows.size(0) == 0:
-            return h.sum() * 0.0, predicted.sum()
+        rows = _at_least_float32(h.reshape(-1, h.size(-1))[predicted])  # (N, D), N may be 0
         with _full_precision(h):
-            target_log_probs = self.adaptive(_at_least_float32(rows), targets.reshape(-1)[predicted]).output  # (N,)
-        return -target_log_probs.sum(), predicted.sum()
+            target_log_probs = self.adaptive(rows, targets.reshape(-1)[predicted]).output  # (N,)
+            # torch skips a tail cluster that no target of the step falls in, leaving its parameters without a
+            # gradient, and DDP (without find_unused_parameters) then stops ("Expected to have finished reduction in
+            # the prior iteration") as soon as one rank's window has no word of that cluster. So every cluster also
+            # scores the empty set of rows: its output sums to exactly 0 and its gradients are exact zeros, so loss
+            # and gradients are unchanged while every parameter is in every step's graph and DDP's bucketed
+            # all-reduce runs as usual. find_unused_parameters=True would instead traverse the autograd graph after
+            # every forward of every run to find the missing ones. Empty rows rather than 0 * (an output): 0 * inf
+            # is NaN.
+            untouched = sum(cluster(rows[:0]).sum() for cluster in self.adaptive.tail)  # 0.0
+        return untouched - target_log_probs.sum(), predicted.sum()
 
     def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
         """Negative log-likelihood of each target, ``(B, T)`` float32 (or float64) nats, 0 where the target is -100.

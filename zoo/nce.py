@@ -36,7 +36,7 @@ Noise words are drawn with Walker's alias method (Vose's construction, vectorise
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ from zoo.heads import CHUNK_LOGITS, SoftmaxHead, _at_least_float32
 
 OBJECTIVES = ("nce", "sampled_softmax")
 SAMPLERS = ("alias", "multinomial")
+NOISE_TABLES = ("probs", "log_probs", "accept", "alias")  # UnigramNoise's tensors, derived from the counts
 
 # log q of a word with a zero count (e.g. a symbol the training text never contains): finite, so that the target term
 # of such a word stays finite (s + 30 instead of +inf, whose BCE is NaN); it is never drawn as noise.
@@ -98,8 +99,9 @@ def alias_table(probs: Tensor) -> tuple[Tensor, Tensor]:
 class UnigramNoise(nn.Module):
     """The noise distribution ``q(w) ∝ count(w) ** power`` and a sampler for it.
 
-    Its tensors are non-persistent buffers: they follow the model across devices but are not in the state dict, so an
-    exported model (which only ever needs the full softmax) loads without them. They are empty until
+    Its tables (``probs``, ``log_probs``, ``accept``, ``alias``) follow the model across devices and dtypes like
+    buffers but are neither buffers nor in the state dict: an exported model (which only ever needs the full softmax)
+    loads without them, and data-parallel wrappers leave them alone (:meth:`_apply`). They are empty until
     :meth:`set_counts`.
 
     Args:
@@ -117,10 +119,23 @@ class UnigramNoise(nn.Module):
         self.vocab_size = vocab_size
         self.power = power
         self.sampler = sampler
-        self.register_buffer("probs", torch.empty(0), persistent=False)
-        self.register_buffer("log_probs", torch.empty(0), persistent=False)
-        self.register_buffer("accept", torch.empty(0), persistent=False)
-        self.register_buffer("alias", torch.empty(0, dtype=torch.long), persistent=False)
+        self.probs = torch.empty(0)
+        self.log_probs = torch.empty(0)
+        self.accept = torch.empty(0)
+        self.alias = torch.empty(0, dtype=torch.long)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> UnigramNoise:
+        """Move and cast the tables as ``nn.Module`` does buffers (``.to``, ``.cuda``, ``.double``, ...).
+
+        Why they are not buffers: DDP (``broadcast_buffers=True``, its default and Lightning's) broadcasts every buffer
+        from rank 0 before every forward, here four vocabulary-sized tables (20 bytes a word: 16 MB a step at V =
+        793k) that every rank already computes identically from the same training counts and that never change in
+        training. lm-zoo's modules have no other buffer, so DDP has nothing to broadcast, and the default stays: a
+        buffer that does change in training (running statistics), should one appear, is still synchronised.
+        """
+        for name in NOISE_TABLES:
+            setattr(self, name, fn(getattr(self, name)))
+        return super()._apply(fn, recurse)
 
     @property
     def ready(self) -> bool:
@@ -240,13 +255,18 @@ class NCEHead(SoftmaxHead):
         shape = (batch_size, steps, self.noise_samples) if self.per_row else (steps, self.noise_samples)
         return self.noise.sample(shape, generator)
 
-    def training_loss(self, h: Tensor, targets: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def training_loss(
+        self, h: Tensor, targets: Tensor, noise: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The sampled objective, summed over predicted positions.
 
         Args:
             h: ``(B, T, D)`` the vectors to score.
             targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
             noise: ``(T, k)`` (shared by the batch) or ``(B, T, k)`` noise ids; ``None`` draws them.
+            generator: what ``None`` noise is drawn from (on ``h``'s device); ``None``: the global generator. Under
+                data parallelism every replica passes one seeded alike, so that the noise words are shared by the
+                whole batch across ranks, as they are by one process's batch.
 
         Returns:
             ``(summed loss, number of predicted positions)``.
@@ -255,7 +275,7 @@ class NCEHead(SoftmaxHead):
             raise RuntimeError("the noise distribution is not set: call set_noise_distribution(counts) first")
         B, T, _ = h.shape
         if noise is None:
-            noise = self.sample_noise(B, T)
+            noise = self.sample_noise(B, T, generator)
         predicted = targets != -100  # (B, T)
         safe_targets = targets.clamp(min=0)
         log_kq = self.noise.log_probs + math.log(noise.size(-1))  # (V,)  log(k q(w))

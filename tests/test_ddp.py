@@ -1,0 +1,323 @@
+"""Real 2-process DDP fits (CPU, gloo) of a tiny NCE language model: each rank draws its own dropout masks and the
+same noise words, a run killed mid-epoch resumes bit for bit with every rank's own state, and a loss that diverges on
+one rank stops both ranks at the same step with one line each.
+
+``lm-zoo fit`` runs as a subprocess in a session of its own, so that Lightning's DDP can re-launch the command for
+rank 1 and the test can kill both ranks at once (rank 1 is a child of rank 0, not of the test). The recipe is the
+smallest that exercises what a per-rank resume must restore: dropout (each rank's generators), NCE noise (the shared
+generator), variable BPTT (the stream position), the carried state of each rank's own columns and Adam's moments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cli
+from lightning_modules.resume import RESUME_KEY, keyed_by_rank, rank_state
+from tests.conftest import write_word_corpus
+from zoo.errors import CheckpointError, TrainingDivergedError
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 180  # seconds: a hung rank (the bug this file guards against) fails the test instead of blocking it
+
+RECIPE = """
+seed_everything: 3
+trainer:
+  max_steps: {max_steps}
+  accelerator: cpu
+  devices: 2
+  strategy: ddp
+  num_sanity_val_steps: 0
+  limit_val_batches: 0
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: false
+  default_root_dir: {root}
+  callbacks:
+{callbacks}
+model:
+  class_path: lightning_modules.LanguageModel
+  init_args:
+    architecture: lstm
+    embedding_size: 16
+    hidden_size: 16
+    num_layers: 2
+    dropout: 0.3
+    head: nce
+    noise_samples: 8
+data:
+  class_path: datamodules.TextDataModule
+  init_args:
+    corpus: {corpus}
+    batch_size: 4
+    bptt: 8
+    variable_bptt: true
+    seed: 5
+checkpoint:
+  dirpath: {root}/checkpoints
+last_checkpoint:
+  every_n_train_steps: 5
+optimizer:
+  class_path: torch.optim.Adam
+  init_args: {{lr: 0.01}}
+"""
+MAX_STEPS = 12  # all in epoch 0 (each rank has ~28 windows of its 4 columns)
+KILL_AT_STEP = 8  # three steps after the periodic last.ckpt of step 5, which the resumed run must redo identically
+DIVERGE_AT_STEP = 3
+
+
+class RecordDraws(L.Callback):
+    """Test helper: at step 0, save this rank's next dropout mask and next NCE noise words to ``rank_<r>.pt`` in
+    ``directory``, without drawing from the generators the run uses (a copy of each draws)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step != 0:
+            return
+        with torch.random.fork_rng(devices=[]):  # the global generator continues as if nothing was drawn
+            mask = F.dropout(torch.ones(256), 0.5, training=True) > 0
+        shared = torch.Generator().manual_seed(0)
+        shared.set_state(pl_module.shared_generator.get_state())
+        noise = pl_module.model.decoder.sample_noise(*batch.inputs.shape, generator=shared)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        torch.save({"mask": mask, "noise": noise}, self.directory / f"rank_{trainer.global_rank}.pt")
+
+
+class PauseAt(L.Callback):
+    """Test helper: at the start of step ``step``, write ``<marker>.<rank>`` and wait to be killed (every rank does,
+    before any collective of the step, so the kill finds both ranks at the same point)."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, marker
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            Path(f"{self.marker}.{trainer.global_rank}").write_text(str(batch_idx))
+            for _ in range(1200):  # until SIGKILL; gives up after ~2 minutes so a broken test leaves no orphan
+                time.sleep(0.1)
+            os._exit(3)
+
+
+class DivergeOn(L.Callback):
+    """Test helper: on rank ``rank`` only, make step ``step``'s training loss (as the divergence guard sees it)
+    ``value``, as a batch that blew up that rank's loss would; the other ranks' losses stay finite and small. Writes
+    when it did so to ``<directory>/injected`` and what each rank raised to ``<directory>/raised_<rank>``."""
+
+    def __init__(self, rank: int, step: int, value: float, directory: str) -> None:
+        self.rank, self.step, self.value, self.directory = rank, step, value, Path(directory)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            pl_module._train_loss = torch.tensor(self.value)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "injected").write_text(repr(time.time()))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        raised = f"{type(exception).__name__} {trainer.global_step} {exception}"
+        (self.directory / f"raised_{trainer.global_rank}").write_text(raised)
+
+
+def _callback(class_name: str, **init_args: Any) -> str:
+    args = ", ".join(f"{name}: {value}" for name, value in init_args.items())
+    return f"    - class_path: tests.test_ddp.{class_name}\n      init_args: {{{args}}}\n"
+
+
+def _recipe(directory: Path, corpus: Path, *callbacks: str, max_steps: int = MAX_STEPS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    recipe = directory / "recipe.yaml"
+    listed = "".join(callbacks) or "    []\n"
+    recipe.write_text(RECIPE.format(max_steps=max_steps, root=directory, corpus=corpus, callbacks=listed))
+    return recipe
+
+
+def _environment(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LM_ZOO_CACHE"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # the helpers above, for both ranks
+    env["OMP_NUM_THREADS"] = "1"  # every run sums in the same order
+    return env
+
+
+def _start(recipe: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """``lm-zoo fit`` on 2 ranks in its own session (rank 1 joins it), stderr captured, stdout to a log."""
+    log = open(recipe.with_suffix(".log"), "a")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "fit", "--config", str(recipe), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = TIMEOUT) -> tuple[int, str]:
+    """Wait for rank 0's exit and for every rank to close stderr (rank 1 holds it until it exits); kill the whole
+    session if that takes longer than ``timeout``."""
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        pytest.fail(f"a rank still ran after {timeout} s:\n{stderr[-3000:]}")
+    return process.returncode, stderr
+
+
+def _fit(recipe: Path, env: dict[str, str], *args: str) -> None:
+    code, stderr = _finish(_start(recipe, env, *args))
+    assert code == 0, recipe.with_suffix(".log").read_text()[-2000:] + stderr[-3000:]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, str]]:
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    return tmp_path, write_word_corpus(tmp_path / "corpus", "ddp", words=60), _environment(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workspace: tuple[Path, Path, dict[str, str]]) -> Path:
+    """An uninterrupted 2-process run, recording each rank's first draws; its directory."""
+    tmp_path, corpus, env = workspace
+    run = tmp_path / "uninterrupted"
+    _fit(_recipe(run, corpus, _callback("RecordDraws", directory=run / "draws")), env)
+    return run
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted: Path) -> None:
+    rank_0, rank_1 = (_read(uninterrupted / "draws" / f"rank_{rank}.pt") for rank in (0, 1))
+    assert 0.3 < rank_0["mask"].float().mean() < 0.7 and 0.3 < rank_1["mask"].float().mean() < 0.7
+    # Independent masks of 256 units agree on about half of them; the same seed would make all 256 agree.
+    assert (rank_0["mask"] == rank_1["mask"]).float().mean() < 0.75
+    assert rank_0["noise"].dim() == 2 and rank_0["noise"].size(1) == 8  # (T, k): k per step, shared by the batch
+    assert torch.equal(rank_0["noise"], rank_1["noise"])
+    assert rank_0["noise"].unique().numel() > 8  # really drawn words, not a constant
+
+
+def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_ranks(
+    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]]
+) -> None:
+    tmp_path, corpus, _ = workspace
+    run = tmp_path / "one_process_draws"
+    recipe = _recipe(run, corpus, _callback("RecordDraws", directory=run / "draws"), max_steps=1)
+    one_process = ["--trainer.devices=1", "--trainer.strategy=auto", "--data.init_args.batch_size=8"]
+    assert cli.main(["fit", "--config", str(recipe), *one_process]) == 0
+    single, rank_0 = _read(run / "draws" / "rank_0.pt"), _read(uninterrupted / "draws" / "rank_0.pt")
+    assert torch.equal(single["noise"], rank_0["noise"])  # what the GBW config says a 4-GPU run shares
+
+
+def test_a_killed_two_process_run_resumes_bit_for_bit(
+    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]]
+) -> None:
+    tmp_path, corpus, env = workspace
+    run = tmp_path / "killed"
+    recipe = _recipe(run, corpus, _callback("PauseAt", step=KILL_AT_STEP, marker=run / "paused"))
+    process = _start(recipe, env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not all((run / f"paused.{rank}").exists() for rank in (0, 1)):
+            assert process.poll() is None, recipe.with_suffix(".log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the ranks never reached the kill step"
+            time.sleep(0.05)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # both ranks, as a lost machine would
+        process.communicate()
+    saved = _read(run / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == KILL_AT_STEP - 3
+    resume = saved[RESUME_KEY]
+    assert resume["world_size"] == 2 and set(resume) == {"world_size", "rank_0", "rank_1"}
+    # Each rank carried its own columns' state and drew its own masks: the two entries differ.
+    assert not torch.equal(resume["rank_0"]["train_state"][0], resume["rank_1"]["train_state"][0])
+    assert not torch.equal(resume["rank_0"]["rng"]["torch"], resume["rank_1"]["rng"]["torch"])
+    assert torch.equal(resume["rank_0"]["shared_rng"]["state"], resume["rank_1"]["shared_rng"]["state"])
+
+    resumed = tmp_path / "resumed"
+    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    expected, final = _read(uninterrupted / "checkpoints" / "last.ckpt"), _read(resumed / "checkpoints" / "last.ckpt")
+    assert final["global_step"] == expected["global_step"] == MAX_STEPS
+    assert len(expected["state_dict"]) == len(final["state_dict"]) > 5
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], tensor), name
+    for rank in ("rank_0", "rank_1"):  # ...and each rank ends with the same carried state
+        for ours, theirs in zip(final[RESUME_KEY][rank]["train_state"], expected[RESUME_KEY][rank]["train_state"]):
+            assert torch.equal(ours, theirs), rank
+
+
+def test_a_checkpoint_resumes_only_in_the_world_size_that_wrote_it(
+    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    tmp_path, corpus, _ = workspace
+    recipe = _recipe(tmp_path / "one_process", corpus, max_steps=MAX_STEPS + 2)
+    code = cli.main(
+        [
+            "fit",
+            "--config",
+            str(recipe),
+            "--trainer.devices=1",
+            "--trainer.strategy=auto",
+            f"--ckpt_path={uninterrupted / 'checkpoints' / 'last.ckpt'}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == CheckpointError.exit_code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lm-zoo: error: this checkpoint holds 2 processes' training state") and "has 1" in last
+    assert "Traceback" not in err
+
+
+def test_rank_state_reads_both_layouts() -> None:
+    legacy = {"train_state": None, "rng": {}}  # a one-process checkpoint written before the per-rank layout
+    assert rank_state(legacy, rank=0, world_size=1) is legacy
+    with pytest.raises(CheckpointError, match="one process's training state .* this run has 2"):
+        rank_state(legacy, rank=1, world_size=2)
+    keyed = keyed_by_rank([{"which": 0}, {"which": 1}])
+    assert keyed["world_size"] == 2 and rank_state(keyed, rank=1, world_size=2) == {"which": 1}
+    with pytest.raises(CheckpointError, match="2 processes' training state .* this run has 4"):
+        rank_state(keyed, rank=3, world_size=4)
+
+
+def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(workspace: tuple[Path, Path, dict[str, str]]) -> None:
+    tmp_path, corpus, env = workspace
+    run = tmp_path / "diverging"
+    recipe = _recipe(
+        run, corpus, _callback("DivergeOn", rank=1, step=DIVERGE_AT_STEP, value=1.0e4, directory=run / "raised")
+    )
+    code, stderr = _finish(_start(recipe, env))  # fails, killing both, if a rank hangs
+    assert code == TrainingDivergedError.exit_code, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    elapsed = time.time() - float((run / "raised" / "injected").read_text())
+    print(f"\nrank 1's loss diverged at step {DIVERGE_AT_STEP}: both ranks had exited {elapsed:.2f} s later")
+    # One line from each process, the same line: rank 1's loss, named on both ranks, at the same step. (The two
+    # processes share the pipe, so one's newline may land after the other's text: the lines are found by content.)
+    line = re.search(r"lm-zoo: error: rank 1's training loss became 1e\+04 > [^\n]*?last checkpoint", stderr)
+    assert line is not None, stderr[-3000:]
+    assert f"at step {DIVERGE_AT_STEP} (epoch 0)" in line[0] and "model.init_args.divergence_threshold" in line[0]
+    assert stderr.count(line[0]) == 2 and stderr.count("lm-zoo: error:") == 2, stderr[-3000:]
+    for rank in (0, 1):
+        raised = (run / "raised" / f"raised_{rank}").read_text()
+        assert raised.startswith(f"TrainingDivergedError {DIVERGE_AT_STEP} rank 1's training loss"), raised
+    # Stopped before the optimizer wrote the step: no checkpoint beyond the periodic one before it (none at step 3).
+    assert not (run / "checkpoints" / "last.ckpt").exists()
