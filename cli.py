@@ -73,7 +73,8 @@ def resume_hint(argv: Sequence[str], checkpoint: str | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lm-zoo`` console script; returns the exit status."""
-    from_sys_argv = argv is None and "--debug" not in sys.argv
+    own_command = argv is None  # lm-zoo's own command line, which Lightning's DDP launcher re-runs per rank
+    from_sys_argv = own_command and "--debug" not in sys.argv
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -86,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command in LIGHTNING_COMMANDS:
             from commands.lightning import run_lightning
 
-            run_lightning(None if from_sys_argv else argv)
+            # Given an argv, the fit runs inside this process's other work (a test, a script) and keeps to one device;
+            # --debug only removes itself from the process's own command line.
+            run_lightning(None if from_sys_argv else argv, own_command=own_command)
         elif command in HANDLERS:
             handler(command)(rest)
         else:
@@ -102,9 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ours is None or debug:
             raise
         if isinstance(ours, Interrupted):
-            print(f"lm-zoo: interrupted: {ours}{resume_hint(argv, ours.checkpoint)}", file=sys.stderr)
+            line = f"lm-zoo: interrupted: {ours}{resume_hint(argv, ours.checkpoint)}"
         else:
-            print(f"lm-zoo: error: {ours}", file=sys.stderr)
+            line = f"lm-zoo: error: {ours}"
+        # One write with its newline: the ranks of a multi-process run share stderr, and print's two writes (the
+        # text, then the newline) let another rank's line land between them.
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
         return ours.exit_code
     except KeyboardInterrupt:
         print("lm-zoo: interrupted", file=sys.stderr)

@@ -24,6 +24,7 @@ from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDro
 from lightning_modules.evaluation.music import describe_music, evaluate_music
 from lightning_modules.evaluation.perplexity import check_settings, describe, evaluate, parse_temperature
 from zoo.errors import ConfigError
+from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, set_matmul_precision
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
@@ -38,6 +39,9 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
+    parser.add_argument(
+        "--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION, help=MATMUL_PRECISION_HELP
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
@@ -51,6 +55,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
         )
     loaded = checkpoints.load(args.source, args.revision)
     quantize_model(loaded, args.quantize, args.device)
+    set_matmul_precision(args.matmul_precision)  # for the whole command: temperature search and dynamic steps too
     datamodule = loaded.datamodule(args.corpus, args.data_root)
     if loaded.is_music:
         _evaluate_music(args, loaded, datamodule, procedure)
@@ -58,12 +63,13 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
     result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
     result["source"] = loaded.source
+    result["matmul_precision"] = args.matmul_precision  # a setting the figure depends on, as the eval batch size
     if args.quantize:
         result["quantize"] = args.quantize
     if args.json:
         print(json.dumps(result))
         return
-    print(describe(result, char_level=datamodule.level == "char"))
+    print(with_precision(describe(result, char_level=datamodule.level == "char"), args.matmul_precision))
 
 
 def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:
@@ -75,7 +81,17 @@ def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, proc
         )
     result = evaluate_music(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
     result["source"] = loaded.source
-    print(json.dumps(result) if args.json else describe_music(result))
+    result["matmul_precision"] = args.matmul_precision
+    print(json.dumps(result) if args.json else with_precision(describe_music(result), args.matmul_precision))
+
+
+def with_precision(line: str, precision: str) -> str:
+    """The human-readable result line, naming the matmul precision where it is not the default full float32 (the
+    JSON always records it)."""
+    if precision == DEFAULT_MATMUL_PRECISION:
+        return line
+    note = f"float32 matmuls at {precision} precision"
+    return f"{line[:-1]}; {note})" if line.endswith(")") else f"{line} ({note})"
 
 
 def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:

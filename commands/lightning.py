@@ -1,5 +1,12 @@
-"""``lm-zoo fit|validate|test|predict``: LightningCLI with lm-zoo's checkpoints, progress bar, resume and one-line
-errors."""
+"""``lm-zoo fit|validate|test|predict``: LightningCLI with lm-zoo's checkpoints, progress bar, resume, one-line
+errors, a recorded float32 matmul precision, and devices chosen on purpose.
+
+Devices: ``lm-zoo fit`` run as its own command keeps Lightning's choice (``devices: auto`` is every GPU, with DDP
+when there are several), and says in one line what it chose (:func:`describe_devices`). A fit that runs inside
+another command's process (``lm-zoo tune``'s trials, a script or a test calling :func:`run_lightning`) trains on one
+device (:func:`in_process_devices`): Lightning's DDP launcher re-runs ``sys.argv`` once per extra rank, which there is
+the other command, not this fit.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import yaml
 from lightning import LightningDataModule
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -46,6 +53,7 @@ from lightning_modules.schedules import (
 )
 from lightning_modules.stateful import StatefulTraining
 from zoo.errors import ConfigError, LMZooError
+from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MatmulPrecision, set_matmul_precision
 
 
 class LMZooArgumentParser(LightningArgumentParser):
@@ -118,7 +126,16 @@ def parser_message(parser: argparse.ArgumentParser, message: str) -> str:
 class LMZooCLI(LightningCLI):
     """LightningCLI with the vocabulary linked from the data, ``best.ckpt`` (``checkpoint.*``) and ``last.ckpt``
     (``last_checkpoint.*``) callbacks, atomic checkpoint writes, and a ``--ckpt_path last`` that finds the last
-    checkpoint of the config's previous runs."""
+    checkpoint of the config's previous runs.
+
+    Args:
+        in_process: the fit runs inside another command's process (see the module doc): one device, or one line
+            refusing a config that asks for several.
+    """
+
+    def __init__(self, *args: Any, in_process: bool = False, **kwargs: Any) -> None:
+        self.in_process = in_process  # before LightningCLI's __init__, which parses and runs the subcommand
+        super().__init__(*args, **kwargs)
 
     @staticmethod
     def configure_optimizers(
@@ -149,6 +166,18 @@ class LMZooCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
 
+        # A top-level key like seed_everything, so that the run's config.yaml records it.
+        parser.add_argument(
+            "--matmul_precision", type=MatmulPrecision, default=DEFAULT_MATMUL_PRECISION, help=MATMUL_PRECISION_HELP
+        )
+
+    def before_instantiate_classes(self) -> None:
+        """An in-process run's devices, pinned in the parsed config, so that its ``config.yaml`` says what ran."""
+        if not self.in_process:
+            return
+        trainer = self._get(self.config, "trainer")
+        trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
+
     def _parse_ckpt_path(self) -> None:
         """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
         file is said in one line (:func:`checkpoints.ckpt.unreadable`) instead of ``torch.load``'s traceback."""
@@ -173,6 +202,7 @@ class LMZooCLI(LightningCLI):
             callbacks.append(FitProgressBar())
         if trainer_config.get("logger") is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
             callbacks.append(LearningRateMonitor())  # the schedule, as TensorBoard's lr-<Optimizer> curve
+        callbacks.append(RunSettings(self._get(self.config_init, "matmul_precision", DEFAULT_MATMUL_PRECISION)))
         kwargs = {"callbacks": callbacks, **kwargs}
 
         reloads = trainer_config.get("reload_dataloaders_every_n_epochs")
@@ -257,6 +287,99 @@ class LMZooCLI(LightningCLI):
         continue_logging_in(self.trainer, found)
 
 
+class RunSettings(Callback):
+    """The process-wide settings of a run: applies the float32 matmul precision in every process of the run (a
+    spawned rank inherits none of the parent's torch flags), records it in the checkpoint (this callback's state), and
+    at fit start says in one line, from rank zero, what the run chose (:func:`describe_devices`)."""
+
+    def __init__(self, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> None:
+        self.matmul_precision = matmul_precision
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        set_matmul_precision(self.matmul_precision)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            line = describe_devices(trainer, getattr(trainer.datamodule, "batch_size", None))
+            print(f"lm-zoo: {line}; float32 matmuls at {self.matmul_precision} precision", file=sys.stderr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"matmul_precision": self.matmul_precision}
+
+
+def describe_devices(trainer: Trainer, per_rank: int | None) -> str:
+    """What a fit trains on and with which batch: ``training on 2 cpu devices (ddp), 32 columns per rank, 64 in all``.
+
+    Under DDP the data module's ``batch_size`` is each rank's: an optimizer step averages the gradients of
+    ``batch_size x devices x nodes x accumulate_grad_batches`` columns (docs/training.md, "Several devices").
+    """
+    devices, nodes, world = trainer.num_devices, trainer.num_nodes, trainer.world_size
+    kind = trainer.strategy.root_device.type
+    where = f"{devices} {kind} device{'s' * (devices != 1)}"
+    if nodes > 1:
+        where = f"{nodes} nodes x {where}"
+    if world > 1 or "single" not in type(trainer.strategy).__name__.lower():
+        where += f" ({strategy_name(trainer.strategy)})"
+    if per_rank is None:
+        return f"training on {where}"
+    accumulate = trainer.accumulate_grad_batches
+    batch = f"{per_rank} columns per rank, {per_rank * world * accumulate} in all"
+    if accumulate > 1:
+        batch += f" ({per_rank} x {world} rank{'s' * (world != 1)} x {accumulate} accumulated batches)"
+    return f"training on {where}, {batch}"
+
+
+def strategy_name(strategy: Any) -> str:
+    """The name a config gives ``strategy`` (``ddp``, ``ddp_spawn``, ``fsdp``, ...), else its class's name."""
+    # DDPStrategy has no strategy_name of its own (Lightning registers it under ddp, ddp_spawn, ... by start method).
+    name = getattr(strategy, "strategy_name", None) or type(strategy).__name__.removesuffix("Strategy").lower()
+    start = getattr(strategy, "_start_method", "popen")
+    return name if start == "popen" else f"{name}_{start}"
+
+
+def requested_devices(devices: Any) -> int | None:
+    """How many devices a ``trainer.devices`` value asks for: ``None`` for ``auto``, ``-1`` for all of them, else
+    the count (a list or a ``"0,1"`` string of indices is that many)."""
+    if devices is None or devices == "auto":
+        return None
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str):
+        if "," in devices:
+            return len([part for part in devices.split(",") if part.strip()])
+        try:
+            return int(devices)
+        except ValueError:
+            return None  # Lightning says what is wrong with it
+    return int(devices)
+
+
+def in_process_devices(devices: Any, num_nodes: int = 1) -> Any:
+    """``trainer.devices`` for a fit inside another command's process: ``auto`` becomes 1, one device stays.
+
+    Why: with several devices Lightning starts DDP, whose launcher re-runs this process's command line (``sys.argv``)
+    once per extra rank. Inside ``lm-zoo tune`` that is the whole tune command, inside a test the whole pytest run;
+    ``auto`` on a machine with several GPUs would do it unasked. The rule does not depend on the machine, so a config
+    does the same in a tune trial on a laptop and on an 8-GPU node. Several devices asked for by name are refused
+    rather than run with ``ddp_spawn``: its ranks are fresh processes, so an in-process caller's callbacks (tune's
+    reports to Optuna) and objects would never see what rank 0 measured.
+
+    Raises:
+        ConfigError: the config asks for more than one device or node.
+    """
+    count = requested_devices(devices)
+    if count is None and num_nodes <= 1:
+        return 1
+    if count == -1 or (count or 1) * max(num_nodes, 1) > 1:
+        asked = f"trainer.devices {devices}" + (f" x trainer.num_nodes {num_nodes}" if num_nodes > 1 else "")
+        raise ConfigError(
+            f"{asked}: a fit inside another command (lm-zoo tune's trials, a script) trains on one device, since "
+            "Lightning would re-run that whole command once per extra device: set trainer.devices to 1 (or auto), and "
+            "train on several devices with lm-zoo fit itself"
+        )
+    return devices
+
+
 def latest_last_checkpoint(trainer: Trainer) -> Path | None:
     """The newest ``last*.ckpt`` under the first logger's version directories (``<save_dir>/<name>/*/checkpoints``),
     where checkpoints go when ``checkpoint.dirpath`` is not set; ``None`` if there is none (or no logger)."""
@@ -291,7 +414,7 @@ def versions_root(trainer: Trainer) -> Path | None:
 
 class _DropAdverts(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
+        return not str(record.msg).startswith(("💡 Tip:", "You are using a CUDA device"))
 
 
 def quiet_known_noise() -> None:
@@ -302,21 +425,27 @@ def quiet_known_noise() -> None:
     - ``IterableDataset`` has ``__len__`` ... ``num_workers > 1``: lm-zoo's loaders use no worker processes
       (``datamodules.base``), so the length is exact.
     - Lightning's "Tip" advertising a logging service, logged at every Trainer creation.
+    - Lightning's advice to call ``torch.set_float32_matmul_precision`` on a GPU with tensor cores: lm-zoo's
+      ``--matmul_precision`` is that setting, and the fit's first line says which is in force.
     """
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
-    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropAdverts) for f in rank_zero.filters):
-        rank_zero.addFilter(_DropAdverts())
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        rank_zero = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in rank_zero.filters):
+            rank_zero.addFilter(_DropAdverts())
 
 
-def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> None:
+def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own_command: bool | None = None) -> None:
     """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``.
 
     Args:
         argv: the subcommand and its arguments, or ``None``.
         callbacks: trainer callbacks a config cannot name (``lm-zoo tune``'s reporting to Optuna), added to the
             config's own.
+        own_command: ``argv`` is this process's own command line (``lm-zoo fit ...``), which Lightning may re-run
+            for the other ranks of a multi-device run; default: only when ``argv`` is ``None``. Otherwise the run
+            trains on one device (:func:`in_process_devices`).
     """
     quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
@@ -331,6 +460,7 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = ()) -> 
             parser_class=LMZooArgumentParser,
             args=None if argv is None else list(argv),
             trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
+            in_process=not (argv is None if own_command is None else own_command),
         )
 
 

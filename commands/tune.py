@@ -6,11 +6,13 @@ trials whose validation loss lags the median of earlier trials at the same step,
 SQLAlchemy URL) through which several processes -- on one machine (``--jobs``) or many (the same ``--storage`` and
 ``--study-name`` on each) -- share one study.
 
-Each trial is ``lm-zoo fit`` run in this process on a copy of the full config (what ``--print_config`` prints, so
-every key has a value) with the sampled values set, under ``<workdir>/trial_<n>/``. In-process because a fresh
-interpreter per trial pays the torch / Lightning import again (seconds, which is most of a small trial); parallel
+Each trial is ``lm-zoo fit`` run in this process, on one device (:func:`commands.lightning.in_process_devices`: a
+multi-device launcher would re-run the tune command itself), on a copy of the full config (what ``--print_config``
+prints, so every key has a value) with the sampled values set, under ``<workdir>/trial_<n>/``. In-process because a
+fresh interpreter per trial pays the torch / Lightning import again (seconds, which is most of a small trial); parallel
 trials are separate processes instead of Optuna's ``n_jobs`` threads, which would share torch's global RNG (and
-``seed_everything``) and the GIL. The trial's value is the best validation ``--metric`` of its checks (lamb reports
+``seed_everything``) and the GIL; on a machine with several GPUs each process trains on its own
+(:func:`worker_environment`). The trial's value is the best validation ``--metric`` of its checks (lamb reports
 its ``best_xe`` to the tuner the same way).
 
 ``--trials N`` is the study's total: the trials it holds that tried their setting to an outcome (complete, pruned or
@@ -41,7 +43,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from commands.common import CommandParser, user_error
-from commands.lightning import run_lightning
+from commands.lightning import in_process_devices, run_lightning
 from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
 
 SPACE_TYPES = ("float", "loguniform", "int", "categorical")
@@ -368,6 +370,11 @@ def cmd_tune(argv: Sequence[str]) -> None:
     base = full_config(args.config)
     for key in space:
         check_key(base, key)
+    trainer = base.get("trainer") or {}
+    try:  # before any training; a trial would stop at the same check
+        in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
+    except ConfigError as err:
+        raise ConfigError(f"--config {args.config}: {err}; --jobs N runs trials side by side instead") from None
     study_name = args.study_name or f"{Path(args.config).stem}-{Path(args.space).stem}"
     root = (base.get("trainer") or {}).get("default_root_dir") or "runs"
     workdir = Path(args.workdir or Path(root) / "tune" / study_name)
@@ -413,9 +420,11 @@ def cmd_tune(argv: Sequence[str]) -> None:
     print(trials_line(study_name, held, args.trials, missing, args.jobs), flush=True)
     # --jobs J: J - 1 helper processes and this one share the missing trials, each taking its part.
     shares = [missing // args.jobs + (i < missing % args.jobs) for i in range(args.jobs)]
+    gpus = torch.cuda.device_count()
     helpers = [
         subprocess.Popen(
-            worker_command(argv, storage, study_name, args.trials, share, None if seed is None else seed + i, threads)
+            worker_command(argv, storage, study_name, args.trials, share, None if seed is None else seed + i, threads),
+            env=worker_environment(i, gpus),
         )
         for i, share in enumerate(shares[1:], start=1)
         if share > 0
@@ -493,6 +502,26 @@ def worker_command(
     tail = ["--trials", str(trials), "--share", str(share), "--storage", storage, "--study-name", study_name]
     tail += ["--worker", *extra]
     return [sys.executable, "-m", "cli", "tune", *kept, *tail]
+
+
+def worker_environment(index: int, gpus: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``--jobs`` helper ``index`` (1, 2, ...; this process is 0): on a machine with several GPUs,
+    ``CUDA_VISIBLE_DEVICES`` shows it one of them, in turn.
+
+    A trial trains on one device, which Lightning takes to be the first visible GPU: without this every process would
+    train on that one while the others idle. An index past the GPUs wraps around (processes share a GPU then).
+
+    Args:
+        index: the helper's number; 0 is the main process, which keeps the first visible GPU.
+        gpus: the GPUs torch sees (``torch.cuda.device_count()``).
+        environ: the environment to start from (default: this process's).
+    """
+    env = dict(os.environ if environ is None else environ)
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    visible = visible or [str(n) for n in range(gpus)]
+    if gpus > 1 and len(visible) > 1:
+        env["CUDA_VISIBLE_DEVICES"] = visible[index % min(gpus, len(visible))]
+    return env
 
 
 def print_summary(study: Any, done_before: set[int], metric: str) -> None:

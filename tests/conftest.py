@@ -32,6 +32,19 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["LM_ZOO_DATA"] = str(SHARED_DATA)
 
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside ``pytest -m gpu`` tests, Lightning's ``accelerator="auto"`` sees no GPU: on a machine with one, the CPU
+    suite would otherwise train on it in silence (and with several, re-launch pytest per rank for DDP). The GPU tests
+    name their accelerator. Commands started as subprocesses pass ``--trainer.accelerator cpu`` themselves."""
+    if request.node.get_closest_marker("gpu") is None:
+        from lightning.fabric import accelerators as fabric
+        from lightning.pytorch import accelerators as trainer
+
+        for kind in (fabric.CUDAAccelerator, fabric.MPSAccelerator, trainer.CUDAAccelerator, trainer.MPSAccelerator):
+            monkeypatch.setattr(kind, "is_available", staticmethod(lambda: False))
+
+
 def needs_data(*parts: str) -> pytest.MarkDecorator:
     """Skip the test, saying what is missing, unless ``DATA_ROOT/<parts>`` exists (a corpus folder or file)."""
     path = DATA_ROOT.joinpath(*parts)

@@ -7,6 +7,7 @@ RNN's backward in eval mode, which lm-zoo avoids), and a 2-GPU DDP fit trains li
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import zoo
 from tests.conftest import needs_data
+from zoo.settings import DEFAULT_MATMUL_PRECISION, matmul_precision_in_force
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,10 +25,11 @@ FUSED = ("lstm", "gru", "rnn_tanh")  # nn.LSTM / nn.GRU / nn.RNN layers: cuDNN w
 
 
 @pytest.fixture(autouse=True)
-def full_float32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """TF32 off (cuDNN's RNNs use it by default on Ampere and later): CUDA and CPU both compute in float32."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def full_float32() -> Iterator[None]:
+    """lm-zoo's default matmul precision, the one ``lm-zoo fit`` and ``evaluate`` set (``highest``: TF32 off, also in
+    cuDNN's RNNs, which use it by default on Ampere and later): CUDA and CPU both compute in float32."""
+    with matmul_precision_in_force(DEFAULT_MATMUL_PRECISION):
+        yield
 
 
 def _stack(name: str) -> tuple[torch.nn.Module, int]:
@@ -117,3 +120,182 @@ def test_two_gpu_ddp_matches_one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyP
     single = validation_ppl(fit(tmp_path, "single", devices=1, seed=1, accelerator="gpu"))
     ddp = validation_ppl(fit(tmp_path, "ddp", devices=2, seed=1, accelerator="gpu"))
     assert abs(ddp - single) / single < TOLERANCE, (ddp, single)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Each test below fails if its path silently falls back: to float16 under bf16, to the per-step loop where the fused
+# kernel applies, to the CPU, or to a deterministic model where dropout should sample.
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", FUSED)
+def test_the_fused_layers_compute_in_the_autocast_dtype_on_cuda(name: str, mode: str) -> None:
+    """autocast's own wrapper for cuDNN's RNNs would run them in float16 under bf16 (zoo/base.py's module doc)."""
+    from tests.test_precision import AUTOCAST_MODES, fused_layer_dtypes
+
+    if mode == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    ran = fused_layer_dtypes(name, mode, device="cuda")
+    expected = AUTOCAST_MODES[mode]
+    assert ran["fused_calls"] == 2, "each layer ran its fused kernel"
+    assert ran["products"] == [{expected}, {expected}], ran["products"]
+    assert ran["output"] == expected
+    assert ran["state"] == {torch.float32} and ran["gradients"] == {torch.float32}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_architecture_computes_in_the_autocast_dtype_on_cuda(name: str, dtype: torch.dtype) -> None:
+    """The CPU test's checks on CUDA: the per-step loops (state dropout and a mid-window reset force them) in the
+    autocast dtype, the hand-written window kernels in float32, results close to float32."""
+    from tests.test_precision import check_architecture_under_autocast
+
+    if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    check_architecture_under_autocast(name, dtype, fast=True, device="cuda")
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_windows_with_resets_take_the_packed_kernel_on_cuda(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GBW's windows, with a sentence ending inside nearly every one, run cuDNN's packed kernel on CUDA (not the
+    per-step loop), and it computes what the plain reference path computes."""
+    from zoo import settings
+
+    stack, size = _stack(name)
+    stack.cuda()
+    x = torch.randn(3, 8, size, device="cuda")
+    reset = torch.zeros(3, 8, dtype=torch.bool, device="cuda")
+    reset[0, 3] = reset[2, 5] = reset[2, 6] = True
+    with settings.overridden(plain_kernels=True):
+        plain = [t.clone() for t in _pass(stack, x, reset)]
+    packed = []
+    for layer in stack.layers:
+        monkeypatch.setattr(layer, "step", lambda *args: pytest.fail("the per-step loop ran where cuDNN applies"))
+        original = layer._segments
+        monkeypatch.setattr(
+            layer, "_segments", lambda *args, run=original, **kwargs: packed.append(1) or run(*args, **kwargs)
+        )
+    fast = _pass(stack, x, reset)
+    assert len(packed) == len(stack.layers), "every layer took the packed kernel"
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("regulariser", ["weight_drop", "state_dropout"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_recurrent_regularisers_on_cuda_equal_the_plain_path(name: str, regulariser: str) -> None:
+    """Weight-drop (through functional_call into the fused kernel) and state dropout (the per-step loop) on CUDA: the
+    same masks give what the plain path computes, and the masks are really drawn (training differs from eval)."""
+    from zoo import settings
+
+    options = dict(zoo.preset(name, "tiny"))
+    size, hidden = options.pop("input_size"), options.pop("hidden_size")
+    options.pop("num_layers")
+    torch.manual_seed(0)
+    stack = zoo.build(name, size, hidden, 2, **{regulariser: 0.3}, **options).cuda().train()
+    x = torch.randn(3, 8, size, device="cuda")
+    fused_calls = []
+    hooks = [layer.rnn.register_forward_pre_hook(lambda m, a: fused_calls.append(m)) for layer in stack.layers]
+    torch.manual_seed(1)
+    fast = [t.clone() for t in _pass(stack, x, None)]
+    for hook in hooks:
+        hook.remove()
+    with settings.overridden(plain_kernels=True):
+        torch.manual_seed(1)
+        plain = [t.clone() for t in _pass(stack, x, None)]
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+    # weight-drop keeps the fused kernel; state dropout (a mask on h_{t-1} inside the recurrence) cannot use it.
+    assert len(fused_calls) == (2 if regulariser == "weight_drop" else 0)
+    deterministic = _pass(stack.eval(), x, None)[0]
+    assert not torch.allclose(fast[0], deterministic, atol=1e-3), "the regulariser drew no mask"
+
+
+@pytest.mark.parametrize("head", ["nce", "sampled_softmax"])
+def test_sampled_heads_train_with_sparse_gradients_on_cuda(head: str) -> None:
+    from datamodules.streams import LMBatch
+    from lightning_modules import LanguageModel
+    from lightning_modules.sparse_gradients import clip_grad_norm
+
+    torch.manual_seed(0)
+    vocab = 60
+    model = LanguageModel(
+        vocab_size=vocab, embedding_size=8, hidden_size=8, num_layers=1, head=head, noise_samples=5,
+        sparse_gradients=True,
+    )  # fmt: skip
+    model.model.set_noise_distribution(torch.arange(vocab, 0, -1))
+    model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids = torch.randint(0, vocab, (3, 11), device="cuda")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    total, count, _, _ = model._window(LMBatch(ids[:, :-1], ids[:, 1:]), "train")
+    (total / count).backward()
+    gradient = model.model.embedding.weight.grad
+    assert gradient.is_sparse and gradient.device.type == "cuda"
+    clip_grad_norm(list(model.parameters()), 0.25)
+    optimizer.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert {"model.embedding.weight", "model.decoder.weight"} <= changed, changed
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_a_mixed_precision_fit_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """Lightning's mixed precision on CUDA: the fused LSTM in the autocast dtype, a gradient scaler with 16-mixed and
+    none with bf16-mixed, and the loss falls (a scaler that skipped every step would leave it where it was)."""
+    from tests.test_precision import tiny_mixed_fit
+
+    if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    _, ran, trainer = tiny_mixed_fit(tmp_path, precision, "lstm", accelerator="gpu")
+    expected = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
+    assert ran.products("stack") == {expected}, ran.ran["stack"]
+    assert expected in ran.products("outside"), ran.ran["outside"]
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    assert (scaler is not None) == (precision == "16-mixed")
+
+
+def test_mc_dropout_samples_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datamodules import TextDataModule
+    from lightning_modules.evaluation.mc_dropout import MCDropout
+    from lightning_modules.evaluation.perplexity import evaluate
+    from tests.conftest import write_word_corpus
+    from zoo import RecurrentLM
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    data = TextDataModule(str(write_word_corpus(tmp_path / "corpus", "mc")), batch_size=4, bptt=6)
+    data.prepare_data()
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=data.vocab_size, embedding_size=8, hidden_size=8, architecture="lstm", dropout=0.4)
+    devices = set()
+    model.rnn.register_forward_pre_hook(lambda m, args: devices.add(args[0].device.type))
+    deterministic = evaluate(model, data, "test", device="cuda")["loss"]
+    unscaled = evaluate(model, data, "test", device="cuda", mc=MCDropout(samples=4, dropout_scale=0))["loss"]
+    sampled = evaluate(model, data, "test", device="cuda", mc=MCDropout(samples=4))["loss"]
+    assert devices == {"cuda"}
+    assert unscaled == pytest.approx(deterministic, rel=1e-4), "scale 0 is the deterministic model"
+    assert sampled != pytest.approx(deterministic, rel=1e-4), "MC dropout drew no mask"
+
+
+def test_the_adaptive_head_on_cuda_equals_cpu() -> None:
+    from datamodules.streams import LMBatch
+    from lightning_modules import LanguageModel
+
+    torch.manual_seed(0)
+    model = LanguageModel(
+        vocab_size=60, embedding_size=16, hidden_size=16, num_layers=1, head="adaptive", adaptive_cutoffs=[10, 30],
+        adaptive_div_value=2.0,
+    )  # fmt: skip
+    ids = torch.randint(0, 60, (3, 11))
+    results = []
+    for device in ("cpu", "cuda"):
+        model.to(device).zero_grad()
+        model._state["train"] = None
+        batch = LMBatch(ids[:, :-1].to(device), ids[:, 1:].to(device))
+        total, count, _, _ = model._window(batch, "train")
+        (total / count).backward()
+        assert total.device.type == device
+        results.append([total.detach().cpu(), *(p.grad.cpu() for p in model.parameters() if p.grad is not None)])
+    for on_gpu, on_cpu in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(on_gpu, on_cpu, atol=1e-4, rtol=1e-3)

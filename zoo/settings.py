@@ -10,6 +10,9 @@
 Code on hot paths (a window of a recurrent stack) reads a field of :func:`current`, never the environment. A program
 that wants other settings than its environment's says so with :func:`use`, or for a while with :func:`overridden`
 (the tests hold the fast paths equal to the plain one this way).
+
+One more process-wide switch is torch's own: the precision of float32 matrix products (:func:`set_matmul_precision`),
+which ``lm-zoo fit`` and ``lm-zoo evaluate`` take as an option and record with their results, since it changes them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 DEFAULT_PROGRESS_SECONDS = 30.0
 _OFF = {"0", "false", "no", "off"}
@@ -82,3 +86,54 @@ def overridden(**changes: object) -> Iterator[Settings]:
         yield current()
     finally:
         use(before)
+
+
+# ------------------------------------------------------------------------------------------ float32 matmul precision
+MatmulPrecision = Literal["highest", "high", "medium"]
+MATMUL_PRECISIONS: tuple[str, ...] = get_args(MatmulPrecision)
+#: What lm-zoo runs at unless told otherwise: full float32, the precision of the CPU runs and the registry's figures.
+DEFAULT_MATMUL_PRECISION = "highest"
+MATMUL_PRECISION_HELP = (
+    "precision of float32 matrix products: highest (full float32, the default: what the CPU and the registered "
+    "figures use), high (TF32 on NVIDIA GPUs from Ampere on, cuDNN's fused RNNs included), medium (bfloat16 products "
+    "where the hardware has them); recorded with the results"
+)
+
+
+def set_matmul_precision(precision: str) -> None:
+    """Compute float32 matrix products at ``precision`` everywhere torch can lower it, consistently.
+
+    ``torch.set_float32_matmul_precision`` governs cuBLAS (TF32 at ``high``) and oneDNN's CPU matmuls (TF32 at
+    ``high``, bfloat16 at ``medium``, on processors that have them) but not cuDNN, whose RNNs and convolutions use
+    TF32 by default whatever it says: ``highest`` alone would leave the fused ``nn.LSTM``/``nn.GRU`` layers in TF32
+    while the per-step cells ran in full float32. ``torch.backends.cudnn.allow_tf32`` follows the same choice (cuDNN
+    has no bfloat16 mode for float32 inputs, so ``medium`` is TF32 there). That legacy flag is the one torch 2.6
+    (lm-zoo's oldest) has too; it sets cuDNN's RNN and convolution flags together, which keeps torch's newer
+    per-operator API readable (it refuses to report a mixture).
+
+    Args:
+        precision: ``highest``, ``high`` or ``medium`` (:data:`MATMUL_PRECISIONS`).
+
+    Raises:
+        ValueError: another name.
+    """
+    import torch  # deferred: this module is read at start-up, before anything needs torch
+
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision {precision!r}: use one of {', '.join(MATMUL_PRECISIONS)}")
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cudnn.allow_tf32 = precision != "highest"
+
+
+@contextlib.contextmanager
+def matmul_precision_in_force(precision: str) -> Iterator[None]:
+    """Within the block, :func:`set_matmul_precision` ``(precision)``; torch's previous flags restored after."""
+    import torch
+
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    set_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
