@@ -274,6 +274,7 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
     """Fit ``steps`` training steps of ``setting`` on the CPU, then validate ``steps`` windows, counting each step."""
     from datamodules import GBWDataModule, TextDataModule
     from lightning_modules import LanguageModel
+    from lightning_modules.progress import FitProgressBar
 
     L.seed_everything(0, verbose=False)
     if setting == "ptb-lstm":
@@ -295,6 +296,8 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
         raise ValueError(f"unknown setting {setting!r}")
     counter = HostSyncCounter()
     counting = CountSteps(counter)
+    # lm-zoo fit's own progress bar, before the counter so that its batch-end hook falls inside the counted step.
+    bar = FitProgressBar()
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -303,10 +306,9 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
         limit_val_batches=steps,
         num_sanity_val_steps=0,
         gradient_clip_val=0.25,
-        callbacks=[counting],
+        callbacks=[bar, counting],
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     with counter, packed_segments(True if setting.endswith("packed") else None):

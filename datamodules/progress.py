@@ -45,6 +45,11 @@ class ProgressLines:
         self.period = period_seconds()
         self.start = self.last = time.monotonic()
 
+    def due(self) -> bool:
+        """Whether the next :meth:`update` prints: a caller whose ``extra`` costs something (a loss on a GPU, read
+        back to the host) asks first."""
+        return time.monotonic() - self.last >= self.period
+
     def update(self, done: int, extra: str = "") -> None:
         now = time.monotonic()
         if now - self.last < self.period:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import lightning as L
@@ -10,15 +12,18 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 from datamodules.progress import ProgressLines, interactive
 
+METRICS_SECONDS = 0.5  # how often a terminal's bar shows the training figures anew (Rich asks at every batch)
+
 
 class FitProgressBar(RichProgressBar):
-    """Lightning's default bar for ``fit``, with three fixes.
+    """Lightning's default bar for ``fit``, with four fixes.
 
     - A run without an epoch limit (the GBW recipes stop at ``max_steps``; ``max_epochs: -1``) reads "Epoch 3", not
       Rich's "Epoch 3/-2".
     - The run version shows as the integer it is (Rich prints every number as ``0.000``).
     - Where stderr is not a terminal, Rich draws nothing; a line every 30 s (:class:`ProgressLines`) says where
       training and validation are, with the training loss.
+    - The figures are read from the device only when they are shown (:meth:`get_metrics`), not at every batch.
     """
 
     def _get_train_description(self, current_epoch: int) -> str:
@@ -28,9 +33,19 @@ class FitProgressBar(RichProgressBar):
         return super()._get_train_description(current_epoch)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """The bar's figures. Reading them (Lightning turns the logged tensors into numbers) makes the host wait for a
+        GPU: at a training batch's end, where Rich asks every batch, they are read at most every
+        :data:`METRICS_SECONDS` and never without a terminal, where Rich draws nothing."""
+        now = time.monotonic()
+        if getattr(self, "_in_train_batch_end", False):
+            if not interactive():
+                return {}
+            if now - getattr(self, "_metrics_at", -math.inf) < METRICS_SECONDS:
+                return self._metrics
         items = super().get_metrics(trainer, pl_module)
         if "v_num" in items:
             items["v_num"] = str(items["v_num"])
+        self._metrics, self._metrics_at = items, now
         return items
 
     # ------------------------------------------------------------------------------------- without a terminal
@@ -49,12 +64,16 @@ class FitProgressBar(RichProgressBar):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._in_train_batch_end = True  # get_metrics: read the figures only when they are shown
+        try:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            self._in_train_batch_end = False
         if not interactive() and getattr(self, "_train_lines_epoch", None) != trainer.current_epoch:
             # A run resumed mid-epoch: Lightning calls no on_train_epoch_start for the epoch it resumes.
             self._start_train_lines(trainer, done_before=batch_idx)
         lines = getattr(self, "_train_lines", None)
-        if lines is not None:
+        if lines is not None and lines.due():  # reading the loss makes the host wait for the device: only to print
             loss = trainer.callback_metrics.get("train_loss")
             extra = f", train_loss {float(loss):.4f}" if loss is not None else ""
             lines.update(batch_idx + 1, f"{extra}, step {trainer.global_step:,}")
