@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import cli
 from lightning_modules.search import evolution
@@ -393,6 +394,38 @@ def test_a_candidate_trains_and_scores(tmp_path: Path, monkeypatch: pytest.Monke
     assert first < len(outcome.history) - 1
     stopped = train_candidate("genome", {"genome": LSTM}, replace(task, stop_at=0.5), Setting(1.0, 0.5, 5.0, 1, 3000))
     assert stopped.history == outcome.history[: first + 1]
+
+
+def test_epochs_of_a_slice_read_on_through_the_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With train_windows (the PTB task's 300), epoch e trains on the split's windows e*k to e*k + k - 1, going round
+    to the start when the split ends: the state is carried from epoch to epoch and zeroed only where a pass starts.
+    (Every epoch used to restart at window 0, so a search's PTB candidates saw its first 23% again and again.)"""
+    from zoo import RecurrentLM
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, lines in (("train", 25), ("valid", 5), ("test", 5)):
+        (corpus / f"{split}.txt").write_text("".join(f"w{i % 7} w{i % 5} w{i % 3}\n" for i in range(lines)))
+    data = {"class_path": "datamodules.TextDataModule",
+            "init_args": {"corpus": str(corpus), "batch_size": 2, "bptt": 5, "eval_batch_size": 2}}  # fmt: skip
+    task = Task("words", data, (2000,), epochs=4, train_windows=3, valid_windows=1)
+    split = [window.inputs for window in task.datamodule().stream("train")]
+    assert 3 < len(split) < 12, "the 4 x 3 windows must go round the split"
+    seen: list[tuple[torch.Tensor, bool]] = []
+    token_nll = RecurrentLM.token_nll
+
+    def recorded(model: RecurrentLM, inputs: torch.Tensor, targets: torch.Tensor, state: Any = None, *rest: Any):
+        if model.training:
+            seen.append((inputs.clone(), state is None))
+        return token_nll(model, inputs, targets, state, *rest)
+
+    monkeypatch.setattr(RecurrentLM, "token_nll", recorded)
+    outcome = train_candidate("genome", {"genome": LSTM}, task, Setting(1.0, 0.5, 5.0, 1, 2000))
+    assert outcome.epochs == 4 and len(seen) == 12
+    for index, (inputs, from_zeros) in enumerate(seen):
+        assert torch.equal(inputs, split[index % len(split)]), index
+        assert from_zeros == (index % len(split) == 0), index
 
 
 def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_path: Path) -> None:

@@ -25,8 +25,10 @@ training; nothing of it is kept but the accuracy.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -114,7 +116,9 @@ class Task:
             and its ``init_args``.
         num_params: the parameter budgets a setting may take (§3.7: 250K or 1M for arithmetic and XML, 5M for PTB).
         epochs: the most epochs a candidate trains (the §3.6 schedule may stop it earlier).
-        train_windows: training windows per epoch (``None``: the whole split).
+        train_windows: training windows per epoch (``None``: the whole split). Consecutive epochs take consecutive
+            slices of the split, the recurrent state carried across, and go round to its start when it ends, so a run
+            of ``epochs`` x ``train_windows`` windows reads that much of the corpus, not the same first slice again.
         valid_windows: validation windows scored per epoch (``None``: the whole split).
         stop_at: stop training once the validation accuracy reaches this (``None``: never). A filter passed or failed
             at a threshold (memorisation, §3.1) learns nothing from the epochs after it reaches it.
@@ -261,6 +265,14 @@ def validation_accuracy(model: Any, windows: Any, limit: int | None, span: Span 
     return correct / max(total, 1)
 
 
+def passes(stream: Any) -> Iterator[tuple[bool, Any]]:
+    """``stream``'s windows, pass after pass without end, each with whether it starts a pass (one iteration of the
+    stream: a new epoch of its orders)."""
+    while True:
+        for index, window in enumerate(stream):
+            yield index == 0, window
+
+
 def train_candidate(architecture: str, options: dict[str, Any], task: Task, setting: Setting, seed: int = 0) -> Outcome:
     """Train a language model of this cell on ``task`` with ``setting`` and score it (module docstring).
 
@@ -290,12 +302,17 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
     # §3.6: three epochs without improvement start the decay: x0.5 per epoch for four more, then stop.
     schedule = HalveOnPlateau(patience=3, factor=0.5, decays=4)
     train = datamodule.stream("train")  # one stream for the run: it counts the epochs it is read (new orders)
+    slices = passes(train)  # with train_windows: each epoch the next slice
+    state = None
     for epoch in range(task.epochs):
         model.train()
-        state = None
-        for index, window in enumerate(train):
-            if task.train_windows is not None and index >= task.train_windows:
-                break
+        if task.train_windows is None:
+            epoch_windows: Iterator[tuple[bool, Any]] = ((index == 0, w) for index, w in enumerate(train))
+        else:
+            epoch_windows = itertools.islice(slices, task.train_windows)
+        for first, window in epoch_windows:
+            if first:  # a pass over the split starts: its first window starts from zeros
+                state = None
             nll, state = model.token_nll(window.inputs, window.targets, state, window.reset)
             predicted = (window.targets != IGNORE_INDEX).sum()
             if int(predicted) == 0:
