@@ -244,9 +244,11 @@ class StatefulTraining(L.LightningModule):
         values = torch.stack(checked)  # (1 or 2,)
         world_size = self._distributed_world_size()
         if world_size > 1:
-            gathered = values.new_empty(world_size * values.numel())  # (W * (1 or 2),): gloo wants it flat
-            dist.all_gather_into_tensor(gathered, values)
-            rows = gathered.view(world_size, -1).tolist()  # one host copy of every rank's values
+            # all_gather into a list: all_gather_into_tensor is deprecated in torch 2.13 and its successor,
+            # all_gather_single, is newer than the oldest torch lm-zoo supports.
+            gathered = [torch.empty_like(values) for _ in range(world_size)]
+            dist.all_gather(gathered, values)
+            rows = torch.stack(gathered).tolist()  # (W, 1 or 2): one host copy of every rank's values
         else:
             rows = [values.tolist()]  # one host copy
         if loss is not None:
