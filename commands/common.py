@@ -83,7 +83,7 @@ _PATH_ERRNOS = {
 
 
 # The packages only one feature needs (pyproject.toml's extras): a missing one is one line naming the extra to install.
-EXTRAS = {"optuna": "tune", "nltk": "parse", "scipy": "music", "mido": "music"}
+EXTRAS = {"optuna": "tune", "grpc": "search", "nltk": "parse", "scipy": "music", "mido": "music"}
 
 
 def user_error(err: BaseException) -> LMZooError | None:
@@ -111,13 +111,32 @@ def user_error(err: BaseException) -> LMZooError | None:
         storage = _storage_error(current)
         if storage is not None:
             return storage
+        mismatch = _launcher_mismatch(current)
+        if mismatch is not None:
+            return mismatch
         missing = current.name.split(".")[0] if isinstance(current, ModuleNotFoundError) and current.name else None
         if missing in EXTRAS:
             return ConfigError(f'this needs {missing}, which is not installed: pip install "lm-zoo[{EXTRAS[missing]}]"')
     return None
 
 
-STORAGE_FORMS = "sqlite:///FILE.db, postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB or a journal FILE.log"
+def _launcher_mismatch(err: BaseException) -> LMZooError | None:
+    """Lightning's check that ``trainer.devices`` and ``trainer.num_nodes`` match the processes torchrun or SLURM
+    started (a plain ``ValueError`` from a cluster environment's ``validate_settings``), as one line."""
+    trace = err.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next  # the innermost frame: where it was raised
+    if not isinstance(err, ValueError) or trace is None or trace.tb_frame.f_code.co_name != "validate_settings":
+        return None
+    if not str(trace.tb_frame.f_globals.get("__name__")).startswith("lightning.fabric.plugins.environments"):
+        return None
+    text = " ".join(str(err).split())
+    return ConfigError(f"Lightning: {text} Set trainer.devices and trainer.num_nodes to what the launcher started.")
+
+
+STORAGE_FORMS = (
+    "sqlite:///FILE.db, postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB, a journal FILE.log or grpc://HOST:PORT"
+)
 
 
 def _storage_error(err: BaseException) -> LMZooError | None:
@@ -125,6 +144,12 @@ def _storage_error(err: BaseException) -> LMZooError | None:
     driver is not installed, as one line. Recognised by the exception's module and Optuna's own message, so that
     SQLAlchemy is never imported here."""
     module = type(err).__module__
+    if module.startswith("grpc") and callable(getattr(err, "code", None)):  # a grpc:// storage's server, mid-run
+        details = err.details() if callable(getattr(err, "details", None)) else ""  # type: ignore[attr-defined]
+        return DataError(
+            f"--storage: the storage server stopped answering ({err.code().name}: {details}): "  # type: ignore[attr-defined]
+            "restart lm-zoo search serve on the same database and run the command again"
+        )
     if isinstance(err, ImportError) and "DB access module for the specified storage URL" in str(err):
         return ConfigError(
             "--storage: the database driver for this URL is not installed (postgresql:// needs psycopg2, "

@@ -1,5 +1,6 @@
-"""``lm-zoo search``: Jozefowicz et al. 2015's architecture search, run by workers sharing an Optuna storage, and
-``lm-zoo search report``."""
+"""``lm-zoo search``: Jozefowicz et al. 2015's architecture search, run by workers sharing an Optuna storage,
+``lm-zoo search report``, and ``lm-zoo search serve``, the storage server through which workers on other machines share
+one search (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,17 @@ from collections.abc import Sequence
 import optuna  # the search extra (pip install "lm-zoo[search]")
 import torch
 
-from commands.common import CommandParser
-from lightning_modules.search.evolution import SearchStore, Worker, format_report, load_config, report, worker_random
+from commands.common import CommandParser, option
+from lightning_modules.search.evolution import (
+    STUDY,
+    SearchStore,
+    Worker,
+    format_report,
+    load_config,
+    report,
+    worker_random,
+)
+from lightning_modules.storages import StorageServer
 from zoo.errors import ConfigError
 
 
@@ -37,13 +47,46 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
+STORAGE_HELP = "sqlite:///search.db, a journal FILE.log, grpc://HOST:PORT (lm-zoo search serve) or postgresql://..."
+
+
+def cmd_serve(argv: Sequence[str]) -> None:
+    """``lm-zoo search serve``: Optuna's gRPC storage proxy in front of a database, until Ctrl-C."""
+    parser = CommandParser(
+        prog="lm-zoo search serve",
+        description="serve a search's storage to workers on other machines (lm-zoo search --storage grpc://HOST:PORT)",
+    )
+    parser.add_argument("--storage", required=True, help="the database, e.g. sqlite:///search.db")
+    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on (default: every interface)")
+    parser.add_argument("--port", type=option("--port", int, 0), default=13000, help="0: one the system picks")
+    args = parser.parse_args(argv)
+    if args.port > 65535:
+        raise ConfigError(f"--port must be a port number from 0 to 65535, got {args.port}")
+    server = StorageServer(args.storage, args.host, args.port, watch=STUDY).start()
+    print(
+        f"search serve: {args.storage} on {args.host}:{server.port}; workers: lm-zoo search --storage "
+        f"grpc://{'HOST' if args.host in ('0.0.0.0', '::') else args.host}:{server.port} --config ... (Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print(f"search serve: stopped; {len(server.failed)} silent trial(s) failed", flush=True)
+
+
 def cmd_search(argv: Sequence[str]) -> None:
-    """``lm-zoo search`` (run workers) and ``lm-zoo search report``."""
+    """``lm-zoo search`` (run workers), ``lm-zoo search report`` and ``lm-zoo search serve``."""
     argv = list(argv)
     quiet_optuna()
+    if argv[:1] == ["serve"]:
+        cmd_serve(argv[1:])
+        return
     if argv[:1] == ["report"]:
         parser = CommandParser(prog="lm-zoo search report", description="the search's statistics and list")
-        parser.add_argument("--storage", required=True, help="the search's storage URL (or journal .log file)")
+        parser.add_argument("--storage", required=True, help=f"the workers' --storage: {STORAGE_HELP}")
         parser.add_argument("--config", help="the search config (its tasks and thresholds; default: the store's)")
         parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
         parser.add_argument("--json", action="store_true")
@@ -55,10 +98,11 @@ def cmd_search(argv: Sequence[str]) -> None:
     parser = CommandParser(
         prog="lm-zoo search",
         description="Jozefowicz et al. 2015's architecture search (docs/search.md)",
-        epilog="lm-zoo search report --storage URL [--top N] [--json]: the search's statistics and its best cells",
+        epilog="lm-zoo search report --storage URL [--top N] [--json]: the search's statistics and its best cells; "
+        "lm-zoo search serve --storage sqlite:///search.db --port 13000: a storage server for workers on many machines",
     )
     parser.add_argument("--config", required=True, help="the search (configs/search/jozefowicz.yaml)")
-    parser.add_argument("--storage", required=True, help="e.g. sqlite:///search.db, postgresql://host/db")
+    parser.add_argument("--storage", required=True, help=STORAGE_HELP)
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine, sharing the storage")
     parser.add_argument("--budget", default="1h", help="how long to search (e.g. 2h); the running step finishes")
     parser.add_argument(

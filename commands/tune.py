@@ -3,8 +3,8 @@
 Melis et al. 2020 (Appendix A) tune with Google Vizier's batched Gaussian-process bandits over the ranges of their
 Table 4 (``configs/tune/melis-table4.yaml``); Optuna is the open equivalent: a sampler (TPE), a pruner that stops
 trials whose validation loss lags the median of earlier trials at the same step, and a storage (in memory, or any
-SQLAlchemy URL) through which several processes -- on one machine (``--jobs``) or many (the same ``--storage`` and
-``--study-name`` on each) -- share one study.
+SQLAlchemy URL, or ``grpc://HOST:PORT`` for an ``lm-zoo search serve``) through which several processes -- on one
+machine (``--jobs``) or many (the same ``--storage`` and ``--study-name`` on each) -- share one study.
 
 Each trial is ``lm-zoo fit`` run in this process, on one device (:func:`commands.lightning.in_process_devices`: a
 multi-device launcher would re-run the tune command itself), on a copy of the full config (what ``--print_config``
@@ -44,6 +44,7 @@ from lightning.pytorch.callbacks import Callback
 
 from commands.common import CommandParser, user_error
 from commands.lightning import in_process_devices, run_lightning
+from lightning_modules.storages import open_storage
 from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
 
 SPACE_TYPES = ("float", "loguniform", "int", "categorical")
@@ -330,7 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the study's total of finished trials (complete, pruned or diverged), over --jobs processes: on a study "
         "in --storage that already holds some, only the missing ones run (none once it holds N)",
     )
-    parser.add_argument("--storage", help="Optuna storage URL, e.g. sqlite:///tune.db (default: in memory)")
+    parser.add_argument(
+        "--storage",
+        help="Optuna storage URL, e.g. sqlite:///tune.db, or grpc://HOST:PORT for an lm-zoo search serve on another "
+        "machine (default: in memory)",
+    )
     parser.add_argument("--study-name", help="the study in --storage (default: <config>-<space> file names)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel processes on this machine (share --storage)")
     parser.add_argument("--out", help="where to write the best config (default: <workdir>/best.yaml)")
@@ -391,7 +396,7 @@ def cmd_tune(argv: Sequence[str]) -> None:
         else optuna.pruners.NopPruner()
     )
     study = optuna.create_study(
-        storage=storage,
+        storage=open_storage(storage) if storage else None,  # grpc:// and journal .log files too
         study_name=study_name,
         direction=args.direction,
         sampler=optuna.samplers.TPESampler(seed=args.seed),

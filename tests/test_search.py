@@ -467,3 +467,122 @@ def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_pat
                              capture_output=True, text=True)  # fmt: skip
     assert restart.returncode == 0, restart.stderr
     assert len(store.evaluations()) > finished
+
+
+# ------------------------------------------------------------------------------------- claims and liveness
+def test_the_interleaving_that_ran_one_evaluation_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stores on one SQLite file choose one (genome, task, setting). The first creates its trial and stops before
+    writing any attribute; the second runs its whole record meanwhile, then the first goes on. Under the old rule (the
+    lower trial number wins, judged from the attributes written so far) both trained; with claims, one does."""
+    import threading
+
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    first, second = SearchStore(storage), SearchStore(storage)
+    created, second_done = threading.Event(), threading.Event()
+    set_user_attr = optuna.Trial.set_user_attr
+
+    def pausing(self: optuna.Trial, key: str, value: Any) -> None:
+        if threading.current_thread().name == "first" and not created.is_set():
+            created.set()  # the first trial exists (RUNNING), and has no attribute yet
+            assert second_done.wait(60)
+        set_user_attr(self, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", pausing)
+    ran: list[str] = []
+    results: dict[str, float | None] = {}
+    setting = Grid().draw(random.Random(0), (1000,))
+
+    def record(name: str, store: SearchStore) -> None:
+        results[name] = store.record(LSTM, "xml", setting, lambda: ran.append(name) or Outcome(0.5, 1, 4, 100))
+
+    thread = threading.Thread(target=record, args=("first", first), name="first")
+    thread.start()
+    assert created.wait(60)
+    record("second", second)
+    second_done.set()
+    thread.join(60)
+    assert ran == ["second"] and results == {"first": None, "second": 0.5}
+    assert [(e.genome, e.task, e.setting) for e in first.evaluations()] == [(LSTM, "xml", setting.key())]
+    states = sorted(t.state.name for t in first.study.get_trials(deepcopy=False))
+    assert states == ["COMPLETE", "PRUNED"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "journal", "grpc"])
+def test_a_claim_is_held_once_and_a_failed_owners_claim_is_superseded(tmp_path: Path, backend: str) -> None:
+    """On every storage lm-zoo opens: one of two stores wins a claim; an owner whose evaluation failed leaves the next
+    generation to claim, once; claims are studies of their own, never evaluations of the search."""
+    import optuna
+
+    from lightning_modules.storages import StorageServer
+
+    server = None
+    if backend == "grpc":
+        server = StorageServer(f"sqlite:///{tmp_path / 'served.db'}", "127.0.0.1", 0).start()
+        url = f"grpc://127.0.0.1:{server.port}"
+    else:
+        url = str(tmp_path / "search.log") if backend == "journal" else f"sqlite:///{tmp_path / 'search.db'}"
+    try:
+        a, b = SearchStore(url), SearchStore(url)
+        taken = (LSTM, "xml", "s1")
+        assert a.claim(taken) == 0 and b.claim(taken) is None and a.claim(taken) is None
+        setting = Setting.from_key(Grid().draw(random.Random(1), (1000,)).key())
+        wanted = (GRU, "xml", setting.key())
+
+        def crash() -> Outcome:
+            raise RuntimeError("the evaluation failed")
+
+        with pytest.raises(RuntimeError, match="the evaluation failed"):
+            a.record(GRU, "xml", setting, crash)
+        assert b.claim_generation(wanted) == 1  # the owner of generation 0 failed
+        assert b.record(GRU, "xml", setting, lambda: Outcome(0.25, 1, 4, 100)) == 0.25
+        assert a.claim(wanted) is None and a.record(GRU, "xml", setting, lambda: Outcome(0.9, 1, 4, 100)) is None
+        assert [(e.genome, e.accuracy) for e in a.evaluations()] == [(GRU, 0.25)]
+        names = set(optuna.get_all_study_names(a.storage))
+        assert names == {
+            evolution.STUDY,
+            evolution.claim_name(taken, 0),
+            *(evolution.claim_name(wanted, g) for g in (0, 1)),
+        }
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def test_a_trial_failed_as_silent_while_it_trained_is_lost_not_fatal(tmp_path: Path) -> None:
+    """A worker paused past the grace period finds its trial failed by a watcher: its result is refused, the record
+    says the evaluation is lost (None), and the worker goes on."""
+    import optuna
+
+    store = SearchStore(str(tmp_path / "search.log"))
+
+    def paused() -> Outcome:
+        (running,) = store.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        store.storage.set_trial_state_values(running._trial_id, optuna.trial.TrialState.FAIL)  # as a watcher would
+        return Outcome(0.5, 1, 4, 100)
+
+    assert store.record(LSTM, "xml", Setting.from_key(Grid().draw(random.Random(2), (1000,)).key()), paused) is None
+    assert store.evaluations() == []
+
+
+def test_a_silent_trial_is_failed_after_four_of_its_heartbeats(tmp_path: Path) -> None:
+    """The watcher compares the heartbeats it reads at times of its own clock: one that moves keeps its trial, one
+    that stays for more than four of its intervals fails it; trials with no lm-zoo heartbeat are not its business."""
+    import optuna
+
+    from lightning_modules.storages import BEAT, SilentTrials
+
+    store = SearchStore(str(tmp_path / "search.log"))
+    beating, silent, other = (store.study.ask() for _ in range(3))
+    for trial in (beating, silent):
+        store.storage.set_trial_system_attr(trial._trial_id, BEAT, [1, 2])
+    watcher = SilentTrials(evolution.STUDY)
+    assert watcher.check(store.storage, now=0.0) == []
+    store.storage.set_trial_system_attr(beating._trial_id, BEAT, [2, 2])
+    assert watcher.check(store.storage, now=8.0) == []  # 4 x 2 s: not yet more than the grace
+    store.storage.set_trial_system_attr(beating._trial_id, BEAT, [3, 2])
+    assert watcher.check(store.storage, now=8.5) == [silent.number]
+    states = {t.number: t.state for t in store.study.get_trials(deepcopy=False)}
+    running = optuna.trial.TrialState.RUNNING
+    assert states == {beating.number: running, silent.number: optuna.trial.TrialState.FAIL, other.number: running}

@@ -16,16 +16,30 @@ The procedure, as §3.1 describes it:
 
 Which of the two steps runs is a coin of weight ``reevaluate_probability`` (§3.1 does not give the ratio).
 
-Many workers, no scheduler of ours: every evaluation is a trial of one Optuna study (``--storage``: SQLite on one
-machine, PostgreSQL or MySQL across machines, or a journal file), with the genome, task and setting as the trial's
-attributes and the accuracy as its value. Each worker reads the whole store before every step, so the list, the
-scores and the settings tried are always those of all workers together, and runs the steady-state loop on its own.
-Optuna's heartbeat marks the trial of a killed worker failed after ``grace_period`` seconds, so a kill loses that one
-evaluation; a restarted search reads the store and goes on.
+Many workers, no scheduler of ours: every evaluation is a trial of one Optuna study (``--storage``: SQLite or a
+journal file on one machine; across machines ``grpc://HOST:PORT``, an ``lm-zoo search serve`` in front of a database,
+or PostgreSQL/MySQL), with the genome, task and setting as the trial's attributes and the accuracy as its value.
+Each worker reads the whole store before every step, so the list, the scores and the settings tried are always those
+of all workers together, and runs the steady-state loop on its own. A killed worker's trial is failed after four of
+its heartbeats (Optuna's on a database opened directly, :mod:`lightning_modules.storages`' on the others), so a kill
+loses that one evaluation; a restarted search reads the store and goes on.
+
+No (genome, task, setting) is evaluated twice, whatever the interleaving of the workers: two may choose alike between
+reading the store and starting, so a trial first *claims* its evaluation by creating an empty study named
+:func:`claim_name` -- study names are unique in every Optuna storage (a database's unique column, the journal's
+ordered log, the gRPC proxy passing the database's refusal on as ``DuplicatedStudyError``), so exactly one creation
+succeeds and the other trials are pruned. A claim is never deleted (deleting and re-creating one name races, and
+SQLite reuses the deleted study's id); the claim of a trial that failed -- its worker was killed, or the evaluation
+raised -- is superseded instead: the next claim is generation g + 1, which a worker creates only after reading the
+owner of generation g failed. The owner marks its trial with its generation (``claim``) after winning; a reader that
+missed a generation computes one that exists and loses, so no reading can let two trials hold one evaluation. A
+worker killed between creating its claim and marking its trial (two storage calls) leaves that evaluation claimed for
+good: never run twice, at worst never run. Reports read the search's study only, so claims never show in them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -42,12 +56,14 @@ import optuna  # the search extra (pip install "lm-zoo[search]")
 import yaml
 
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from lightning_modules.storages import SilentTrials, beating, grpc_address, has_optuna_heartbeat, open_storage
 from zoo.errors import ConfigError, DataError
 from zoo.genome import GenomeError, format_genome, parse
 from zoo.mutation import mutate
 
 BASELINES = ("lstm", "gru_paper")  # the list's first members; the GRU is every score's yardstick
 STUDY = "architecture-search"
+CLAIMS = "lm-zoo-claim/"  # the prefix of the claim studies (module docstring)
 
 
 @dataclass(frozen=True)
@@ -129,32 +145,36 @@ class SearchStore:
     """The search's state in an Optuna storage (module docstring).
 
     Args:
-        storage: an SQLAlchemy URL (``sqlite:///search.db``, ``postgresql://host/db``, ...) or a journal file path
-            ending in ``.log``.
+        storage: ``grpc://HOST:PORT`` (an ``lm-zoo search serve``), an SQLAlchemy URL (``sqlite:///search.db``,
+            ``postgresql://host/db``, ...) or a journal file path ending in ``.log``.
         heartbeat: seconds between a running trial's heartbeats; a trial silent for four of them is failed.
         create: start a new search when the storage holds none; ``False`` (a report) refuses, and never creates a
             SQLite or journal file that is not there.
 
     Raises:
-        DataError: ``create`` is ``False`` and the storage holds no search.
+        DataError: ``create`` is ``False`` and the storage holds no search, or no server answers at a ``grpc://``
+            address.
     """
 
     def __init__(self, storage: str, heartbeat: int = 60, create: bool = True) -> None:
         local = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else storage
         if not create and (storage.endswith(".log") or storage.startswith("sqlite:///")) and not Path(local).exists():
             raise DataError(f"{local}: no such file, so no search to report: give the workers' --storage")
-        if storage.endswith(".log"):
-            from optuna.storages.journal import JournalFileBackend
-
-            backend: Any = optuna.storages.JournalStorage(JournalFileBackend(storage))
-        else:
-            with warnings.catch_warnings():
-                # Heartbeats and failing stale trials are "experimental" in Optuna (since 2.9): what we rely on.
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                backend = optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=4 * heartbeat)
-        if not create and STUDY not in {study.study_name for study in optuna.get_all_study_summaries(backend)}:
-            raise DataError(f"{storage} holds no lm-zoo search (no study {STUDY!r}): give the workers' --storage")
-        self.study = optuna.create_study(storage=backend, study_name=STUDY, direction="maximize", load_if_exists=True)
+        self.storage = open_storage(storage, heartbeat=None if grpc_address(storage) else heartbeat)
+        self.heartbeat = heartbeat
+        # Storages without Optuna's heartbeat (gRPC, journal): this worker beats its own trials and fails others'
+        # silent ones whenever it reads the store (the server does too).
+        self.watcher = None if has_optuna_heartbeat(self.storage) else SilentTrials(STUDY)
+        if not create:
+            try:
+                self.storage.get_study_id_from_name(STUDY)
+            except KeyError:
+                raise DataError(
+                    f"{storage} holds no lm-zoo search (no study {STUDY!r}): give the workers' --storage"
+                ) from None
+        self.study = optuna.create_study(
+            storage=self.storage, study_name=STUDY, direction="maximize", load_if_exists=True
+        )
 
     def evaluations(self) -> list[Evaluation]:
         """Every finished evaluation of every worker (failed runs of killed workers are not evaluations)."""
@@ -172,6 +192,9 @@ class SearchStore:
 
     def fail_stale(self) -> None:
         """Fail the running trials of workers whose heartbeat stopped (killed)."""
+        if self.watcher is not None:
+            self.watcher.check(self.storage)
+            return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as for the storage, above
             optuna.storages.fail_stale_trials(self.study)
@@ -185,32 +208,50 @@ class SearchStore:
             if "setting" in t.user_attrs
         }
 
+    def claim_generation(self, wanted: tuple[str, str, str]) -> int:
+        """The generation of the claim a new trial for ``wanted`` makes: one past the last whose owner failed."""
+        failed = [
+            int(t.user_attrs["claim"])
+            for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            if "claim" in t.user_attrs
+            and (t.user_attrs.get("genome"), t.user_attrs.get("task"), t.user_attrs.get("setting")) == wanted
+        ]
+        return max(failed, default=-1) + 1
+
+    def claim(self, wanted: tuple[str, str, str]) -> int | None:
+        """Claim ``wanted`` (module docstring): its generation if this call created the claim, else ``None``."""
+        generation = self.claim_generation(wanted)
+        try:
+            self.storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], claim_name(wanted, generation))
+        except optuna.exceptions.DuplicatedStudyError:
+            return None
+        return generation
+
     def record(self, genome: str, task: str, setting: Setting, run: Any, parent: str | None = None) -> float | None:
         """Run ``run()`` (an :class:`~lightning_modules.search.tasks.Outcome`) as a trial of the study and store it.
 
-        The trial runs through ``study.optimize``, which keeps its heartbeat while it trains and marks it failed if
-        ``run`` raises (Ctrl-C included). Returns the accuracy, or ``None`` when another worker claimed the same
-        evaluation first: workers choose from what they read, and two may choose alike between reading and claiming;
-        the trial with the lower number keeps it, so no setting is evaluated twice.
+        The trial runs through ``study.optimize``, which marks it failed if ``run`` raises (Ctrl-C included), and
+        keeps a heartbeat while it trains. Returns the accuracy, or ``None`` when another worker holds the
+        evaluation's claim (module docstring) -- workers choose from what they read, and two may choose alike -- or
+        when a watcher failed this trial as silent while it trained (a worker paused past the grace period).
         """
         accuracy: list[float] = []
         wanted = (genome, task, setting.key())
 
         def objective(trial: optuna.Trial) -> float:
-            for key, value in zip(("genome", "task", "setting"), wanted, strict=True):
-                trial.set_user_attr(key, value)
-            trial.set_user_attr("parent", parent)
-            trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
-            states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
-            for other in self.study.get_trials(deepcopy=False, states=states):
-                attrs = other.user_attrs
-                if (
-                    other.number < trial.number
-                    and (attrs.get("genome"), attrs.get("task"), attrs.get("setting")) == wanted
-                ):
-                    raise optuna.TrialPruned()
-            outcome = run()
-            trial.set_user_attr("outcome", outcome.record())
+            beat = contextlib.nullcontext() if self.watcher is None else beating(self.storage, trial._trial_id,
+                                                                                self.heartbeat)  # fmt: skip
+            with beat:
+                for key, value in zip(("genome", "task", "setting"), wanted, strict=True):
+                    trial.set_user_attr(key, value)
+                trial.set_user_attr("parent", parent)
+                trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
+                generation = self.claim(wanted)
+                if generation is None:
+                    raise optuna.TrialPruned("another worker holds this evaluation")
+                trial.set_user_attr("claim", generation)  # the owner's mark, which a later generation needs
+                outcome = run()
+                trial.set_user_attr("outcome", outcome.record())
             accuracy.append(outcome.accuracy)
             return outcome.accuracy
 
@@ -220,9 +261,21 @@ class SearchStore:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         try:
             self.study.optimize(objective, n_trials=1, catch=())
+        except ValueError as error:
+            # A watcher failed this trial while it trained: its attributes and its result are refused, and
+            # optimize's report of the result is this ValueError. The evaluation is lost; the worker goes on.
+            if not str(error).startswith("Cannot tell a FAIL trial"):
+                raise
+            return None
         finally:
             optuna.logging.set_verbosity(verbosity)
         return accuracy[0] if accuracy else None
+
+
+def claim_name(wanted: tuple[str, str, str], generation: int) -> str:
+    """The claim study of ``(genome, task, setting)``'s ``generation``-th claim: ``lm-zoo-claim/<sha256>/<g>``."""
+    digest = hashlib.sha256("|".join(wanted).encode()).hexdigest()
+    return f"{CLAIMS}{digest}/{generation}"
 
 
 @dataclass
