@@ -474,7 +474,33 @@ def autocast_dtypes() -> str:
     return "\n".join(lines)
 
 
+def search_run() -> str:
+    """``lm-zoo search report --json`` of the search run whose store ``benchmarks/results/search_run.json`` reports:
+    its rate, how far the mutants got, and the best cells against the LSTM and the GRU."""
+    result = _load("search_run.json")
+    proposed, memorised = result["architectures_proposed"], result["passed_memorisation"]
+    share = f" ({pct(memorised / proposed)}%)" if proposed else ""
+    lines = [
+        f"`lm-zoo search report --json` ({result['workers']} workers, {result['searching_hours']:.2f} hours in which "
+        f"an evaluation ran): {result['evaluations']:,} evaluations, {result['evaluations_per_hour']:,.0f} per hour; "
+        f"{proposed:,} architectures proposed by mutation, {memorised:,} of them passed memorisation{share}, "
+        f"{result['passed_every_task']:,} passed every task.",
+        "",
+    ]
+    tasks = sorted({task for row in result["top"] for task in row["best"]} - {"memorise"})
+    lines += [_row(["rank", "cell", "score", *tasks, "settings tried"]), "|---" * (len(tasks) + 4) + "|"]
+    baselines = {"lstm": "LSTM", "gru_paper": "GRU"}
+    shown = [row for row in result["top"] if row["rank"] <= 5 or row["name"] in baselines]
+    for row in shown:
+        cell = baselines.get(row["name"] or "", f"`{row['genome']}`")
+        accuracies = [f"{row['best'][t]:.4f}" if t in row["best"] else "" for t in tasks]
+        tried = sum(row["settings"].values())
+        lines.append(_row([row["rank"], cell, f"{row['score']:.4f}", *accuracies, tried]))
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "search-run": search_run,
     "autocast-dtypes": autocast_dtypes,
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,

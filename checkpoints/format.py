@@ -436,15 +436,27 @@ def verify_export_files(directory: Path, config: dict[str, Any], where: str) -> 
         return
     if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
         raise CheckpointError(f'{where}: {CONFIG_NAME}\'s "{HASHES_KEY}" is not a map of file names to sha256')
-    for name, expected in sorted(recorded.items()):
+    found = first_mismatch(directory, recorded)
+    if found is not None:
+        name, missing = found
+        if missing:
+            raise CheckpointError(f"{where} has no {name}, whose sha256 its {CONFIG_NAME} records: {_AGAIN}")
+        raise CheckpointError(
+            f"{where}/{name} does not match the sha256 its {CONFIG_NAME} records: the file was changed or damaged; "
+            f"{_AGAIN}"
+        )
+
+
+def first_mismatch(directory: Path, hashes: dict[str, str]) -> tuple[str, bool] | None:
+    """The first of ``hashes``' files (by name) that ``directory`` lacks or holds with another sha256, and whether it
+    is missing; ``None`` when every file matches. The export's own record and the registry's are checked by it."""
+    for name, expected in sorted(hashes.items()):
         path = directory / name
         if not path.is_file():
-            raise CheckpointError(f"{where} has no {name}, whose sha256 its {CONFIG_NAME} records: {_AGAIN}")
+            return name, True
         if sha256_file(path) != expected:
-            raise CheckpointError(
-                f"{where}/{name} does not match the sha256 its {CONFIG_NAME} records: the file was changed or "
-                f"damaged; {_AGAIN}"
-            )
+            return name, False
+    return None
 
 
 _AGAIN = "download or export the model again"

@@ -54,8 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints.format import EXPORT_FILES
-from datamodules.corpora import sha256_file  # the corpora's checksum, as datamodules.gbw uses it
+from checkpoints.format import EXPORT_FILES, first_mismatch
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -225,15 +224,15 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         CheckpointError: naming the first file that is missing, extra (an export file the registry does not list) or
             different, and what to do.
     """
-    for file, expected in sorted(entry.files.items()):
-        path = directory / file
-        if not path.is_file():
+    found = first_mismatch(directory, entry.files)
+    if found is not None:
+        file, missing = found
+        if missing:
             raise CheckpointError(f"{where} has no {file}, which the registry lists for {entry.name}: {_RESTORE}")
-        if sha256_file(path) != expected:
-            raise CheckpointError(
-                f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
-                f"or damaged; {_RESTORE}"
-            )
+        raise CheckpointError(
+            f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
+            f"or damaged; {_RESTORE}"
+        )
     extra = sorted(p.name for p in directory.iterdir() if p.name in EXPORT_FILES and p.name not in entry.files)
     if extra:
         raise CheckpointError(

@@ -371,6 +371,7 @@ def test_two_workers_search_one_store(tmp_path: Path, monkeypatch: pytest.Monkey
     assert cli.main(["search", "report", "--storage", storage, "--config", str(path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["evaluations"] == len(keys)
+    assert result["workers"] == 2 and result["searching_hours"] > 0
     assert result["architectures_proposed"] >= 1
     assert {row["genome"] for row in result["top"]} >= {GRU, LSTM}
 

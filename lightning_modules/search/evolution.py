@@ -139,6 +139,7 @@ class Evaluation:
     finished: datetime | None
     parent: str | None = None
     started: datetime | None = None
+    worker: str | None = None  # host:pid of the worker that ran it
 
 
 class SearchStore:
@@ -185,7 +186,7 @@ class SearchStore:
             found.append(
                 Evaluation(
                     attrs["genome"], attrs["task"], attrs["setting"], float(trial.value), trial.datetime_complete,
-                    attrs.get("parent"), trial.datetime_start,
+                    attrs.get("parent"), trial.datetime_start, attrs.get("worker"),
                 )
             )  # fmt: skip
         return found
@@ -502,6 +503,8 @@ def report(store: SearchStore, config: SearchConfig | None, top: int = 100) -> d
         "passed_memorisation": len(standing.memorised & proposed),
         "passed_every_task": sum(1 for _, g in listed if g not in baselines),
         "evaluations_per_hour": len(evaluations) / hours if hours > 0 else None,
+        "searching_hours": hours,
+        "workers": len({e.worker for e in evaluations if e.worker is not None}),
         "baselines": {name: dict(standing.best.get(g, {})) for g, name in baselines.items()},
         "top": [
             {
