@@ -270,7 +270,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"# load average after this setting: {os.getloadavg()[0]:.2f}")
             sys.stdout.flush()
     command = " ".join(["python", "benchmarks/cells.py", *(sys.argv[1:] if argv is None else argv)])
-    header = {"command": command, "device": str(device), "threads": threads, "torch": torch.__version__}
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else output.hardware()["cpu"]
+    header = {
+        "command": command,
+        "device": str(device),
+        "machine": machine,
+        "threads": threads,
+        "torch": torch.__version__,
+    }
     output.write(path, {**header, "hidden": hidden, "layers": layers, "results": results})
     print(f"\nwrote {path}")
 

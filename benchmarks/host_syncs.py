@@ -34,6 +34,7 @@ import random
 import sys
 import tempfile
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,6 +229,32 @@ class CountSteps(L.Callback):
         self._end(self.val)
 
 
+class CountCudaSyncs(CountSteps):
+    """The complete count on a GPU: CUDA's own sync debug mode warns at every call that waits for the device, from
+    Python or from inside a kernel or backward function; each warning is one synchronisation, named by the Python
+    line that made it (the one that called into C++)."""
+
+    def __init__(self) -> None:
+        super().__init__(HostSyncCounter())
+        self._recording: contextlib.ExitStack | None = None
+        self._caught: list[warnings.WarningMessage] = []
+
+    def _start(self, module: L.LightningModule) -> None:
+        torch.cuda.synchronize()  # what the step before queued is not this step's wait
+        self._recording = contextlib.ExitStack()
+        self._caught = self._recording.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _end(self, steps: list[tuple[Counter[str], Counter[str]]]) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+        assert self._recording is not None
+        self._recording.close()
+        syncs = [w for w in self._caught if "synchronizing" in str(w.message)]
+        sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+        steps.append((Counter({"synchronizing CUDA operation": len(syncs)}) if syncs else Counter(), sites))
+
+
 # ------------------------------------------------------------------------------------------------ the settings
 def write_word_corpus(directory: Path, words: int = 50) -> Path:
     """train/valid/test.txt of random lines over ``words`` word types (a PTB-shaped stream, small)."""
@@ -270,8 +297,9 @@ def packed_segments(value: bool | None) -> Iterator[None]:
         FusedLayer.packed_segments = before
 
 
-def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
-    """Fit ``steps`` training steps of ``setting`` on the CPU, then validate ``steps`` windows, counting each step."""
+def count_fit(setting: str, workdir: Path, steps: int = 3, device: str = "cpu") -> CountSteps:
+    """Fit ``steps`` training steps of ``setting`` on ``device``, then validate ``steps`` windows, counting each step
+    (on the CPU with :class:`HostSyncCounter`, on CUDA with its sync debug mode)."""
     from datamodules import GBWDataModule, TextDataModule
     from lightning_modules import LanguageModel
     from lightning_modules.progress import FitProgressBar
@@ -294,12 +322,11 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
         model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9, dampening=0.9)
     else:
         raise ValueError(f"unknown setting {setting!r}")
-    counter = HostSyncCounter()
-    counting = CountSteps(counter)
+    counting = CountSteps(HostSyncCounter()) if device == "cpu" else CountCudaSyncs()
     # lm-zoo fit's own progress bar, before the counter so that its batch-end hook falls inside the counted step.
     bar = FitProgressBar()
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator="cpu" if device == "cpu" else "gpu",
         devices=1,
         max_epochs=1,
         limit_train_batches=steps,
@@ -311,6 +338,7 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
         enable_checkpointing=False,
         enable_model_summary=False,
     )
+    counter = counting.counter if device == "cpu" else contextlib.nullcontext()
     with counter, packed_segments(True if setting.endswith("packed") else None):
         trainer.fit(model, datamodule=data)
     return counting
@@ -319,11 +347,11 @@ def count_fit(setting: str, workdir: Path, steps: int = 3) -> CountSteps:
 SETTINGS = ("ptb-lstm", "gbw-lstm4-per-step", "gbw-lstm4-packed")
 
 
-def measure(setting: str, steps: int = 3) -> dict[str, Any]:
+def measure(setting: str, steps: int = 3, device: str = "cpu") -> dict[str, Any]:
     """The per-step counts of ``setting``: totals per step and what each is, for training and validation."""
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["LM_ZOO_CACHE"] = str(Path(tmp) / "cache")
-        counted = count_fit(setting, Path(tmp), steps)
+        counted = count_fit(setting, Path(tmp), steps, device)
     row: dict[str, Any] = {"setting": setting}
     for stage, steps in (("train", counted.train), ("val", counted.val)):
         row[f"{stage}_per_step"] = [sum(calls.values()) for calls, _ in steps]
@@ -336,16 +364,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="training steps, then validation steps, per setting")
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="cuda: count with CUDA's sync debug mode"
+    )
     output.add_arguments(parser, NAME, resumable=False)
     args = parser.parse_args(argv)
     path = output.output_path(args, NAME)
     torch.set_num_threads(1)
-    rows = [measure(setting, args.steps) for setting in args.settings]
+    rows = [measure(setting, args.steps, args.device) for setting in args.settings]
     result = {
         "command": "python benchmarks/host_syncs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "torch": torch.__version__,
         "lightning": L.__version__,
-        "counted": "calls from Python that would synchronise the host with a GPU, per step (HostSyncCounter)",
+        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "counted": "calls from Python that would synchronise the host with a GPU, per step (HostSyncCounter)"
+        if args.device == "cpu"
+        else "synchronizing CUDA operations per step (torch.cuda.set_sync_debug_mode('warn'))",
         "note": "a first training step's to(device) in lightning/fabric/utilities/apply_func.py is Lightning's first "
         "self.log of each key moving its accumulators, asynchronous on a GPU (Lightning passes non_blocking there)",
         "results": rows,

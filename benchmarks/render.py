@@ -455,10 +455,10 @@ def inference_overhead() -> str:
     return "\n".join(lines)
 
 
-def autocast_dtypes() -> str:
+def autocast_dtypes(results: str = "autocast_dtypes.json") -> str:
     """``benchmarks/autocast_dtypes.py``: the dtypes each architecture's layers computed their products in, per
-    autocast mode and path, and the carried state's."""
-    result = _load("autocast_dtypes.json")
+    autocast mode and path, and the carried state's (``results``: the CPU's file, or ``autocast_dtypes_cuda.json``)."""
+    result = _load(results)
     lines = [
         f"`{result['command'].strip()}` ({result['device']}, {result['machine']}, torch {result['torch']}): the dtypes "
         "the matrix products and fused kernels inside the layers ran in, on the fast path (no reset, no state "
@@ -471,6 +471,53 @@ def autocast_dtypes() -> str:
         cells = [f"{row[mode]['fast path']['products']} / {row[mode]['per-step loop']['products']}" for mode in MODES]
         states = {path["state"] for mode in MODES for path in row[mode].values()}
         lines.append(_row([f"`{row['architecture']}`", *cells, " + ".join(sorted(states))]))
+    return "\n".join(lines)
+
+
+def host_syncs() -> str:
+    """``benchmarks/host_syncs.py`` on the CPU (its counter of the calls that would wait for a GPU) beside the same
+    fits on CUDA (CUDA's sync debug mode, which also sees the waits inside kernels): synchronisations per step."""
+    on_cpu, on_cuda = _load("host_syncs.json"), _load("host_syncs_cuda.json")
+    lines = [
+        f"`{on_cpu['command']}` (torch {on_cpu['torch']}) and `{on_cuda['command']}` ({on_cuda['device']}, torch "
+        f"{on_cuda['torch']}): synchronisations per step, each step of the fit in turn.",
+        "",
+        "| setting | training, counted on CPU | training, CUDA | validation, counted on CPU | validation, CUDA |",
+        "|---|---|---|---|---|",
+    ]
+    cuda_rows = {row["setting"]: row for row in on_cuda["results"]}
+    for row in on_cpu["results"]:
+        other = cuda_rows.get(row["setting"])
+        steps = [
+            ", ".join(map(str, r[key])) if r else "not run"
+            for key in ("train_per_step", "val_per_step")
+            for r in (row, other)
+        ]
+        lines.append(_row([f"`{row['setting']}`", *steps]))
+    return "\n".join(lines)
+
+
+def cells_cuda() -> str:
+    """``benchmarks/cells.py --device cuda``: each architecture's training throughput against cuDNN's ``nn.LSTM`` of
+    its depth, per batch size."""
+    result = _load("cells_cuda.json")
+    settings = list(dict.fromkeys((row["batch"], row["bptt"]) for row in result["results"]))
+    lines = [
+        f"`{result['command']}` ({result['device']}, torch {result['torch']}; {result['layers']} layers of "
+        f"{result['hidden']} units): tokens per second of a training step (forward, backward, SGD update), and the "
+        "ratio to `nn.LSTM` of the same depth.",
+        "",
+        "| model | LSTM layers | "
+        + " | ".join(f"batch {b} x BPTT {t}: tokens/s, x nn.LSTM" for b, t in settings)
+        + " |",
+        "|---|---:|" + "---:|" * len(settings),
+    ]
+    models = list(dict.fromkeys(row["model"] for row in result["results"]))
+    by_key = {(row["model"], row["batch"], row["bptt"]): row for row in result["results"]}
+    for model in models:
+        rows = [by_key[(model, b, t)] for b, t in settings]
+        cells = [f"{row['tokens_per_s']:,.0f}, {row['ratio_nn_lstm']:.2f}" for row in rows]
+        lines.append(_row([f"`{model}`", rows[0]["lstm_layers"], *cells]))
     return "\n".join(lines)
 
 
@@ -502,6 +549,9 @@ def search_run() -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "search-run": search_run,
     "autocast-dtypes": autocast_dtypes,
+    "autocast-dtypes-cuda": lambda: autocast_dtypes("autocast_dtypes_cuda.json"),
+    "host-syncs": host_syncs,
+    "cells-cuda": cells_cuda,
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,
     "corpora": corpora,

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One lent GPU session's checks, as one command (the device tool runs it in the repository root with $OUT set):
+# the GPU suite, then the CUDA benchmarks, each under its own time limit so that a slow step leaves the others their
+# turn. Packages the GPU machine lacks, or has at other versions, travel as wheels in .whl (see the device tool's
+# README; not huggingface_hub: transformers there, which torchmetrics imports, refuses 2.x); lm-zoo runs from the
+# checkout, as the tests do. What each step prints goes to $OUT.
+#
+#     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: suite autocast cells
+#                                                               evaluation syncs nce; default all)
+set -u
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    rm -rf /tmp/site  # a warm machine keeps the last call's
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+# The tests that start `lm-zoo` find it on the PATH, as an installed checkout would have it.
+mkdir -p /tmp/bin
+printf '#!/bin/sh\nexec python3 -c "import sys; from cli import main; sys.exit(main())" "$@"\n' >/tmp/bin/lm-zoo
+chmod +x /tmp/bin/lm-zoo
+export PATH=/tmp/bin:$PATH
+# The corpora the benchmarks read (PTB's word files, the GBW sample), copied into .gpudata and carried, when there.
+if [ -d .gpudata ]; then export LM_ZOO_DATA=$PWD/.gpudata; fi
+
+{
+    nvidia-smi -L
+    python3 -c "import torch, lightning, huggingface_hub; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'cudnn', torch.backends.cudnn.version(), 'lightning', lightning.__version__, 'hub', huggingface_hub.__version__,
+torch.cuda.get_device_name())"
+} 2>&1 | tee "$OUT/env.txt"
+
+want() {  # want STEP: whether the command line asked for it (none named: every step)
+    [ $# -gt 0 ] && { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+}
+STEPS=("$@")
+
+step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in $OUT/LOGNAME and on stdout
+    local limit=$1 log=$2
+    shift 2
+    echo "== $* (limit ${limit}s)"
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    echo "== rc $rc after $((SECONDS - start))s"
+    tail -n 25 "$OUT/$log"
+}
+
+want suite && step 300 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
+want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
+want cells && step 100 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 \
+    --out "$OUT/cells_cuda.json"
+want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
+want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
+want nce && step 150 nce.txt python3 benchmarks/nce.py --device cuda --steps 3
