@@ -305,3 +305,60 @@ def test_the_fast_paths_self_checks_pass_when_first_run_under_autocast() -> None
     finally:
         kernels._packed_linear_works.cache_clear()
         mogrifier._usable.cache_clear()
+
+
+def _layer_by_layer(stack: torch.nn.Module, x: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+    """The stack's per-layer path written out: each layer's fused kernel on the previous layer's output."""
+    finals = []
+    for index, layer in enumerate(stack.layers):
+        x, final = layer._fused(x, tuple(s[index] for s in state))
+        finals.append(final)
+    return x, tuple(torch.stack(parts) for parts in zip(*finals))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("steps", [1, 9])
+def test_inference_runs_the_stack_as_one_kernel_call_bit_for_bit(name: str, steps: int) -> None:
+    """Without gradients in eval mode on the CPU, a fused stack is one multi-layer nn.LSTM/GRU/RNN call over its own
+    parameters (what makes a sampling step as cheap as a plain two-layer loop's): the same bits as layer by layer,
+    no per-layer call, and the per-layer path whenever training or a gradient is on."""
+    import zoo
+
+    torch.manual_seed(0)
+    stack = zoo.build(name, 6, 7, 3).eval()
+    x = torch.randn(4, steps, 6)
+    state = tuple(torch.randn(3, 4, 7) for _ in range(stack.layers[0].state_size))
+    calls = []
+    for layer in stack.layers:
+        layer.rnn.register_forward_pre_hook(lambda m, a: calls.append(m))
+    with torch.no_grad():
+        y, final = stack(x, state)
+        assert not calls, "a layer's own kernel ran: the stack was not one call"
+        expected_y, expected_final = _layer_by_layer(stack, x, state)
+    assert torch.equal(y, expected_y)
+    assert len(final) == len(expected_final) and all(map(torch.equal, final, expected_final))
+    calls.clear()
+    stack(x, state)  # a gradient is on (dynamic evaluation): the per-layer path
+    assert len(calls) == 3
+    calls.clear()
+    with torch.no_grad():
+        stack.train()(x, state)
+    assert len(calls) == 3
+
+
+def test_the_one_call_follows_replaced_weights_and_skips_what_it_cannot_run() -> None:
+    import zoo
+
+    torch.manual_seed(0)
+    stack = zoo.build("lstm", 5, 5, 2).eval()
+    x = torch.randn(2, 3, 5)
+    with torch.no_grad():
+        before = stack(x)[0]
+        replaced = {key: torch.randn_like(value) for key, value in stack.state_dict().items()}
+        stack.load_state_dict(replaced, assign=True)  # new Parameter objects: the one call is built again over them
+        after = stack(x)[0]
+        zero = tuple(torch.zeros(2, 2, 5) for _ in range(2))
+        assert torch.equal(after, _layer_by_layer(stack, x, zero)[0]) and not torch.equal(after, before)
+        assert stack._merged_kernel_runs(x)
+        assert zoo.build("mogrifier", 5, 5, 2)._merged_kernel() is None  # not fused layers
+        assert not zoo.build("lstm", 5, 5, 2, sum_layer_outputs=True).eval()._merged_kernel_runs(x)

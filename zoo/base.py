@@ -530,6 +530,11 @@ class RecurrentStack(nn.Module):
         if state is None:
             parameter = next(self.parameters(), None)
             state = self.initial_state(x.size(0), x if parameter is None else x.new_empty(0, dtype=parameter.dtype))
+        if reset is None and self._merged_kernel_runs(x):
+            merged = self._merged_kernel()
+            if merged is not None:
+                y, final = merged(x, state if len(state) > 1 else state[0])  # state: (L, B, H), nn.RNNBase's layout
+                return y, final if isinstance(final, tuple) else (final,)
         keep_at: dict[int, Tensor] = {}
         if reset is not None:
             # Where the resets fall is host data: a Resets brings it (worked out before the batch moved to the
@@ -561,6 +566,66 @@ class RecurrentStack(nn.Module):
                 layer_input = self._between_layers(layer_input)
         output = summed if self.sum_layer_outputs else layer_input
         return output, tuple(torch.stack(parts) for parts in zip(*new_state))
+
+    def _merged_kernel_runs(self, x: Tensor) -> bool:
+        """Whether a window may run as one multi-layer kernel call (:meth:`_merged_kernel`): inference on the CPU,
+        where nothing runs between the layers and no gradient is taken (the per-layer path stays the one trained
+        and differentiated through, dynamic evaluation's included)."""
+        return (
+            not self.training
+            and not torch.is_grad_enabled()
+            and x.device.type == "cpu"
+            and not self.sum_layer_outputs
+            and not plain_kernels()
+            and not torch.is_autocast_enabled("cpu")
+        )
+
+    def _merged_kernel(self) -> nn.RNNBase | None:
+        """The layers as one multi-layer ``nn.LSTM``/``nn.GRU``/``nn.RNN`` over their own parameters (the same
+        tensors, not copies), or ``None`` where the stack is not fused layers of one kind and width.
+
+        Sampling runs one step per call, where each kernel call's fixed cost is most of a small model's step: one
+        call for the stack instead of one per layer is what pytorch/examples' two-layer ``nn.LSTM`` loop pays
+        (``benchmarks/inference_overhead.py``). The outputs are bit for bit the per-layer calls'
+        (``tests/test_kernels.py``). Built once, on the meta device so that nothing is allocated, and again when a
+        layer's weight is another tensor than it was built over (``load_state_dict(assign=True)``, int8
+        quantization); the check is what a step pays, a few microseconds.
+        """
+        rnns = [getattr(layer, "rnn", None) for layer in self.layers]
+        weights = [w for rnn in rnns for w in getattr(rnn, "_flat_weights", ())]
+        cached = self.__dict__.get("_merged")
+        if cached is not None and len(cached[1]) == len(weights) and all(a is b for a, b in zip(cached[1], weights)):
+            return cached[0]
+        merged = self._build_merged_kernel()
+        self.__dict__["_merged"] = (merged, weights)  # not a submodule: its parameters are the layers'
+        return merged
+
+    def _build_merged_kernel(self) -> nn.RNNBase | None:
+        layers = list(self.layers)
+        first = layers[0].rnn if layers and isinstance(layers[0], FusedLayer) else None
+        if not isinstance(first, nn.RNNBase) or not all(
+            isinstance(layer, FusedLayer)
+            and layer.fused
+            and not layer.int8
+            and type(layer.rnn) is type(first)
+            and layer.rnn.hidden_size == first.hidden_size
+            and layer.rnn.bias == first.bias
+            and layer.rnn.proj_size == 0
+            and getattr(layer.rnn, "nonlinearity", None) == getattr(first, "nonlinearity", None)
+            and (index == 0 or layer.rnn.input_size == first.hidden_size)
+            for index, layer in enumerate(layers)
+        ):
+            return None
+        options = {"nonlinearity": first.nonlinearity} if isinstance(first, nn.RNN) else {}
+        merged = type(first)(
+            first.input_size, first.hidden_size, len(layers), bias=first.bias, batch_first=True, device="meta",
+            **options,
+        )  # fmt: skip
+        for index, layer in enumerate(layers):
+            for name in layer.rnn._flat_weights_names:  # layer i's weight_ih_l0 is the stack's weight_ih_l{i}
+                # nn.RNNBase.__setattr__ also puts it in the flat weight list its kernel reads.
+                setattr(merged, f"{name[:-1]}{index}", getattr(layer.rnn, name))
+        return merged
 
     def _between_layers(self, y: Tensor) -> Tensor:
         if not self.training or self.dropout == 0:

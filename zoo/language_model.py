@@ -499,7 +499,7 @@ class RecurrentLM(nn.Module):
         samples: list[list[int]] = [[] for _ in range(prompt.size(0))]
         done = [False] * prompt.size(0)
         for _ in range(max_new_tokens):
-            logits = logits.float() / temperature
+            logits = logits.float() if temperature == 1.0 else logits.float() / temperature
             if top_k is not None and top_k < logits.size(-1):
                 kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
