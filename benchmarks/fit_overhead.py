@@ -15,6 +15,7 @@ over the steps after ``--warmup`` (process start, data loading and the first ste
 
     python benchmarks/fit_overhead.py                      # 2 threads, batch 20, BPTT 35, 400 timed steps, 3 rounds
     python benchmarks/fit_overhead.py --batch 64 --steps 200
+    python benchmarks/fit_overhead.py --profile --steps 200   # where each like-for-like side's step goes (cProfile)
 
 It prints each side's median tokens/s and peak RSS, lm-zoo's overhead at the same allocator settings (the like-for-like
 ratios), lm-zoo as shipped against the plain loop as the peers run it, and what the allocator settings give each loop.
@@ -27,8 +28,10 @@ any of them (the file records the load average before and after).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import statistics
 import subprocess
@@ -45,10 +48,14 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks import output  # noqa: E402
 
 NAME = "fit_overhead"  # results: a new benchmarks/results/fit_overhead-<time>.json, or --out
+PROFILE_NAME = "fit_profile"  # --profile's results: benchmarks/results/fit_profile-<time>.json, or --out
 
 
-def plain_loop(data_root: Path, batch: int, bptt: int, steps: int, warmup: int) -> float:
-    """pytorch/examples' training loop on PTB: seconds per step over ``steps`` steps after ``warmup``."""
+def plain_loop(
+    data_root: Path, batch: int, bptt: int, steps: int, warmup: int, profiler: cProfile.Profile | None = None
+) -> float:
+    """pytorch/examples' training loop on PTB: seconds per step over ``steps`` steps after ``warmup`` (``profiler``:
+    enabled over those steps)."""
     import torch
     from torch import nn
 
@@ -78,6 +85,8 @@ def plain_loop(data_root: Path, batch: int, bptt: int, steps: int, warmup: int) 
     for step, i in enumerate(range(0, (warmup + steps) * bptt, bptt)):
         if step == warmup:
             start = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
         i %= columns.size(0) - 1 - bptt
         data, targets = columns[i : i + bptt], columns[i + 1 : i + 1 + bptt].reshape(-1)
         hidden = tuple(h.detach() for h in hidden)
@@ -88,7 +97,10 @@ def plain_loop(data_root: Path, batch: int, bptt: int, steps: int, warmup: int) 
         nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         for p in model.parameters():
             p.data.add_(p.grad, alpha=-lr)
-    return (time.perf_counter() - start) / steps
+    seconds = (time.perf_counter() - start) / steps
+    if profiler is not None:
+        profiler.disable()
+    return seconds
 
 
 class StepTimer(L.Callback):
@@ -103,15 +115,49 @@ class StepTimer(L.Callback):
     def __init__(self, warmup: int = 20, steps: int = 400) -> None:
         self.warmup, self.steps = warmup, steps
         self.start: float | None = None
+        self.profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.warmup:
             self.start = time.perf_counter()
+            if self.profiler is not None:
+                self.profiler.enable()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.warmup + self.steps and self.start is not None:
-            write_result((time.perf_counter() - self.start) / self.steps)
+            seconds = (time.perf_counter() - self.start) / self.steps
+            if self.profiler is None:
+                write_result(seconds)
+            else:
+                self.profiler.disable()
+                write_result(seconds, profile=top_functions(self.profiler, self.steps))
             trainer.should_stop = True
+
+
+PROFILE_VARIABLE = "FIT_OVERHEAD_PROFILE"  # set by --profile for the worker processes
+PROFILE_ROWS = 25
+
+
+def top_functions(profiler: cProfile.Profile, steps: int, rows: int = PROFILE_ROWS) -> list[dict[str, object]]:
+    """The functions that took the most time of their own (cProfile's tottime) over the profiled steps, per step.
+
+    C functions (a torch op, ``run_backward``) count their whole call; a Python function only its own lines, so
+    the overhead of a framework shows as many small entries, which the total of Python functions sums up."""
+    table = pstats.Stats(profiler).stats  # (file, line, name) -> (primitive calls, calls, tottime, cumtime, callers)
+    entries = []
+    for (file, line, name), (_, calls, own, _, _) in table.items():
+        where = name if file == "~" else f"{_short_path(file)}:{line}({name})"
+        entries.append({"function": where, "calls_per_step": calls / steps, "ms_per_step": own / steps * 1e3})
+    entries.sort(key=lambda entry: -entry["ms_per_step"])
+    python = sum(entry["ms_per_step"] for entry in entries if not entry["function"].startswith(("<", "{")))
+    return [*entries[:rows], {"function": "all Python functions (their own time)", "ms_per_step": python}]
+
+
+def _short_path(file: str) -> str:
+    for marker in ("site-packages/", str(ROOT) + "/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return Path(file).name
 
 
 def write_result(seconds_per_step: float, **extra: object) -> None:
@@ -139,6 +185,8 @@ RATIOS = (
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """One side in a fresh process: tokens per second and the process's peak RSS (bytes)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    if args.profile:
+        env[PROFILE_VARIABLE] = "1"
     if side == FIT_GLIBC_DEFAULTS:
         env["LM_ZOO_MALLOC"] = "default"
     if side in (PLAIN, PLAIN_LM_ZOO_MALLOC):
@@ -166,7 +214,8 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
             "LM_ZOO_MALLOC=default or another C library: see zoo/allocator.py), so both lm-zoo fit sides would "
             "run glibc's; unset them to measure"
         )
-    return {"tokens_per_s": args.batch * args.bptt / result["seconds_per_step"], "peak": result["peak"]}
+    measured = {"tokens_per_s": args.batch * args.bptt / result["seconds_per_step"], "peak": result["peak"]}
+    return measured | ({"profile": result["profile"]} if "profile" in result else {})
 
 
 def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, object]:
@@ -194,6 +243,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-root", type=Path, default=Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead: profile the like-for-like pair (both with lm-zoo's malloc settings) over the timed steps, once "
+        f"each, and write each one's top {PROFILE_ROWS} functions by their own time",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lm-zoo-malloc", action="store_true", help=argparse.SUPPRESS)  # the worker's allocator
     output.add_arguments(parser, NAME)
@@ -206,12 +261,17 @@ def main(argv: list[str] | None = None) -> None:
 
         applied = keep_freed_memory() if args.lm_zoo_malloc else False  # as lm-zoo's start-up does
         torch.set_num_threads(args.threads)
-        seconds = plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup)
-        write_result(seconds, malloc_applied=applied)
+        profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
+        seconds = plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler)
+        extra = {} if profiler is None else {"profile": top_functions(profiler, args.steps)}
+        write_result(seconds, malloc_applied=applied, **extra)
         return
     import torch
 
-    path = output.output_path(args, NAME)
+    if args.profile and args.resume:
+        output.fail("--profile writes a new file: it cannot --resume one")
+    name = PROFILE_NAME if args.profile else NAME
+    path = output.output_path(args, name)
     settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
     settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": output.hardware()}
     stored = output.read(path) if args.resume else {}
@@ -221,6 +281,16 @@ def main(argv: list[str] | None = None) -> None:
         *stored.get("commands", []),
         " ".join(["python", "benchmarks/fit_overhead.py", *(sys.argv[1:] if argv is None else argv)]),
     ]
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            sides = {side: run_side(side, args, Path(tmp) / "result.json") for side in (PLAIN_LM_ZOO_MALLOC, FIT)}
+        output.write(path, {"commands": commands, "settings": settings, "sides": sides})
+        for side, measured in sides.items():
+            print(f"== {side}: {measured['tokens_per_s']:.0f} tokens/s profiled; own time per step:")
+            for entry in measured["profile"]:
+                print(f"  {entry['ms_per_step']:8.3f} ms  {entry['function']}")
+        print(f"wrote {path}")
+        return
     loads = [*stored.get("load_average", []), {"before": os.getloadavg()}]
     rounds: list[dict[str, dict[str, float]]] = list(stored.get("rounds", []))
     with tempfile.TemporaryDirectory() as tmp:

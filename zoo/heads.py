@@ -130,6 +130,16 @@ class SoftmaxHead(nn.Linear):
         super().__init__(input_size, vocab_size)
         self.chunk_logits = chunk_logits
 
+    def forward(self, h: Tensor) -> Tensor:
+        """Logits ``(B, T, V)`` of ``h`` ``(B, T, D)``.
+
+        ``h`` is made contiguous first: a batch-first ``nn.LSTM`` returns its output as a transposed view, and
+        ``F.linear`` folds only a contiguous input into one ``addmm`` with the bias; otherwise it adds the bias in
+        a pass of its own over the logits, the largest tensor of a training step (measured: about 3% of a PTB
+        2 x 200 step, ``python benchmarks/fit_overhead.py --profile``). The copy is of ``h``, V / D times smaller.
+        """
+        return F.linear(h.contiguous(), self.weight, self.bias)
+
     @property
     def output_layer(self) -> nn.Linear:
         """The ``(V, D)`` word-vector layer, the one tied to the input embedding."""
