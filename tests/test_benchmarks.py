@@ -131,3 +131,30 @@ def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, m
     more = json.loads(results.read_text())
     for key, cell in more.items():
         assert cell["settings"] == len(cell["runs"]) == 3 and cell["runs"][:2] == cells[key]["runs"]
+
+
+def test_the_fit_profile_names_each_function_by_its_own_time_per_step() -> None:
+    """``fit_overhead.py --profile``'s table: cProfile's own time per step, largest first, and the Python total."""
+    import cProfile
+
+    from benchmarks import fit_overhead
+
+    def slow_python() -> int:
+        total = 0
+        for i in range(200_000):  # Python lines only: all of it is this function's own time
+            total += i
+        return total
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(4):  # four "steps"
+        slow_python()
+    profiler.disable()
+    rows = fit_overhead.top_functions(profiler, steps=4, rows=3)
+    assert len(rows) <= 4 and rows[-1]["function"].startswith("all Python functions")
+    first = rows[0]
+    assert "slow_python" in first["function"] and first["calls_per_step"] == 1.0
+    assert first["ms_per_step"] > 1  # some 10 ms on this machine; far more than anything else here
+    ranked = [r["ms_per_step"] for r in rows[:-1]]
+    assert ranked == sorted(ranked, reverse=True)
+    assert rows[-1]["ms_per_step"] >= first["ms_per_step"]
