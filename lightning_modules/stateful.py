@@ -230,15 +230,30 @@ class StatefulTraining(L.LightningModule):
         Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
         scaled gradients overflowed.
 
-        Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
-        copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
-        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)"""
-        loss = getattr(self, "_train_loss", None)
+        Where the clipping that follows computes the gradients' norm (:meth:`divergence_checked_when_clipping`), the
+        check waits for it and reads that norm: a second pass over every gradient saved, on each step."""
+        if self.divergence_checked_when_clipping(optimizer):
+            return
         trainer = self._trainer
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
         # A sum is NaN or infinite iff some element is (short of ~1e38 gradients), with no per-element temporary.
         sums = [] if scaled else [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
-        checked = ([loss.float()] if loss is not None else []) + ([torch.stack(sums).sum()] if sums else [])
+        self.check_divergence(torch.stack(sums).sum() if sums else None)
+
+    def divergence_checked_when_clipping(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether this step's gradient clipping computes the gradients' norm and :meth:`check_divergence` runs
+        there; a module whose ``configure_gradient_clipping`` does so says when (here: never)."""
+        return False
+
+    def check_divergence(self, gradients: Tensor | None) -> None:
+        """Raise :class:`TrainingDivergedError` if this step's training loss or ``gradients`` (a scalar that is NaN
+        or infinite iff some gradient is: their sum or their norm; ``None``: not checked) says the run diverged.
+
+        Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
+        copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
+        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)"""
+        loss = getattr(self, "_train_loss", None)
+        checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
         if not checked:
             return
         values = torch.stack(checked)  # (1 or 2,)

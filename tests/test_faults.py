@@ -32,6 +32,7 @@ trainer:
   logger: false
   default_root_dir: {root}
   callbacks: {callbacks}
+  gradient_clip_val: {clip}
 model:
   class_path: lightning_modules.LanguageModel
   init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, dropout: 0.1}}
@@ -56,9 +57,12 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _recipe(workdir: Path, callbacks: str = "[]") -> Path:
+def _recipe(workdir: Path, callbacks: str = "[]", clip: float | None = None) -> Path:
     path = workdir / "recipe.yaml"
-    path.write_text(RECIPE.format(root=workdir / "run", corpus=workdir / "corpus", callbacks=callbacks))
+    clip_value = "null" if clip is None else clip
+    path.write_text(
+        RECIPE.format(root=workdir / "run", corpus=workdir / "corpus", callbacks=callbacks, clip=clip_value)
+    )
     return path
 
 
@@ -188,10 +192,12 @@ class Poison(L.Callback):
         ("updated", "the weights became NaN or infinite by step 6 (epoch 0; model.decoder.weight)", 4),
     ],
 )
+@pytest.mark.parametrize("clip", [None, 0.5])  # with norm clipping the check reads the clipping's norm
 def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
-    workdir: Path, capsys: pytest.CaptureFixture[str], where: str, message: str, saved_step: int
+    workdir: Path, capsys: pytest.CaptureFixture[str], where: str, message: str, saved_step: int, clip: float | None
 ) -> None:
-    recipe = _recipe(workdir, f"[{{class_path: tests.test_faults.Poison, init_args: {{step: 5, where: {where}}}}}]")
+    poison = f"[{{class_path: tests.test_faults.Poison, init_args: {{step: 5, where: {where}}}}}]"
+    recipe = _recipe(workdir, poison, clip)
     code = cli.main(["fit", "--config", str(recipe)])
     # Exit status 1: a failed run, not bad input (TrainingDivergedError.exit_code).
     one_line_error(capsys, code, message, "resume from the last checkpoint", expected_code=1)
@@ -215,3 +221,29 @@ def test_last_checkpoint_defaults_to_every_30_minutes(workdir: Path) -> None:
     default = LastCheckpoint()
     assert default._train_time_interval.total_seconds() == 1800 and default._every_n_train_steps == 0
     assert LastCheckpoint(every_n_train_steps=0)._train_time_interval is None  # 0: no periodic saves
+
+
+def test_with_norm_clipping_the_divergence_check_reads_the_clipping_norm(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No second pass over the gradients where the clipping computes their norm; the other pass where it does not."""
+    from lightning_modules.stateful import StatefulTraining
+
+    checked: list[torch.Tensor | None] = []
+    norms: list[torch.Tensor] = []
+    check, clip_norm = StatefulTraining.check_divergence, torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(StatefulTraining, "check_divergence", lambda self, g: checked.append(g) or check(self, g))
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip_norm(*a, **k)) or norms[-1]
+    )
+    for clip in (0.5, None):
+        checked.clear()
+        norms.clear()
+        run = workdir / f"run-{clip}"
+        overrides = ["--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints")]
+        assert cli.main(["fit", "--config", str(_recipe(workdir, clip=clip)), *overrides]) == 0
+        assert len(checked) == 8  # every step, once
+        if clip is not None:
+            assert all(g is n for g, n in zip(checked, norms, strict=True))
+        else:
+            assert not norms and all(g is not None and g.ndim == 0 for g in checked)
