@@ -170,3 +170,29 @@ def test_the_lightning_module_takes_every_network_argument_with_the_same_default
     assert {name: p.annotation for name, p in network.items()} == {
         name: p.annotation for name, p in module.items() if name not in TRAINING_OPTIONS
     }
+
+
+@pytest.mark.parametrize("architecture", ["lstm", "gru", "mogrifier"])
+def test_generate_samples_what_a_plain_forward_loop_samples(architecture: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate's step (embedding, the stack as one kernel call, the head, for fused stacks) samples the ids a loop of
+    forward, softmax and multinomial draws with the same generator; with and without a stop id, batched."""
+    from zoo.base import RecurrentStack
+
+    torch.manual_seed(0)
+    model = RecurrentLM(20, architecture, 8, 8, num_layers=2).eval()
+    prompt = torch.tensor([[0, 5], [0, 7], [0, 3]])
+    reference_ids, state, generator = [], None, torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        logits, state = model(prompt)
+        for _ in range(25):
+            probs = torch.softmax(logits[:, -1] / 0.8, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            reference_ids.append(token)
+            logits, state = model(token, state)
+    reference = torch.cat(reference_ids, 1).tolist()
+    assert model.generate(prompt, 25, temperature=0.8, generator=torch.Generator().manual_seed(2)) == reference
+    stopped = model.generate(prompt, 25, temperature=0.8, stop_id=4, generator=torch.Generator().manual_seed(2))
+    assert stopped == [row[: row.index(4) + 1] if 4 in row else row for row in reference]
+    assert any(len(row) < 25 for row in stopped)  # some row really stopped
+    monkeypatch.setattr(RecurrentStack, "_merged_kernel", lambda self: None)  # the stack layer by layer
+    assert model.generate(prompt, 25, temperature=0.8, generator=torch.Generator().manual_seed(2)) == reference

@@ -17,7 +17,7 @@ Dropouts act only in training mode; evaluation (``model.eval()``) is determinist
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -469,6 +469,26 @@ class RecurrentLM(nn.Module):
         finally:
             self.train(was_training)
 
+    def _sampling_step(self, like: Tensor) -> Callable[[Tensor, State], tuple[Tensor, State]]:
+        """One token's next scores ``(B, V)`` and state: ``forward`` of a ``(B, 1)`` window, or, where the stack runs
+        as one kernel call (:meth:`zoo.base.RecurrentStack._merged_kernel`), embedding, that call and the head
+        directly. A sampling step at batch 1 takes a few hundred microseconds, and the module calls and checks around
+        the kernel took some 2% of them; the outputs are the same bits (``tests/test_language_model.py``)."""
+        merged = self.rnn._merged_kernel() if self.projection is None and self.rnn._merged_kernel_runs(like) else None
+
+        def general(token: Tensor, state: State) -> tuple[Tensor, State]:
+            scores, state = self(token, state)
+            return scores[:, -1], state
+
+        if merged is None:
+            return general
+
+        def fused(token: Tensor, state: State) -> tuple[Tensor, State]:
+            y, final = merged(self.embedding(token), state if len(state) > 1 else state[0])  # (B, 1, H)
+            return self.decoder(y)[:, -1], final if isinstance(final, tuple) else (final,)
+
+        return fused
+
     @torch.no_grad()
     def generate(
         self,
@@ -494,23 +514,28 @@ class RecurrentLM(nn.Module):
         """
         if temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {temperature}")
+        step = self._sampling_step(prompt)
         logits, state = self(prompt)
         logits = logits[:, -1]  # (B, V)
-        samples: list[list[int]] = [[] for _ in range(prompt.size(0))]
+        # multinomial draws from a CPU generator; on the CPU nothing moves. Without a stop_id nothing needs the ids on
+        # the host before the end: one copy then, rather than one per step.
+        on_host = prompt.device.type == "cpu"
+        tokens: list[Tensor] = []  # (B, 1) each
         done = [False] * prompt.size(0)
         for _ in range(max_new_tokens):
-            logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-            if top_k is not None and top_k < logits.size(-1):
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            token = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompt.device)  # (B, 1)
-            for row, value in enumerate(token.flatten().tolist()):  # one host copy per step
-                if not done[row]:
-                    samples[row].append(value)
-                    done[row] = value == stop_id
-            if all(done):
-                break
-            logits, state = self(token, state)
-            logits = logits[:, -1]
-        return samples
+            scores = logits if temperature == 1.0 else logits.float() / temperature
+            if top_k is not None and top_k < scores.size(-1):
+                kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+            token = torch.multinomial(probs if on_host else probs.cpu(), 1, generator=generator)  # (B, 1)
+            tokens.append(token)
+            if stop_id is not None:
+                done = [d or value == stop_id for d, value in zip(done, token.flatten().tolist(), strict=True)]
+                if all(done):
+                    break
+            logits, state = step(token if on_host else token.to(prompt.device), state)
+        rows = torch.cat(tokens, 1).tolist() if tokens else [[] for _ in range(prompt.size(0))]
+        if stop_id is not None:  # a row ends at its first stop_id (kept)
+            rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
+        return rows
