@@ -251,23 +251,29 @@ class LanguageModel(StatefulTraining):
         # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
         # predicted tokens would cost a device synchronisation (train_nll above weighs by that count exactly).
         window = batch.targets.numel()
-        self.log("train_loss", loss, prog_bar=True, batch_size=window)
+        logs = self.logs_this_training_step(batch_idx)
+        if logs:
+            self.log("train_loss", loss, prog_bar=True, batch_size=window)
         # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
         if self.ar > 0:
             ar = self.activation_regularization(dropped)
-            self.log("train_ar", ar, batch_size=window)
+            if logs:
+                self.log("train_ar", ar, batch_size=window)
             loss = loss + ar
         if self.tar > 0:
             tar = self.temporal_activation_regularization(raw, batch.reset)
-            self.log("train_tar", tar, batch_size=window)
+            if logs:
+                self.log("train_tar", tar, batch_size=window)
             loss = loss + tar
         # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
         extra = self.model.rnn.regularization_loss()
         if extra is not None:
-            self.log("train_cell_loss", extra, batch_size=window)
+            if logs:
+                self.log("train_cell_loss", extra, batch_size=window)
             loss = loss + extra
-        for name, value in self.model.rnn.statistics().items():
-            self.log(f"train_{name}", value, batch_size=window)
+        if logs:
+            for name, value in self.model.rnn.statistics().items():
+                self.log(f"train_{name}", value, batch_size=window)
         return loss
 
     def window_nll(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor]:

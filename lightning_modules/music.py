@@ -108,7 +108,8 @@ class MusicModel(StatefulTraining):
         loss = total / count.clamp(min=1)  # mean nats per predicted frame
         self._train_loss = loss.detach()  # for the divergence guard (StatefulTraining.on_before_optimizer_step)
         self.metrics["train_nll"].update(loss.detach(), weight=count)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch.mask.numel())
+        if self.logs_this_training_step(batch_idx):
+            self.log("train_loss", loss, prog_bar=True, batch_size=batch.mask.numel())
         return loss
 
     def log_epoch_figures(self, stage: str, loss: Tensor) -> None:

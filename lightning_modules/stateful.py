@@ -240,6 +240,19 @@ class StatefulTraining(L.LightningModule):
         sums = [] if scaled else [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
         self.check_divergence(torch.stack(sums).sum() if sums else None)
 
+    def logs_this_training_step(self, batch_idx: int) -> bool:
+        """Whether this training step logs its per-step figures (``train_loss`` and the like): the first step, and
+        the steps at which Lightning writes its logs (every ``trainer.log_every_n_steps``, and a stopping one).
+
+        Each ``self.log`` call costs Lightning's bookkeeping, some 0.6 ms (measured on the PTB 2 x 200 LSTM's 63 ms
+        step), and between those steps nothing reads a per-step value but the progress bar, which shows the last one
+        logged. With ``log_every_n_steps: 0`` every step logs, as before."""
+        trainer = self._trainer
+        if trainer is None or batch_idx == 0 or trainer.log_every_n_steps == 0:
+            return True
+        # Lightning's own rule for writing step logs (a private attribute: lightning < 2.7 is pinned).
+        return bool(trainer._logger_connector.should_update_logs)
+
     def divergence_checked_when_clipping(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this step's gradient clipping computes the gradients' norm and :meth:`check_divergence` runs
         there; a module whose ``configure_gradient_clipping`` does so says when (here: never)."""

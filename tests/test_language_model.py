@@ -196,3 +196,28 @@ def test_generate_samples_what_a_plain_forward_loop_samples(architecture: str, m
     assert any(len(row) < 25 for row in stopped)  # some row really stopped
     monkeypatch.setattr(RecurrentStack, "_merged_kernel", lambda self: None)  # the stack layer by layer
     assert model.generate(prompt, 25, temperature=0.8, generator=torch.Generator().manual_seed(2)) == reference
+
+
+@pytest.mark.parametrize(("every", "expected"), [(3, [0, 2, 5, 8]), (0, list(range(11)))])
+def test_training_figures_are_logged_at_the_steps_lightning_writes_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int, expected: list[int]
+) -> None:
+    """self.log costs Lightning's bookkeeping every call: the first step and every log_every_n_steps (the steps a
+    logger writes) log train_loss; log_every_n_steps 0 logs every step."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    dm = TextDataModule(str(write_word_corpus(tmp_path, "0")), batch_size=2, bptt=5)
+    model = _tiny_model(vocab=dm.vocab_size)
+    model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=1.0)  # LightningCLI's job in lm-zoo
+    logged: list[int] = []
+    original = LanguageModel.log
+    monkeypatch.setattr(
+        LanguageModel,
+        "log",
+        lambda self, name, *a, **k: (
+            (logged.append(self.global_step) if name == "train_loss" else None) or original(self, name, *a, **k)
+        ),
+    )
+    trainer = quiet_trainer(max_steps=11, limit_val_batches=0, log_every_n_steps=every)
+    trainer.fit(model, dm)
+    assert logged == expected
+    assert "train_loss" in trainer.callback_metrics
