@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         with tempfile.TemporaryDirectory() as tmp:
             sides = {side: run_side(side, args, Path(tmp) / "result.json") for side in (PLAIN_LM_ZOO_MALLOC, FIT)}
-        output.write(path, {"commands": commands, "settings": settings, "sides": sides})
+        output.write(path, {"commands": commands, "commit": output.commit(), "settings": settings, "sides": sides})
         for side, measured in sides.items():
             print(f"== {side}: {measured['tokens_per_s']:.0f} tokens/s profiled; own time per step:")
             for entry in measured["profile"]:

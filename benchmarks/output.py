@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser, name: str, resumable: bool = 
             action="store_true",
             help=f"continue --out (default: the committed {name}.json) instead of starting a new file",
         )
+
+
+def commit() -> str:
+    """The checkout's commit (12 digits), ``-dirty`` with uncommitted changes to tracked files; ``unknown`` outside
+    git: which code a result measured."""
+    root = RESULTS.parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def fail(message: str) -> NoReturn:

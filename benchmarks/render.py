@@ -391,6 +391,36 @@ def fit_overhead() -> str:
     return "\n".join(lines)
 
 
+def fit_profile(rows: int = 10) -> str:
+    """``benchmarks/fit_overhead.py --profile`` before and after the changes it guided: where a step of each
+    like-for-like side goes, by cProfile's own time per step."""
+    runs = {
+        label: _load(name) for label, name in (("before", "fit_profile_before.json"), ("after", "fit_profile.json"))
+    }
+    lines = []
+    for label, result in runs.items():
+        sides = result["sides"]
+        speeds = ", ".join(f"{side} {measured['tokens_per_s']:,.0f}" for side, measured in sides.items())
+        lines += [
+            f"{label.capitalize()}: `{result['commands'][-1]}` at {result['commit']}; tokens/s while profiled: "
+            f"{speeds}.",
+            "",
+        ]
+    lines += ["| lm-zoo fit, own time per step (ms) | before | after |", "|---|---:|---:|"]
+    before, after = (
+        {e["function"]: e["ms_per_step"] for e in r["sides"]["lm-zoo fit"]["profile"]} for r in runs.values()
+    )
+    python = "all Python functions (their own time)"
+    ranked = [f for f in before if f != python][:rows]
+    ranked += [f for f in after if f != python and f not in ranked][: max(0, rows + 3 - len(ranked))]
+    for function in [*ranked, python]:
+        cells = [f"{table[function]:.3f}" if function in table else "" for table in (before, after)]
+        lines.append(_row([f"`{function}`" if function != python else function, *cells]))
+    plain = [r["sides"]["plain loop, lm-zoo's malloc settings"]["profile"][-1]["ms_per_step"] for r in runs.values()]
+    lines.append(_row(["the plain loop's Python functions, for comparison", *(f"{v:.3f}" for v in plain)]))
+    return "\n".join(lines)
+
+
 def quantize_int8() -> str:
     """``benchmarks/quantize.py``: float32 against ``--quantize int8``, scoring and sampling at batch 1, in one run."""
     result = _load("quantize_int8.json")
@@ -562,6 +592,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "parse": parse,
     "syneval": syneval,
     "fit-overhead": fit_overhead,
+    "fit-profile": fit_profile,
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
 }
