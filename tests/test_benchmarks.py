@@ -158,3 +158,14 @@ def test_the_fit_profile_names_each_function_by_its_own_time_per_step() -> None:
     ranked = [r["ms_per_step"] for r in rows[:-1]]
     assert ranked == sorted(ranked, reverse=True)
     assert rows[-1]["ms_per_step"] >= first["ms_per_step"]
+
+
+def test_xml_nesting_splits_closing_tags_by_how_far_back_their_tag_opened() -> None:
+    from benchmarks import xml_nesting
+
+    text = "<ab></ab><cd><ef></ef></xx><gh>" + "<ij></ij>" * 12 + "</gh></zz>"
+    # </ab> at once (right); </ef> at once (right); </xx> closes cd after <ef></ef> (9 characters, wrong); the 12
+    # <ij></ij> at once (right); </gh> after 12 elements (108 characters, right); </zz> with nothing open: not counted.
+    assert xml_nesting.closing_tags_by_span(text) == [(0, True), (0, True), (9, False), *[(0, True)] * 12, (108, True)]
+    rows = xml_nesting.by_span([text, "<a></b>"])
+    assert [(r["closing_tags"], r["matched"]) for r in rows] == [(15, 14), (1, 0), (0, 0), (1, 1)]
