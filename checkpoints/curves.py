@@ -45,8 +45,8 @@ class RunLog:
         train_loss: ``(step, loss)`` of the logged training windows (nats per token, or per frame).
         valid: ``(step, figure)`` after each validation, under ``valid_tag``: perplexity, bits per character
             (``val_bpc``), or a music model's NLL per frame.
-        wall_time: seconds between each directory's first and last event, summed (time between resumptions is left
-            out).
+        wall_time: seconds between the first and last event of each events file, summed (time between resumptions
+            is left out, also where a resumed run logged on into the same directory).
         steps: training steps run (Lightning logs a step's index, from 0).
         epochs: epochs begun (Lightning logs the epoch index with the training loss).
         valid_tag: the tag ``valid`` was read from.
@@ -58,6 +58,21 @@ class RunLog:
     steps: int = 0
     epochs: int = 0
     valid_tag: str = VALID_TAG
+
+
+def _training_span(directory: Path, valid_tag: str) -> float:
+    """Seconds between the first and last training or validation event of each events file in ``directory``,
+    summed: a run resumed with ``--ckpt_path last`` logs on into the same directory, in a file of its own, and the
+    time between the two runs is no training time."""
+    files = sorted(directory.glob("events.out.tfevents.*")) or [directory]
+    total = 0.0
+    for file in files:
+        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = events.Tags().get("scalars", [])
+        times = [e.wall_time for tag in (TRAIN_TAG, valid_tag) if tag in tags for e in events.Scalars(tag)]
+        total += max(times) - min(times) if times else 0.0
+    return total
 
 
 def read_run(directories: Sequence[Path], valid_tag: str | Sequence[str] = VALID_TAG) -> RunLog:
@@ -80,16 +95,15 @@ def read_run(directories: Sequence[Path], valid_tag: str | Sequence[str] = VALID
         tags = events.Tags().get("scalars", [])
         if TRAIN_TAG not in tags:
             raise CheckpointError(f"{directory} holds no TensorBoard events with {TRAIN_TAG}: pass the run's log dir")
-        accumulators.append((events, tags))
-    logged = {tag for _, tags in accumulators for tag in tags}
+        accumulators.append((directory, events, tags))
+    logged = {tag for _, _, tags in accumulators for tag in tags}
     log = RunLog(valid_tag=next((tag for tag in wanted if tag in logged), wanted[0]))
-    for events, tags in accumulators:
+    for directory, events, tags in accumulators:
         train = events.Scalars(TRAIN_TAG)
         valid = events.Scalars(log.valid_tag) if log.valid_tag in tags else []
         log.train_loss += [(e.step, e.value) for e in train]
         log.valid += [(e.step, e.value) for e in valid]
-        times = [e.wall_time for e in train + valid]
-        log.wall_time += max(times) - min(times)
+        log.wall_time += _training_span(Path(directory), log.valid_tag)
         log.steps = max([log.steps] + [e.step + 1 for e in train + valid])
         if "epoch" in tags:
             log.epochs = max([log.epochs] + [int(e.value) + 1 for e in events.Scalars("epoch")])

@@ -282,3 +282,21 @@ def test_publish_every_bundled_model_then_download_without_the_bundle(
     # A model the Hub does not have and no bundle: one line that says so.
     hub.repos.pop("lm-zoo/tiny")
     one_line_error(capsys, cli.main(["evaluate", "tiny"]), "tiny is not bundled with this installation")
+
+
+def test_wall_time_leaves_out_the_pause_of_a_run_resumed_into_the_same_log_directory(tmp_path: Path) -> None:
+    """``--ckpt_path last`` logs on into the run's directory, in an events file of its own: the wall time sums each
+    file's span, not the directory's (which would count the hours between the two runs)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from checkpoints.curves import read_run
+
+    for start, steps in ((1_000.0, range(0, 5)), (9_000.0, range(5, 10))):  # 8,000 s apart, 40 s of training each
+        writer = SummaryWriter(str(tmp_path), filename_suffix=f".{int(start)}")
+        for step in steps:
+            writer.add_scalar("train_loss", 1.0, step, walltime=start + 10 * (step % 5))
+        writer.add_scalar("val_ppl", 2.0, steps[-1], walltime=start + 40)
+        writer.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    log = read_run([tmp_path])
+    assert log.wall_time == pytest.approx(80.0) and log.steps == 10
