@@ -64,10 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     path = output.output_path(args, NAME)
 
-    from checkpoints import load
+    from checkpoints import LMZooError, load
     from checkpoints.bundle import SAMPLE_SEED, XML_MAX_TOKENS, XML_SAMPLES
 
-    loaded = load(args.source)
+    try:
+        loaded = load(args.source)
+    except LMZooError as error:  # a source that is not a model: lm-zoo's own one line, as its commands say it
+        output.fail(str(error))
     texts, temperature = loaded.sample("", XML_SAMPLES, XML_MAX_TOKENS, seed=SAMPLE_SEED)
     rows = by_span(texts)
     command = " ".join(["python", "benchmarks/xml_nesting.py", *(sys.argv[1:] if argv is None else argv)])

@@ -351,7 +351,7 @@ class LanguageModel(StatefulTraining):
         those are clipped by :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule). Where
         :meth:`divergence_checked_when_clipping`, the divergence check reads the norm the clipping computed."""
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        if self.divergence_checked_when_clipping(optimizer):
+        if self.__dict__.pop("_divergence_check_at_clipping", False):  # on_before_optimizer_step's decision
             # What Lightning's Precision.clip_grad_by_norm calls, with the norm it drops kept: NaN or infinite iff
             # some gradient is (or the squares overflow float32, ~1e19, which is divergence all the same).
             self.check_divergence(torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val))

@@ -232,7 +232,9 @@ class StatefulTraining(L.LightningModule):
 
         Where the clipping that follows computes the gradients' norm (:meth:`divergence_checked_when_clipping`), the
         check waits for it and reads that norm: a second pass over every gradient saved, on each step."""
-        if self.divergence_checked_when_clipping(optimizer):
+        # Decided once per step: the clipping hook checks exactly when this one did not.
+        self._divergence_check_at_clipping = self.divergence_checked_when_clipping(optimizer)
+        if self._divergence_check_at_clipping:
             return
         trainer = self._trainer
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
