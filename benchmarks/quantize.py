@@ -5,6 +5,9 @@ perplexity each side reports) and sampling tokens/s (batch 1, seeded). Writes a 
 
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --sample-tokens 500
+
+``--register`` also writes each model's int8 test figure into the registry (its ``int8_results``, which ``make
+verify-pretrained`` re-measures), as a rebuilt bundle (``lm-zoo bundle build``) leaves them out.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import checkpoints  # noqa: E402
 from benchmarks import output  # noqa: E402
+from checkpoints import registry  # noqa: E402
 from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
 from zoo.quantization import quantize_int8  # noqa: E402
 
@@ -54,11 +59,19 @@ def _sampling(model: torch.nn.Module, start_id: int, tokens: int, seed: int) -> 
     return {"tokens": len(sampled[0]), "seconds": seconds, "tokens_per_s": len(sampled[0]) / seconds}
 
 
+def _register(name: str, scoring: dict[str, float]) -> None:
+    """``name``'s int8 test figure, as measured here at eval batch 1, into its registry entry."""
+    figure = {"ppl": scoring["ppl"], "eval_batch_size": 1, "bptt": scoring["bptt"], "tokens": scoring["tokens"]}
+    registry.write_entry(replace(registry.load_registry()[name], int8_results={"test": figure}))
+    print(f"{name}: int8 test perplexity {scoring['ppl']:.4f} written to {registry.registry_path()}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=MODELS)
     parser.add_argument("--sample-tokens", type=int, default=2000, help="tokens sampled per side")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--register", action="store_true", help="write each int8 test figure into the registry")
     output.add_arguments(parser, NAME, resumable=False)
     args = parser.parse_args(argv)
     path = output.output_path(args, NAME)
@@ -82,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         row["sampling_speedup"] = row["int8"]["sampling"]["tokens_per_s"] / row["float32"]["sampling"]["tokens_per_s"]
         row["ppl_change"] = row["int8"]["scoring"]["ppl"] / row["float32"]["scoring"]["ppl"] - 1
         rows.append(row)
+        if args.register:
+            _register(name, row["int8"]["scoring"])
     output.write(
         path,
         {

@@ -169,3 +169,25 @@ def test_xml_nesting_splits_closing_tags_by_how_far_back_their_tag_opened() -> N
     assert xml_nesting.closing_tags_by_span(text) == [(0, True), (0, True), (9, False), *[(0, True)] * 12, (108, True)]
     rows = xml_nesting.by_span([text, "<a></b>"])
     assert [(r["closing_tags"], r["matched"]) for r in rows] == [(15, 14), (1, 0), (0, 0), (1, 1)]
+
+
+def test_quantize_registers_the_int8_figure_it_measured_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``benchmarks/quantize.py --register``: a rebuilt bundle's entry has no int8 figure until this writes one."""
+    from benchmarks import quantize
+    from checkpoints import registry
+
+    path = tmp_path / "registry.json"
+    path.write_text(registry.DEFAULT_PATH.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setenv("LM_ZOO_REGISTRY", str(path))
+    before = registry.load_registry()
+    quantize._register("ptb-lstm-medium", {"ppl": 82.5, "bptt": 35, "tokens": 82430, "seconds": 1.0})
+    after = registry.load_registry()
+    assert after["ptb-lstm-medium"].int8_results == {
+        "test": {"ppl": 82.5, "eval_batch_size": 1, "bptt": 35, "tokens": 82430}
+    }
+    assert after["ptb-lstm-medium"].int8_results != before["ptb-lstm-medium"].int8_results
+    assert {n: e for n, e in after.items() if n != "ptb-lstm-medium"} == {
+        n: e for n, e in before.items() if n != "ptb-lstm-medium"
+    }
