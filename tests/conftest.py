@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import pytest
 
 from zoo import settings
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+SHARED_DATA = ROOT.parent / "shared" / "data"
 # Fixed when the session starts: tests that point $LM_ZOO_DATA elsewhere for a while do not move it.
 DATA_ROOT = Path(os.environ["LM_ZOO_DATA"]).expanduser() if os.environ.get("LM_ZOO_DATA") else SHARED_DATA
 
@@ -65,6 +67,30 @@ def write_word_corpus(directory: Path, seed: str, words: int = 40) -> Path:
         )
         (directory / f"{split}.txt").write_text(text)
     return directory
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous or a process group)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def subprocess_environment(tmp_path: Path) -> dict[str, str]:
+    """The environment of an ``lm-zoo`` run a test starts: its own corpus cache, this checkout (and the tests'
+    helper classes) importable in every rank, one thread so that every run sums in the same order."""
+    env = dict(os.environ)
+    env["LM_ZOO_CACHE"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def ddp_workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, str]]:
+    """A module's folder, the small word corpus its multi-process runs train on, and their environment."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    return tmp_path, write_word_corpus(tmp_path / "corpus", "ddp", words=60), subprocess_environment(tmp_path)
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: str, expected_code: int = 2) -> str:

@@ -26,10 +26,9 @@ import torch.nn.functional as F
 
 import cli
 from lightning_modules.resume import RESUME_KEY, keyed_by_rank, rank_state
-from tests.conftest import write_word_corpus
+from tests.conftest import ROOT
 from zoo.errors import CheckpointError, TrainingDivergedError
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 180  # seconds: a hung rank (the bug this file guards against) fails the test instead of blocking it
 
 RECIPE = """
@@ -149,14 +148,6 @@ def _recipe(directory: Path, corpus: Path, *callbacks: str, max_steps: int = MAX
     return recipe
 
 
-def _environment(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["LM_ZOO_CACHE"] = str(tmp_path / "cache")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # the helpers above, for both ranks
-    env["OMP_NUM_THREADS"] = "1"  # every run sums in the same order
-    return env
-
-
 def _start(recipe: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     """``lm-zoo fit`` on 2 ranks in its own session (rank 1 joins it), stderr captured, stdout to a log."""
     log = open(recipe.with_suffix(".log"), "a")  # noqa: SIM115 (closed with the process)
@@ -193,15 +184,9 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, str]]:
-    tmp_path = tmp_path_factory.mktemp("ddp")
-    return tmp_path, write_word_corpus(tmp_path / "corpus", "ddp", words=60), _environment(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(workspace: tuple[Path, Path, dict[str, str]]) -> Path:
+def uninterrupted(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     """An uninterrupted 2-process run, recording each rank's first draws; its directory."""
-    tmp_path, corpus, env = workspace
+    tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "uninterrupted"
     _fit(_recipe(run, corpus, _callback("RecordDraws", directory=run / "draws")), env)
     return run
@@ -218,9 +203,9 @@ def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted:
 
 
 def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_ranks(
-    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]]
+    uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
-    tmp_path, corpus, _ = workspace
+    tmp_path, corpus, _ = ddp_workspace
     run = tmp_path / "one_process_draws"
     recipe = _recipe(run, corpus, _callback("RecordDraws", directory=run / "draws"), max_steps=1)
     one_process = ["--trainer.devices=1", "--trainer.strategy=auto", "--data.init_args.batch_size=8"]
@@ -230,9 +215,9 @@ def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_
 
 
 def test_a_killed_two_process_run_resumes_bit_for_bit(
-    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]]
+    uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
-    tmp_path, corpus, env = workspace
+    tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "killed"
     recipe = _recipe(run, corpus, _callback("PauseAt", step=KILL_AT_STEP, marker=run / "paused"))
     process = _start(recipe, env)
@@ -267,9 +252,9 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(
 
 
 def test_a_checkpoint_resumes_only_in_the_world_size_that_wrote_it(
-    uninterrupted: Path, workspace: tuple[Path, Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+    uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tmp_path, corpus, _ = workspace
+    tmp_path, corpus, _ = ddp_workspace
     recipe = _recipe(tmp_path / "one_process", corpus, max_steps=MAX_STEPS + 2)
     code = cli.main(
         [
@@ -299,8 +284,10 @@ def test_rank_state_reads_both_layouts() -> None:
         rank_state(keyed, rank=3, world_size=4)
 
 
-def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(workspace: tuple[Path, Path, dict[str, str]]) -> None:
-    tmp_path, corpus, env = workspace
+def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
+    ddp_workspace: tuple[Path, Path, dict[str, str]],
+) -> None:
+    tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "diverging"
     recipe = _recipe(
         run, corpus, _callback("DivergeOn", rank=1, step=DIVERGE_AT_STEP, value=1.0e4, directory=run / "raised")

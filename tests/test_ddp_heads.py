@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+
+from tests.conftest import free_port
 
 CUTOFFS = [10, 14]  # head: <eos>, <unk> and the 8 frequent words; clusters: rare words 10-13 and 14-17
 BPTT = 10
@@ -114,12 +115,6 @@ def test_adaptive_head_trains_under_ddp_with_a_tail_cluster_empty_on_one_rank(
 VOCAB = 1000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _count_broadcasts(rank: int, port: int, results: Any) -> None:
     """One rank: bytes DDP broadcasts at wrapping and per forward, for the NCE language model and for a control
     module that has a buffer (BatchNorm's running statistics)."""
@@ -170,7 +165,7 @@ def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     workers = [context.Process(target=_count_broadcasts, args=(rank, port, results)) for rank in range(2)]
     for worker in workers:
         worker.start()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +29,8 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 import cli
 from commands.common import user_error
 from lightning_modules.resume import RESUME_KEY
-from tests.conftest import write_word_corpus
-from tests.test_ddp import MAX_STEPS, ROOT, _environment, _read, _recipe
+from tests.conftest import ROOT, free_port
+from tests.test_ddp import MAX_STEPS, _read, _recipe
 from zoo.errors import ConfigError
 
 TIMEOUT = 120  # seconds per run: a launcher left waiting at the rendezvous fails the test instead of blocking it
@@ -66,12 +65,6 @@ def _record_placement(directory: Path) -> str:
     return f"    - class_path: tests.test_multinode.RecordPlacement\n      init_args: {{directory: {directory}}}\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _wait(processes: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
     """Wait for every launcher; past :data:`TIMEOUT`, stop them (SIGTERM: torchrun stops its workers, which run in
     sessions of their own) and fail with the end of each log."""
@@ -97,15 +90,9 @@ def _placements(run: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, str]]:
-    tmp_path = tmp_path_factory.mktemp("multinode")
-    return tmp_path, write_word_corpus(tmp_path / "corpus", "ddp", words=60), _environment(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def one_node(workspace: tuple[Path, Path, dict[str, str]]) -> Path:
+def one_node(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     """Two processes on one node, started by Lightning's own DDP launcher; the run's directory."""
-    tmp_path, corpus, env = workspace
+    tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "one_node"
     recipe = _recipe(run, corpus, _record_placement(run / "placement"))
     log = run / "fit.log"
@@ -124,17 +111,17 @@ def one_node(workspace: tuple[Path, Path, dict[str, str]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(workspace: tuple[Path, Path, dict[str, str]]) -> Path:
+def two_nodes(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     """Two ``torchrun`` launchers of one process each, meeting at a c10d rendezvous on 127.0.0.1; the run's
     directory (``node_<n>.log`` is launcher n's output, whichever global rank it got)."""
-    tmp_path, corpus, env = workspace
+    tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "two_nodes"
     recipe = _recipe(run, corpus, _record_placement(run / "placement"))
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # what the torchrun console script runs
     launcher = [
         *torchrun,
         *("--nnodes", "2", "--nproc-per-node", "1"),
-        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "lm-zoo-test"),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "lm-zoo-test"),
         *("-m", "cli", "fit", "--config", str(recipe), "--trainer.num_nodes", "2", *FIT_ON_ONE_DEVICE_PER_NODE),
     ]
     processes, logs = [], []
@@ -188,11 +175,11 @@ def test_two_nodes_end_bit_for_bit_where_two_processes_on_one_node_end(one_node:
 def test_two_nodes_validate_as_two_processes_on_one_node(
     one_node: Path,
     two_nodes: Path,
-    workspace: tuple[Path, Path, dict[str, str]],
+    ddp_workspace: tuple[Path, Path, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(workspace[0] / "cache"))
+    monkeypatch.setenv("LM_ZOO_CACHE", str(ddp_workspace[0] / "cache"))
     figures = {}
     for run in (one_node, two_nodes):
         assert cli.main(["evaluate", str(run / "checkpoints" / "last.ckpt"), "--split", "valid", "--json"]) == 0
