@@ -449,6 +449,36 @@ def quantize_int8() -> str:
     return "\n".join(lines)
 
 
+def xml_nesting() -> str:
+    """``benchmarks/xml_nesting.py synthetic-xml-lstm``: its sampled closing tags by how far back their tag opened, and
+    its bits per character of generated documents by what the character is."""
+    result = _load("xml_nesting_synthetic-xml-lstm.json")
+    lines = [
+        f"`{result['command']}`: {result['samples']} samples of at most {result['max_tokens']} characters (seed "
+        f"{result['seed']}, temperature {result['temperature']}), as the card counts them:",
+        "",
+        "| closing tag, characters since its tag opened | closing tags | closing the innermost open tag |",
+        "|---|---:|---:|",
+    ]
+    for row in result["rows"]:
+        share = f"{row['matched'] / row['closing_tags']:.1%}" if row["closing_tags"] else "—"
+        lines.append(_row([row["span"], f"{row['closing_tags']:,}", f"{row['matched']:,} ({share})"]))
+    total = sum(row["share"] for row in result["bits"])
+    lines += [
+        "",
+        f"Its bits on {result['documents']} fresh generator documents (seed {result['seed_documents']}): "
+        f"{total:.3f} bits per character in all.",
+        "",
+        "| character | characters | bits each | bits per character of the whole text |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in result["bits"]:
+        lines.append(
+            _row([row["role"], f"{row['characters']:,}", f"{row['bits_per_char']:.3f}", f"{row['share']:.3f}"])
+        )
+    return "\n".join(lines)
+
+
 def inference_overhead() -> str:
     """``benchmarks/inference_overhead.py``: ``lm-zoo evaluate`` (whole process) and ``RecurrentLM.generate`` against
     plain PyTorch loops over the same weights."""
@@ -595,6 +625,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "fit-profile": fit_profile,
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
+    "xml-nesting": xml_nesting,
 }
 
 

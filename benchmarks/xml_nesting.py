@@ -10,12 +10,20 @@ more (one or more whole elements between, so the name had to be kept while other
     python benchmarks/xml_nesting.py synthetic-xml-lstm
     python benchmarks/xml_nesting.py runs/synthetic/xml-lstm-wide/lightning_logs/version_0/checkpoints/best.ckpt
 
-It prints the table and writes a new results file (``--out``; see benchmarks/output.py).
+Where the model's bits go on the generator's own documents (``--documents``, fresh from a seed the training text did
+not use) tells why: each character's bits under the model, by what the character is. A closing tag's name (and its
+``>``) has no entropy in the generator, so every bit spent there is the model not knowing which tag is open; an
+opening tag's letters are uniform (log2 26 = 4.70 bits each); the rest (``<``, ``/``, ``>``, the end of a line) are
+the generator's open/close decisions and the name lengths.
+
+It prints both tables and writes a new results file (``--out``; see benchmarks/output.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import re
 import sys
 from pathlib import Path
@@ -29,6 +37,7 @@ from benchmarks import output  # noqa: E402
 NAME = "xml_nesting"
 SPANS = ((0, 1, "0: closed right after opening"), (1, 30, "1-29 characters"), (30, 100, "30-99"), (100, None, "100+"))
 TAG = re.compile(r"<(/?)([a-z]+)>")
+ROLES = ["opening name", "structure", *(f"closing name {label}" for _, _, label in SPANS)]  # the tables' order
 
 
 def closing_tags_by_span(text: str) -> list[tuple[int, bool]]:
@@ -57,9 +66,57 @@ def by_span(texts: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def character_roles(document: str) -> list[str]:
+    """What each character of one generated document is: ``opening name``, ``closing name <span>`` (the name and its
+    ``>``, by the :data:`SPANS` label of how far back its tag opened) or ``structure`` (everything else)."""
+    roles = ["structure"] * len(document)
+    open_ends: list[int] = []
+    for match in TAG.finditer(document):
+        slash, _ = match.groups()
+        if not slash:
+            open_ends.append(match.end())
+            roles[match.start(2) : match.end(2)] = ["opening name"] * len(match.group(2))
+            continue
+        span = match.start() - open_ends.pop()
+        label = next(label for low, high, label in SPANS if span >= low and (high is None or span < high))
+        roles[match.start(2) : match.end()] = [f"closing name {label}"] * (match.end() - match.start(2))
+    return roles
+
+
+def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]:
+    """The model's bits per character of ``documents`` fresh generator documents (one line each, read as one stream
+    from a line start), per :func:`character_roles` role; ``share`` is the role's bits over all characters."""
+    import torch
+
+    from datamodules.synthetic import xml_document
+
+    rng = random.Random(seed)
+    texts = [xml_document(rng) for _ in range(documents)]
+    roles = [role for text in texts for role in [*character_roles(text), "structure"]]  # "structure": the newline
+    targets = torch.as_tensor(loaded.tokenizer.encode_text("".join(text + "\n" for text in texts)), dtype=torch.long)
+    inputs = torch.cat([torch.tensor([loaded.tokenizer.bos_id]), targets[:-1]])  # (N,)
+    with torch.no_grad():
+        nats, _ = loaded.model.eval().token_nll(inputs.unsqueeze(0), targets.unsqueeze(0))  # (1, N)
+    bits = (nats[0] / math.log(2)).tolist()
+    totals: dict[str, list[float]] = {}
+    for role, value in zip(roles, bits, strict=True):
+        totals.setdefault(role, []).append(value)
+    return [
+        {
+            "role": role,
+            "characters": len(values),
+            "bits_per_char": sum(values) / len(values),
+            "share": sum(values) / len(bits),
+        }
+        for role, values in sorted(totals.items(), key=lambda item: ROLES.index(item[0]))
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="a registered name, an export directory or a .ckpt")
+    parser.add_argument("--documents", type=int, default=300, help="generator documents for the bits per role")
+    parser.add_argument("--seed", type=int, default=12345, help="their generator seed (the corpus's splits use 0)")
     output.add_arguments(parser, NAME, resumable=False)
     args = parser.parse_args(argv)
     path = output.output_path(args, NAME)
@@ -75,10 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = by_span(texts)
     command = " ".join(["python", "benchmarks/xml_nesting.py", *(sys.argv[1:] if argv is None else argv)])
     settings = {"samples": XML_SAMPLES, "max_tokens": XML_MAX_TOKENS, "seed": SAMPLE_SEED, "temperature": temperature}
-    output.write(path, {"command": command, "source": args.source, **settings, "rows": rows})
+    bits = bits_by_role(loaded, args.documents, args.seed)
+    documents = {"documents": args.documents, "seed_documents": args.seed}
+    output.write(path, {"command": command, "source": args.source, **settings, "rows": rows, "bits": bits, **documents})
     for row in rows:
         share = f"{row['matched'] / row['closing_tags']:.1%}" if row["closing_tags"] else "-"
         print(f"{row['span']:<32} {row['matched']:>5} of {row['closing_tags']:>5} matched ({share})")
+    total = sum(row["share"] for row in bits)
+    print(f"bits per character of {args.documents} generated documents (seed {args.seed}): {total:.3f}")
+    for row in bits:
+        print(
+            f"{row['role']:<44} {row['characters']:>7} chars {row['bits_per_char']:6.3f} bits each, {row['share']:.3f}"
+        )
     print(f"wrote {path}")
 
 

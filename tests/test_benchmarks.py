@@ -171,6 +171,26 @@ def test_xml_nesting_splits_closing_tags_by_how_far_back_their_tag_opened() -> N
     assert [(r["closing_tags"], r["matched"]) for r in rows] == [(15, 14), (1, 0), (0, 0), (1, 1)]
 
 
+def test_xml_character_roles_mark_what_the_generator_decides_and_what_it_copies() -> None:
+    from benchmarks import xml_nesting
+
+    document = "<ab><c></c></ab>"
+    roles = xml_nesting.character_roles(document)
+    assert len(roles) == len(document)
+    by_character = list(zip(document, roles))
+    assert by_character[:4] == [("<", "structure"), ("a", "opening name"), ("b", "opening name"), (">", "structure")]
+    at_once, after_one = "closing name 0: closed right after opening", "closing name 1-29 characters"
+    assert by_character[7:11] == [("<", "structure"), ("/", "structure"), ("c", at_once), (">", at_once)]
+    # </ab> closes after <c></c>: 7 characters between, and the name had to be kept meanwhile
+    assert by_character[11:] == [
+        ("<", "structure"),
+        ("/", "structure"),
+        ("a", after_one),
+        ("b", after_one),
+        (">", after_one),
+    ]
+
+
 def test_quantize_registers_the_int8_figure_it_measured_and_nothing_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
