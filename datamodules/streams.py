@@ -61,6 +61,18 @@ class LMBatch(NamedTuple):
     reset: Tensor | None = None
     resets: Resets | None = None
 
+    @property
+    def model_reset(self) -> Resets | Tensor | None:
+        """What a model's ``reset`` argument takes for this window: :attr:`resets` where the window builder made it,
+        else the bare mask, else ``None``."""
+        return self.resets if self.resets is not None else self.reset
+
+    def on(self, device: torch.device | str) -> tuple[Tensor, Tensor, Resets | Tensor | None]:
+        """``(inputs, targets, reset)`` on ``device``, as a model's ``token_nll`` / ``features`` take them
+        (:attr:`model_reset`: an evaluation loop on a GPU then never waits to learn where the resets fall)."""
+        reset = self.model_reset
+        return self.inputs.to(device), self.targets.to(device), None if reset is None else reset.to(device)
+
 
 def column_spans(num_pairs: int, num_columns: int) -> list[tuple[int, int]]:
     """``(start, length)`` of each column: contiguous, covering ``range(num_pairs)``, lengths differing by <= 1."""

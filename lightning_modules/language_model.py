@@ -206,7 +206,7 @@ class LanguageModel(StatefulTraining):
             state = mask_state(state, keep.to(state[0].dtype))
         # The data module's Resets (where the resets fall, worked out on the host) spares the step a host
         # synchronisation that a bare reset mask on a GPU costs.
-        reset = batch.resets if batch.resets is not None else batch.reset
+        reset = batch.model_reset
         features, state, raw, dropped = self.model.run(batch.inputs, state, reset)
         self._state[stage] = detach_state(state)  # truncated BPTT: the next window starts from values, not a graph
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words

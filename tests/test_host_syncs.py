@@ -14,6 +14,8 @@ import torch
 
 import zoo
 from benchmarks.host_syncs import HostSyncCounter, count_fit
+from datamodules.streams import LMBatch
+from lightning_modules.evaluation.perplexity import deterministic_nll
 from zoo.base import FusedLayer, KeepAt, Resets
 
 DIVERGENCE_CHECK = "tolist at lightning_modules/stateful.py"  # on_before_optimizer_step's one host copy
@@ -140,6 +142,32 @@ def test_a_bare_mask_on_the_device_costs_one_synchronisation_and_resets_none(mon
             stack(x, reset=moved)
         counts.append(dict(counter.counts))
     assert counts == [{"cpu": 1}, {}]
+
+
+def test_the_evaluation_loop_passes_the_host_made_resets_and_never_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``deterministic_nll`` (``lm-zoo evaluate``'s loop) hands the model each window's :class:`Resets`, so a window
+    with resets inside costs no synchronisation; the bare mask alone costs one per window. Same NLL either way."""
+    monkeypatch.setattr(FusedLayer, "packed_segments", True)
+    torch.manual_seed(0)
+    model = zoo.RecurrentLM(vocab_size=11, architecture="lstm", embedding_size=4, hidden_size=5, num_layers=2).eval()
+    ids = torch.randint(11, (3, 13))
+    reset = torch.rand(3, 12) < 0.3
+    windows = [
+        LMBatch(ids[:, t : t + 6], ids[:, t + 1 : t + 7], reset[:, t : t + 6], Resets.from_mask(reset[:, t : t + 6]))
+        for t in (0, 6)
+    ]
+    results = []
+    for given in (windows, [window._replace(resets=None) for window in windows]):
+        with HostSyncCounter() as counter:
+            counter.mark(list(model.parameters()))
+            counter.counting = True
+            nll = torch.cat([n for n, _ in deterministic_nll(model, given)], dim=1)  # (B, T)
+        results.append((nll, counter.counts["cpu"]))
+    (with_resets, waits), (bare, bare_waits) = results
+    torch.testing.assert_close(with_resets, bare)
+    assert waits == 0 and bare_waits == 2
 
 
 def test_the_epoch_mean_weighs_each_window_by_its_predicted_tokens() -> None:

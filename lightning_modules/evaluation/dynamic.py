@@ -150,8 +150,7 @@ def mean_squared_gradients(model: RecurrentLM, windows: Iterable[LMBatch], max_b
     for batch in windows:
         if batches >= max_batches:
             break
-        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-        reset = None if batch.reset is None else batch.reset.to(device)
+        inputs, targets, reset = batch.on(device)
         with torch.enable_grad(), gradients_in_eval_mode():
             nll, state = model.token_nll(inputs, targets, state, reset)
             count = int((targets != IGNORE_INDEX).sum())
@@ -244,8 +243,7 @@ def dynamic_nll(
     names = list(adaptation.params)
     state: State | None = None
     for batch in windows:
-        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-        reset = None if batch.reset is None else batch.reset.to(device)
+        inputs, targets, reset = batch.on(device)
         with torch.enable_grad(), gradients_in_eval_mode():
             nll, state = model.token_nll(inputs, targets, state, reset, temperature)
             scored = nll.detach().double()  # the score, computed before any step on this segment

@@ -70,9 +70,8 @@ def deterministic_nll(
     device = next(model.parameters()).device
     state: State | None = None
     for batch in windows:
-        targets = batch.targets.to(device)
-        reset = None if batch.reset is None else batch.reset.to(device)
-        nll, state = model.token_nll(batch.inputs.to(device), targets, state, reset, temperature)
+        inputs, targets, reset = batch.on(device)
+        nll, state = model.token_nll(inputs, targets, state, reset, temperature)
         state = detach_state(state)
         yield nll, targets
 

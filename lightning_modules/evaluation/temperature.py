@@ -151,8 +151,7 @@ def collect_features(
         device = next(model.parameters()).device
         state: State | None = None
         for batch in windows:
-            inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-            reset = None if batch.reset is None else batch.reset.to(device)
+            inputs, targets, reset = batch.on(device)
             features, state = model.features(inputs, state, reset)
             state = detach_state(state)
             if not keep([(features, targets)], targets):
