@@ -13,13 +13,14 @@ shows the sampled piece ``sample.png`` with a link to ``sample.mid`` when the ex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from typing import TYPE_CHECKING, Any
 
 from checkpoints.format import CURVE_NAME, is_music_config
 from datamodules.corpora import CORPORA
 from datamodules.piano_rolls import MUSIC_DATASETS
+
+if TYPE_CHECKING:
+    from huggingface_hub import EvalResult
 
 # `lm-zoo publish` re-renders a card that still has this line (to name the repo id); deleting it keeps your edits.
 GENERATED_MARK = (
@@ -64,6 +65,8 @@ def procedure(result: dict[str, Any]) -> str:
 
 def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
     """The card's ``model-index`` entries for the results in ``config``."""
+    from huggingface_hub import EvalResult  # deferred, as in checkpoints.hub: most commands never write a card
+
     entries = []
     for result in config.get("results", []):
         split = _SPLIT_NAMES.get(result["split"], result["split"])
@@ -389,6 +392,8 @@ def _usage(
 
 def _assemble(config: dict[str, Any], repo_id: str | None, revision: str | None, content: _CardContent) -> str:
     """The card: front matter, title and summary, results, how it was made, usage, recipe and files."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     name = repo_id.split("/")[-1] if repo_id else f"{content.data}-{content.architecture}"
     card_data = ModelCardData(
         model_name=name,
@@ -512,6 +517,8 @@ def render_card(config: dict[str, Any], repo_id: str | None = None, revision: st
 # ------------------------------------------------------------------------------------------------------------ music
 def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
     """The ``model-index`` entries of a music model: its NLL per time step on each split."""
+    from huggingface_hub import EvalResult
+
     spec = MUSIC_DATASETS.get(dataset)
     metric, label = MUSIC_METRIC
     return [

@@ -38,7 +38,8 @@ def test_the_zoo_imports_no_training_stack() -> None:
 
 def test_scoring_a_text_model_imports_no_training_stack() -> None:
     """lm-zoo evaluate, score and generate of a text model read its corpus through datamodules.TextData, the data
-    module without Lightning, whose import cost more than scoring a small model (docs/results.md)."""
+    module without Lightning, whose import cost more than scoring a small model (docs/results.md). A bundled model
+    needs no Hub client either: huggingface_hub's HTTP stack cost every command ~0.14-0.25 s of start-up."""
     loaded = _modules_after(  # LM_ZOO_DATA comes from this process (tests/conftest.py sets it)
         "import cli\n"
         "assert cli.main(['evaluate', 'synthetic-xml-lstm', '--split', 'test', '--device', 'cpu']) == 0\n"
@@ -46,6 +47,7 @@ def test_scoring_a_text_model_imports_no_training_stack() -> None:
     )
     assert "zoo" in loaded and "datamodules" in loaded  # the probe ran
     assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
+    assert "huggingface_hub" not in loaded
 
 
 def test_lm_zoo_help_imports_no_torch() -> None:
