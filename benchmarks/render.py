@@ -449,6 +449,37 @@ def quantize_int8() -> str:
     return "\n".join(lines)
 
 
+def allocator() -> str:
+    """``benchmarks/allocator.py``: ``lm-zoo fit`` under glibc's defaults, the old mmap-threshold settings and lm-zoo's
+    own, on PTB (logits under 32 MB) and WikiText-2 (over it)."""
+    result = _load("allocator.json")
+    settings = result["settings"]
+    lines = [
+        f"`{result['command']}` (2 x 200 LSTM, batch {settings['batch']} x {settings['bptt']}, {settings['threads']} "
+        f"threads, {settings['steps']} timed steps per run; medians of {len(next(iter(result['rounds'].values())))} "
+        "alternated rounds, each run a fresh process):",
+        "",
+        "| corpus | malloc settings | tokens/s | × glibc's defaults | peak RSS | system CPU per run |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for corpus, sides in result["medians"].items():
+        base = next(iter(sides.values()))["tokens_per_s"]
+        for side, measured in sides.items():
+            lines.append(
+                _row(
+                    [
+                        corpus,
+                        side,
+                        f"{measured['tokens_per_s']:,.0f}",
+                        f"{measured['tokens_per_s'] / base:.2f}",
+                        f"{measured['peak'] / 2**20:,.0f} MiB",
+                        f"{measured['system_seconds']:.1f} s",
+                    ]
+                )
+            )
+    return "\n".join(lines)
+
+
 def xml_nesting() -> str:
     """``benchmarks/xml_nesting.py synthetic-xml-lstm``: its sampled closing tags by how far back their tag opened, and
     its bits per character of generated documents by what the character is."""
@@ -626,6 +657,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
     "xml-nesting": xml_nesting,
+    "allocator": allocator,
 }
 
 

@@ -13,8 +13,8 @@ from zoo.allocator import _glibc
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt is not this process's C library")
 
-# A fresh interpreter (glibc's dynamic mmap threshold is process state): how many bytes one 16 MB malloc adds to the
-# mmapped blocks (mallinfo2's hblkhd), after calling keep_freed_memory or not, and what it returned.
+# A fresh interpreter (glibc's dynamic mmap threshold is process state): how many bytes one malloc of argv[2] MB adds to
+# the mmapped blocks (mallinfo2's hblkhd), after calling keep_freed_memory or not, and what it returned.
 PROBE = """
 import ctypes, json, sys
 from zoo.allocator import keep_freed_memory
@@ -26,24 +26,27 @@ libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 applied = keep_freed_memory() if sys.argv[1] == "apply" else None
 before = libc.mallinfo2().hblkhd
-block = libc.malloc(16 * 2**20)
+block = libc.malloc(int(sys.argv[2]) * 2**20)
 grown = libc.mallinfo2().hblkhd - before
 libc.free(ctypes.c_void_p(block))
 print(json.dumps({"applied": applied, "mmapped": grown}))
 """
 
 
-def probe(mode: str, **env: str) -> dict:
+def probe(mode: str, megabytes: int = 16, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "LM_ZOO_MALLOC", "GLIBC_TUNABLES"))}
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], env={**clean, **env}, capture_output=True, text=True, check=True
-    )
+    command = [sys.executable, "-c", PROBE, mode, str(megabytes)]
+    done = subprocess.run(command, env={**clean, **env}, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
 
-def test_a_16_mb_block_comes_from_the_heap_once_applied():
-    assert probe("leave") == {"applied": None, "mmapped": pytest.approx(16 * 2**20, rel=0.01)}  # glibc's default
-    assert probe("apply") == {"applied": True, "mmapped": 0}
+@pytest.mark.parametrize("megabytes", [16, 100])
+def test_a_block_comes_from_the_heap_once_applied(megabytes: int):
+    """16 MB: above glibc's first mmap threshold; 100 MB (a WikiText-2 model's logits at batch 20 x 35 are 93 MB):
+    above the most any mmap threshold can be (32 MB), so only switching mmap off keeps it on the heap."""
+    mapped = {"applied": None, "mmapped": pytest.approx(megabytes * 2**20, rel=0.01)}  # glibc's default
+    assert probe("leave", megabytes) == mapped
+    assert probe("apply", megabytes) == {"applied": True, "mmapped": 0}
 
 
 @pytest.mark.parametrize(
