@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import output  # noqa: E402
+from benchmarks.fit_overhead import timed_fit_command  # noqa: E402
 
 NAME = "allocator"
 GLIBC = "glibc's defaults"
@@ -40,6 +41,7 @@ SIDES = {
     LM_ZOO: {},
 }
 CORPORA = ("ptb", "wikitext-2")
+BATCH, BPTT = 20, 35
 
 
 def run_side(corpus: str, side: str, args: argparse.Namespace, work: Path) -> dict[str, float]:
@@ -48,22 +50,22 @@ def run_side(corpus: str, side: str, args: argparse.Namespace, work: Path) -> di
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "LM_ZOO_MALLOC", "GLIBC_TUNABLES"))}
     env = {**clean, **SIDES[side], "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out)}
     env["PYTHONPATH"] = str(ROOT)
-    command = [
-        str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(ROOT / "configs/ptb/lstm-small.yaml"),
-        f"--data.init_args.corpus={corpus}", "--data.init_args.bptt=35", "--trainer.max_epochs=100",
-        "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={tempfile.mkdtemp(dir=work)}",
-        "--trainer.callbacks+=benchmarks.fit_overhead.StepTimer",
-        f"--trainer.callbacks.init_args.warmup={args.warmup}", f"--trainer.callbacks.init_args.steps={args.steps}",
-    ]  # fmt: skip
+    command = timed_fit_command(
+        work,
+        args.warmup,
+        args.steps,
+        f"--data.init_args.corpus={corpus}",
+        f"--data.init_args.batch_size={BATCH}",
+        f"--data.init_args.bptt={BPTT}",
+    )
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        output.fail(f"{corpus}, {side}: lm-zoo fit failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        output.fail(f"{corpus}, {side}: lm-zoo fit failed: {last}")
     result = json.loads(out.read_text())
     return {
-        "tokens_per_s": 20 * 35 / result["seconds_per_step"],
+        "tokens_per_s": BATCH * BPTT / result["seconds_per_step"],
         "peak": result["peak"],
         "system_seconds": resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - before,
     }
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         for corpus, runs in rounds.items()
     }
     command = " ".join(["python", "benchmarks/allocator.py", *(sys.argv[1:] if argv is None else argv)])
-    settings = {"batch": 20, "bptt": 35, "steps": args.steps, "warmup": args.warmup, "threads": args.threads}
+    settings = {"batch": BATCH, "bptt": BPTT, "steps": args.steps, "warmup": args.warmup, "threads": args.threads}
     output.write(
         path,
         {
@@ -102,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     for corpus, sides in medians.items():
-        print(f"== {corpus}: 2 x 200 LSTM, batch 20 x 35, {args.threads} threads, medians of {args.rounds} rounds")
+        print(
+            f"== {corpus}: 2 x 200 LSTM, batch {BATCH} x {BPTT}, {args.threads} threads, "
+            f"medians of {args.rounds} rounds"
+        )
         base = sides[GLIBC]["tokens_per_s"]
         for side, measured in sides.items():
             print(

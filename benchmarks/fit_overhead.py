@@ -182,6 +182,20 @@ RATIOS = (
 )
 
 
+def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> list[str]:
+    """``lm-zoo fit`` of ``configs/ptb/lstm-small.yaml`` with ``overrides``, timed by :class:`StepTimer` (which stops
+    it), with no validation, logger, progress bar or model summary, in a new run directory under ``work`` (one per
+    run: LightningCLI refuses to overwrite its config.yaml)."""
+    return [
+        str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(ROOT / "configs/ptb/lstm-small.yaml"),
+        *overrides, "--trainer.max_epochs=100", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
+        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tempfile.mkdtemp(dir=work)}",
+        "--trainer.callbacks+=benchmarks.fit_overhead.StepTimer",
+        f"--trainer.callbacks.init_args.warmup={warmup}", f"--trainer.callbacks.init_args.steps={steps}",
+    ]  # fmt: skip
+
+
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """One side in a fresh process: tokens per second and the process's peak RSS (bytes)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out), "PYTHONPATH": str(ROOT)}
@@ -194,16 +208,14 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]
         command += [f"--data-root={args.data_root}"] + (["--lm-zoo-malloc"] if side == PLAIN_LM_ZOO_MALLOC else [])
     else:
-        run_dir = tempfile.mkdtemp(dir=out.parent)  # one per run: LightningCLI refuses to overwrite its config.yaml
-        command = [
-            str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(ROOT / "configs/ptb/lstm-small.yaml"),
-            f"--data.init_args.batch_size={args.batch}", f"--data.init_args.bptt={args.bptt}",
-            f"--data.init_args.data_root={args.data_root}", "--trainer.max_epochs=100", "--trainer.limit_val_batches=0",
-            "--trainer.num_sanity_val_steps=0", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={run_dir}",
-            "--trainer.callbacks+=benchmarks.fit_overhead.StepTimer",
-            f"--trainer.callbacks.init_args.warmup={args.warmup}", f"--trainer.callbacks.init_args.steps={args.steps}",
-        ]  # fmt: skip
+        command = timed_fit_command(
+            out.parent,
+            args.warmup,
+            args.steps,
+            f"--data.init_args.batch_size={args.batch}",
+            f"--data.init_args.bptt={args.bptt}",
+            f"--data.init_args.data_root={args.data_root}",
+        )
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{side} failed:\n{done.stderr[-3000:]}")
