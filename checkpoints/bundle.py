@@ -191,6 +191,7 @@ def build(
     command: str | None = None,
     logs: Sequence[Path] = (),
     commit: str | None = None,
+    hardware_name: str | None = None,
     dtype: str = "float32",
     repo_id: str | None = None,
     revision: str = "v1",
@@ -209,6 +210,8 @@ def build(
         logs: the run's TensorBoard log directories, several for a resumed run (default: the checkpoint's
             ``version_N`` directory).
         commit: the lm-zoo commit it was trained at (default: this checkout's).
+        hardware_name: the machine it was trained on, in words (default: this one's, :func:`hardware`): a run
+            trained on a lent GPU is bundled at home.
         dtype: how the weights are stored: ``float32`` or ``float16``.
         repo_id: its Hub repo (default ``lm-zoo/<name>``).
         revision: the tag it is published under.
@@ -240,6 +243,7 @@ def build(
         config_file,
         source.training.get("config") or {},
         commit,
+        hardware_name or hardware(),
         log,
         tokens_per_step,
         notes,
@@ -277,6 +281,7 @@ def _run_record(
     config_file: Path,
     run_config: dict[str, Any],
     commit: str | None,
+    hardware_name: str,
     log: RunLog,
     tokens_per_step: int,
     notes: str,
@@ -289,6 +294,7 @@ def _run_record(
         config_file: the recipe it was trained from.
         run_config: the run's LightningCLI config (its ``seed_everything``), ``{}`` if unknown.
         commit: the lm-zoo commit it was trained at; ``None``: this checkout's.
+        hardware_name: the machine it was trained on, in words.
         log: the run's TensorBoard record (:func:`checkpoints.curves.read_run`): wall time, steps, epochs.
         tokens_per_step: batch size x BPTT of a training step (frames for a music model).
         notes: a paragraph for the card.
@@ -301,7 +307,7 @@ def _run_record(
         "commit": commit or _git_commit(Path(__file__).resolve().parent),
         "torch_version": torch.__version__,
         "lm_zoo_version": lm_zoo_version(),
-        "hardware": hardware(),
+        "hardware": hardware_name,
         "wall_time_s": round(log.wall_time, 3),  # a tiny run spans milliseconds
         "steps": log.steps,
         "tokens": log.steps * tokens_per_step,

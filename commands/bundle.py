@@ -22,6 +22,9 @@ def cmd_bundle(argv: Sequence[str]) -> None:
     build_parser.add_argument("--command", help="how it was trained (default: lm-zoo fit --config CONFIG)")
     build_parser.add_argument("--logs", type=Path, nargs="+", default=(), help="TensorBoard dirs (resumed runs: all)")
     build_parser.add_argument("--commit", help="the lm-zoo commit it was trained at (default: this checkout's)")
+    build_parser.add_argument(
+        "--hardware", help="the machine it was trained on, in words (default: this one's GPU or CPU count)"
+    )
     build_parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     build_parser.add_argument("--repo-id", help=f"its Hub repo (default {REPO_OWNER}/NAME)")
     build_parser.add_argument("--revision", default="v1", help="the tag it is published under (default v1)")
@@ -47,6 +50,7 @@ def cmd_bundle(argv: Sequence[str]) -> None:
             command=args.command,
             logs=args.logs,
             commit=args.commit,
+            hardware_name=args.hardware,
             dtype=args.dtype,
             repo_id=args.repo_id,
             revision=args.revision,

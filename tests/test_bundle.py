@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 import checkpoints
 import cli
-from checkpoints import registry
+from checkpoints import bundle, registry
 from checkpoints.curves import (
     BPC,
     BPC_TAG,
@@ -103,6 +103,7 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     # How it was made, on the card and in config.json.
     made = config["training"]["run"]
     assert (made["commit"], made["command"], made["seed"]) == ("abc123", "lm-zoo fit --config run.yaml", 1)
+    assert made["hardware"] == bundle.hardware() and entry["training"]["hardware"] == made["hardware"]
     assert (made["steps"], made["epochs"], made["tokens"]) == (8, 1, 8 * 4 * 6) and made["wall_time_s"] > 0
     assert len(made["samples"]["texts"]) == 3 and made["samples"]["max_tokens"] == 60
     # The curve's points, kept so that the card's picture can be drawn again without the run's events: the logged
@@ -233,7 +234,10 @@ def test_a_changed_byte_is_refused_naming_the_file(
 def test_float16_bundle_is_measured_on_its_stored_weights(
     run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    entry = _build(run, capsys, "tiny16", "--dtype", "float16")
+    # A run trained on a lent GPU and bundled at home names the machine it was trained on, not this one.
+    entry = _build(run, capsys, "tiny16", "--dtype", "float16", "--hardware", "NVIDIA H100 80GB HBM3")
+    assert entry["training"]["hardware"] == "NVIDIA H100 80GB HBM3"
+    assert "| NVIDIA H100 80GB HBM3 |" in (bundle_env / "tiny16" / CARD_NAME).read_text()
     with safe_open(bundle_env / "tiny16" / WEIGHTS_NAME, "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
     loaded = checkpoints.load("tiny16")
