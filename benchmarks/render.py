@@ -480,10 +480,10 @@ def allocator() -> str:
     return "\n".join(lines)
 
 
-def xml_nesting() -> str:
-    """``benchmarks/xml_nesting.py synthetic-xml-lstm``: its sampled closing tags by how far back their tag opened, and
-    its bits per character of generated documents by what the character is."""
-    result = _load("xml_nesting_synthetic-xml-lstm.json")
+def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json") -> str:
+    """``benchmarks/xml_nesting.py``: a model's sampled closing tags by how far back their tag opened (and in all: the
+    card's figure), and its bits per character of generated documents by what the character is."""
+    result = _load(file_name)
     lines = [
         f"`{result['command']}`: {result['samples']} samples of at most {result['max_tokens']} characters (seed "
         f"{result['seed']}, temperature {result['temperature']}), as the card counts them:",
@@ -494,6 +494,8 @@ def xml_nesting() -> str:
     for row in result["rows"]:
         share = f"{row['matched'] / row['closing_tags']:.1%}" if row["closing_tags"] else "—"
         lines.append(_row([row["span"], f"{row['closing_tags']:,}", f"{row['matched']:,} ({share})"]))
+    closing, matched = sum(row["closing_tags"] for row in result["rows"]), sum(row["matched"] for row in result["rows"])
+    lines.append(_row(["**in all**", f"{closing:,}", f"{matched:,} ({matched / closing:.1%})" if closing else "—"]))
     total = sum(row["share"] for row in result["bits"])
     lines += [
         "",
@@ -657,6 +659,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
     "xml-nesting": xml_nesting,
+    "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json"),
     "allocator": allocator,
 }
 

@@ -5,7 +5,9 @@ tag being closed was opened.
 open tag, :func:`checkpoints.bundle.xml_nesting`). This script samples the same documents (the same seed, count and
 length) and splits that fraction by the characters between the opening tag's end and the closing tag's start: 0 (the
 tag closed right after it was opened, so the name to copy was the last thing written), under 30, under 100, and
-more (one or more whole elements between, so the name had to be kept while others were opened and closed)::
+more (one or more whole elements between, so the name had to be kept while others were opened and closed), and a
+last row for closing tags written with no tag open (the model lost count of how deep it was; the card counts each as
+wrong), so that the rows add up to the card's count::
 
     python benchmarks/xml_nesting.py synthetic-xml-lstm
     python benchmarks/xml_nesting.py runs/synthetic/xml-lstm-wide/lightning_logs/version_0/checkpoints/best.ckpt
@@ -37,13 +39,14 @@ from benchmarks import output  # noqa: E402
 NAME = "xml_nesting"
 SPANS = ((0, 1, "0: closed right after opening"), (1, 30, "1-29 characters"), (30, 100, "30-99"), (100, None, "100+"))
 TAG = re.compile(r"<(/?)([a-z]+)>")
+NOTHING_OPEN = "no tag open"  # the last row of the sampled closing tags: each counted wrong, as the card counts it
 ROLES = ["opening name", "structure", *(f"closing name {label}" for _, _, label in SPANS)]  # the tables' order
 
 
-def closing_tags_by_span(text: str) -> list[tuple[int, bool]]:
+def closing_tags_by_span(text: str) -> list[tuple[int | None, bool]]:
     """``(characters between the tag's opening and its closing, whether the closing tag names it)`` for every closing
-    tag of ``text`` that has a tag open (the rule of :func:`datamodules.synthetic.xml_closing_tags_matched`: a wrong
-    closing tag still closes the innermost tag)."""
+    tag of ``text``, by the rule of :func:`datamodules.synthetic.xml_closing_tags_matched`: a wrong closing tag still
+    closes the innermost tag, and one with no tag open is ``(None, False)``."""
     open_tags: list[tuple[str, int]] = []  # (name, where its opening tag ends)
     closed = []
     for match in TAG.finditer(text):
@@ -53,16 +56,20 @@ def closing_tags_by_span(text: str) -> list[tuple[int, bool]]:
         elif open_tags:
             opened, end = open_tags.pop()
             closed.append((match.start() - end, opened == name))
+        else:
+            closed.append((None, False))
     return closed
 
 
 def by_span(texts: list[str]) -> list[dict[str, Any]]:
-    """Matched and closing tags per span of :data:`SPANS`, over ``texts``."""
+    """Matched and closing tags per span of :data:`SPANS`, over ``texts``, then those with no tag open; together, the
+    card's count (:func:`datamodules.synthetic.xml_closing_tags_matched`)."""
     closed = [pair for text in texts for pair in closing_tags_by_span(text)]
     rows = []
     for low, high, label in SPANS:
-        inside = [matched for span, matched in closed if span >= low and (high is None or span < high)]
+        inside = [ok for span, ok in closed if span is not None and span >= low and (high is None or span < high)]
         rows.append({"span": label, "closing_tags": len(inside), "matched": sum(inside)})
+    rows.append({"span": NOTHING_OPEN, "closing_tags": sum(span is None for span, _ in closed), "matched": 0})
     return rows
 
 

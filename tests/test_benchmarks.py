@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import cells, output
+from datamodules.synthetic import xml_closing_tags_matched
 
 
 def refused(capsys: pytest.CaptureFixture[str], run, *fragments: str) -> str:
@@ -165,10 +166,16 @@ def test_xml_nesting_splits_closing_tags_by_how_far_back_their_tag_opened() -> N
 
     text = "<ab></ab><cd><ef></ef></xx><gh>" + "<ij></ij>" * 12 + "</gh></zz>"
     # </ab> at once (right); </ef> at once (right); </xx> closes cd after <ef></ef> (9 characters, wrong); the 12
-    # <ij></ij> at once (right); </gh> after 12 elements (108 characters, right); </zz> with nothing open: not counted.
-    assert xml_nesting.closing_tags_by_span(text) == [(0, True), (0, True), (9, False), *[(0, True)] * 12, (108, True)]
+    # <ij></ij> at once (right); </gh> after 12 elements (108 characters, right); </zz> with nothing open (wrong).
+    expected = [(0, True), (0, True), (9, False), *[(0, True)] * 12, (108, True), (None, False)]
+    assert xml_nesting.closing_tags_by_span(text) == expected
     rows = xml_nesting.by_span([text, "<a></b>"])
-    assert [(r["closing_tags"], r["matched"]) for r in rows] == [(15, 14), (1, 0), (0, 0), (1, 1)]
+    assert [(r["closing_tags"], r["matched"]) for r in rows] == [(15, 14), (1, 0), (0, 0), (1, 1), (1, 0)]
+    assert rows[-1]["span"] == xml_nesting.NOTHING_OPEN
+    # The rows add up to the card's count.
+    counts = [xml_closing_tags_matched(t) for t in (text, "<a></b>")]
+    card = (sum(m for m, _ in counts), sum(c for _, c in counts))
+    assert (sum(r["matched"] for r in rows), sum(r["closing_tags"] for r in rows)) == card
 
 
 def test_xml_character_roles_mark_what_the_generator_decides_and_what_it_copies() -> None:
