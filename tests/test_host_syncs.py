@@ -15,6 +15,7 @@ import torch
 import zoo
 from benchmarks.host_syncs import HostSyncCounter, count_fit
 from datamodules.streams import LMBatch
+from lightning_modules.evaluation.mc_dropout import MCDropout, mc_nll
 from lightning_modules.evaluation.perplexity import deterministic_nll
 from zoo.base import FusedLayer, KeepAt, Resets
 
@@ -168,6 +169,31 @@ def test_the_evaluation_loop_passes_the_host_made_resets_and_never_waits_for_the
     (with_resets, waits), (bare, bare_waits) = results
     torch.testing.assert_close(with_resets, bare)
     assert waits == 0 and bare_waits == 2
+
+
+def test_mc_dropout_works_out_each_calls_resets_on_the_host_and_never_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MC dropout replicates a window and splits the replicas into forward calls; each call's :class:`Resets` is made
+    from the host mask, so windows with resets inside cost no synchronisation even when they carry the bare mask
+    alone. At dropout scale 0 the replicas are the deterministic model, and their NLL is the deterministic pass's."""
+    monkeypatch.setattr(FusedLayer, "packed_segments", True)
+    torch.manual_seed(0)
+    model = zoo.RecurrentLM(
+        vocab_size=11, architecture="lstm", embedding_size=4, hidden_size=5, num_layers=2, dropout=0.3
+    ).eval()
+    ids = torch.randint(11, (3, 13))
+    reset = torch.rand(3, 12) < 0.3
+    assert reset[:, 1:6].any() and reset[:, 7:].any()  # resets inside both windows
+    windows = [LMBatch(ids[:, t : t + 6], ids[:, t + 1 : t + 7], reset[:, t : t + 6]) for t in (0, 6)]
+    with HostSyncCounter() as counter:
+        counter.mark(list(model.parameters()))
+        counter.counting = True
+        settings = MCDropout(samples=4, dropout_scale=0.0, rows_per_call=5)  # calls that cut through replicas
+        mc = torch.cat([nll for nll, _ in mc_nll(model, windows, settings)], dim=1)  # (B, T)
+    assert counter.counts["cpu"] == 0
+    deterministic = torch.cat([n for n, _ in deterministic_nll(model, windows)], dim=1)
+    torch.testing.assert_close(mc, deterministic.double())
 
 
 def test_the_epoch_mean_weighs_each_window_by_its_predicted_tokens() -> None:

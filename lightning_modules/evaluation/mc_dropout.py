@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.streams import IGNORE_INDEX, LMBatch
-from zoo.base import RecurrentStack, State, detach_state
+from zoo.base import RecurrentStack, Resets, State, detach_state
 from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM
@@ -171,6 +171,15 @@ def replicate(batch: LMBatch, samples: int) -> LMBatch:
     return LMBatch(batch.inputs.repeat(samples, 1), batch.targets.repeat(samples, 1), reset)
 
 
+def rows_on(rows: LMBatch, lo: int, hi: int, device: torch.device) -> LMBatch:
+    """Rows ``[lo, hi)`` of a replicated window on ``device``, with where their resets fall (:class:`Resets`) worked
+    out while the mask is still on the host: handed the bare mask, a forward call on a GPU would wait to learn it,
+    once per call."""
+    reset = None if rows.reset is None else Resets.from_mask(rows.reset[lo:hi]).to(device)
+    inputs, targets = rows.inputs[lo:hi].to(device), rows.targets[lo:hi].to(device)
+    return LMBatch(inputs, targets, None if reset is None else reset.mask, reset)
+
+
 def log_mean_exp_nll(replica_nll: Tensor, targets: Tensor) -> Tensor:
     """``-log(1/N Σ_n exp(-nll_n))`` per token in float64, 0 where nothing is predicted.
 
@@ -222,15 +231,14 @@ def replica_windows(
             if groups is None:
                 groups = row_groups(streams, samples, rows_per_call, per_replica)
                 states = [None] * len(groups)
-            rows = replicate(LMBatch(*(None if t is None else t.to(device) for t in batch)), samples)
+            rows = replicate(batch, samples)  # where the window was made: the host, for a data module's
             outputs = []
             for index, (lo, hi) in enumerate(groups):
-                reset = None if rows.reset is None else rows.reset[lo:hi]
-                group = LMBatch(rows.inputs[lo:hi], rows.targets[lo:hi], reset)
+                group = rows_on(rows, lo, hi, device)
                 output, state = call(group, states[index])
                 states[index] = detach_state(state)
                 outputs.append((group, output))
-            yield outputs, rows.targets[:streams]
+            yield outputs, batch.targets.to(device)
 
 
 @torch.no_grad()
@@ -244,7 +252,7 @@ def replica_nll(
     """Each window's per-replica NLL ``(N, B, T)`` under sampled dropout, with the window's targets ``(B, T)``."""
 
     def call(rows: LMBatch, state: State | None) -> tuple[Tensor, State]:
-        return model.token_nll(rows.inputs, rows.targets, state, rows.reset, temperature)
+        return model.token_nll(rows.inputs, rows.targets, state, rows.model_reset, temperature)
 
     for outputs, targets in replica_windows(model, windows, settings, seed, call):
         yield torch.cat([nll for _, nll in outputs]).view(settings.samples, *targets.shape), targets

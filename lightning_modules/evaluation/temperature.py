@@ -159,7 +159,7 @@ def collect_features(
         return cache
 
     def call(rows: LMBatch, state: State | None) -> tuple[Tensor, State]:
-        return model.features(rows.inputs, state, rows.reset)
+        return model.features(rows.inputs, state, rows.model_reset)
 
     with closing(replica_windows(model, windows, mc, seed, call)) as passes:  # closing: leave sampled dropout now
         for outputs, targets in passes:
