@@ -231,7 +231,7 @@ def replica_windows(
             if groups is None:
                 groups = row_groups(streams, samples, rows_per_call, per_replica)
                 states = [None] * len(groups)
-            rows = replicate(batch, samples)  # where the window was made: the host, for a data module's
+            rows = replicate(batch, samples)  # on the host, where a data module makes its windows
             outputs = []
             for index, (lo, hi) in enumerate(groups):
                 group = rows_on(rows, lo, hi, device)
