@@ -243,7 +243,7 @@ def build(
         config_file,
         source.training.get("config") or {},
         commit,
-        hardware_name or hardware(),
+        hardware_name,
         log,
         tokens_per_step,
         notes,
@@ -281,7 +281,7 @@ def _run_record(
     config_file: Path,
     run_config: dict[str, Any],
     commit: str | None,
-    hardware_name: str,
+    hardware_name: str | None,
     log: RunLog,
     tokens_per_step: int,
     notes: str,
@@ -294,7 +294,7 @@ def _run_record(
         config_file: the recipe it was trained from.
         run_config: the run's LightningCLI config (its ``seed_everything``), ``{}`` if unknown.
         commit: the lm-zoo commit it was trained at; ``None``: this checkout's.
-        hardware_name: the machine it was trained on, in words.
+        hardware_name: the machine it was trained on, in words; ``None``: this one.
         log: the run's TensorBoard record (:func:`checkpoints.curves.read_run`): wall time, steps, epochs.
         tokens_per_step: batch size x BPTT of a training step (frames for a music model).
         notes: a paragraph for the card.
@@ -307,7 +307,7 @@ def _run_record(
         "commit": commit or _git_commit(Path(__file__).resolve().parent),
         "torch_version": torch.__version__,
         "lm_zoo_version": lm_zoo_version(),
-        "hardware": hardware_name,
+        "hardware": hardware_name or hardware(),
         "wall_time_s": round(log.wall_time, 3),  # a tiny run spans milliseconds
         "steps": log.steps,
         "tokens": log.steps * tokens_per_step,
