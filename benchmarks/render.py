@@ -480,9 +480,10 @@ def allocator() -> str:
     return "\n".join(lines)
 
 
-def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json") -> str:
+def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json", paper: bool = True) -> str:
     """``benchmarks/xml_nesting.py``: a model's sampled closing tags by how far back their tag opened (and in all: the
-    card's figure), and its bits per character of generated documents by what the character is."""
+    card's figure), and its bits per character of generated documents by what the character is; with ``paper``, the
+    paper's Table 1 figures for the task after them."""
     result = _load(file_name)
     lines = [
         f"`{result['command']}`: {result['samples']} samples of at most {result['max_tokens']} characters (seed "
@@ -496,20 +497,68 @@ def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json") -> str:
         lines.append(_row([row["span"], f"{row['closing_tags']:,}", f"{row['matched']:,} ({share})"]))
     closing, matched = sum(row["closing_tags"] for row in result["rows"]), sum(row["matched"] for row in result["rows"])
     lines.append(_row(["**in all**", f"{closing:,}", f"{matched:,} ({matched / closing:.1%})" if closing else "—"]))
-    total = sum(row["share"] for row in result["bits"])
+    bits = result["bits"]
     lines += [
         "",
-        f"Its bits on {result['documents']} fresh generator documents (seed {result['seed_documents']}): "
-        f"{total:.3f} bits per character in all.",
+        f"Its bits on {result['documents']} fresh generator documents (seed {result['seed_documents']}), beside the "
+        "generator's own (its exact next-character distribution: the fewest bits any model can spend), and the "
+        "next-step accuracy of the paper's Table 1, the model's and the best possible (the generator's most likely "
+        "character):",
         "",
-        "| character | characters | bits each | bits per character of the whole text |",
-        "|---|---:|---:|---:|",
+        "| character | characters | bits each | the generator's | bits per character of the whole text | "
+        "next-step accuracy | at best |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in result["bits"]:
+    everything = _all_roles(bits)
+    for row in [*bits, everything]:
         lines.append(
-            _row([row["role"], f"{row['characters']:,}", f"{row['bits_per_char']:.3f}", f"{row['share']:.3f}"])
+            _row(
+                [
+                    row["role"],
+                    f"{row['characters']:,}",
+                    f"{row['bits_per_char']:.3f}",
+                    f"{row['generator_bits_per_char']:.3f}",
+                    f"{row['share']:.3f}",
+                    f"{row['correct'] / row['characters']:.3f}",
+                    f"{row['best_accuracy']:.3f}",
+                ]
+            )
         )
+    if not paper:
+        return "\n".join(lines)
+    table1 = {
+        cell["architecture"]: cell["paper"]
+        for key, cell in _load("search_table1.json").items()
+        if key.startswith("xml/")
+    }
+    low, high = min(table1, key=table1.__getitem__), max(table1, key=table1.__getitem__)
+    lines += [
+        "",
+        f"The paper's Table 1 gives this task's next-step accuracy (in all) from {table1[low]:.4f} ({low}) to "
+        f"{table1[high]:.4f} ({high}), {table1['LSTM-b']:.4f} for the LSTM with a forget-gate bias of 1 (the paper's "
+        "figures, from `benchmarks/results/search_table1.json`; measured on the paper's own writing of the documents, "
+        "which it prints without angle brackets, so the comparison is close, not exact).",
+    ]
     return "\n".join(lines)
+
+
+def _all_roles(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The **in all** row of :func:`xml_nesting`'s per-character table: each per-character figure weighted by the
+    role's characters."""
+    characters = sum(row["characters"] for row in rows)
+
+    def mean(key: str) -> float:
+        return sum(row[key] * row["characters"] for row in rows) / characters
+
+    return {
+        "role": "**in all**",
+        "characters": characters,
+        "bits_per_char": mean("bits_per_char"),
+        "share": sum(row["share"] for row in rows),
+        "generator_bits_per_char": mean("generator_bits_per_char"),
+        "correct": sum(row["correct"] for row in rows),
+        "best_accuracy": mean("best_accuracy"),
+    }
 
 
 def inference_overhead() -> str:
@@ -659,7 +708,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
     "xml-nesting": xml_nesting,
-    "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json"),
+    "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json", paper=False),
     "allocator": allocator,
 }
 

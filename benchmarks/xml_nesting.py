@@ -16,7 +16,10 @@ Where the model's bits go on the generator's own documents (``--documents``, fre
 not use) tells why: each character's bits under the model, by what the character is. A closing tag's name (and its
 ``>``) has no entropy in the generator, so every bit spent there is the model not knowing which tag is open; an
 opening tag's letters are uniform (log2 26 = 4.70 bits each); the rest (``<``, ``/``, ``>``, the end of a line) are
-the generator's open/close decisions and the name lengths.
+the generator's open/close decisions and the name lengths. Beside each role stand the generator's own bits (its exact
+next-character distribution, :func:`datamodules.synthetic.xml_next_characters`: no model can spend fewer on average)
+and the next-step accuracy that the paper's Table 1 reports for this task, the model's and the best possible (what the
+generator's own most likely next character gets right).
 
 It prints both tables and writes a new results file (``--out``; see benchmarks/output.py).
 """
@@ -92,30 +95,50 @@ def character_roles(document: str) -> list[str]:
 
 def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]:
     """The model's bits per character of ``documents`` fresh generator documents (one line each, read as one stream
-    from a line start), per :func:`character_roles` role; ``share`` is the role's bits over all characters."""
+    from a line start), per :func:`character_roles` role, beside the generator's own
+    (:func:`datamodules.synthetic.xml_next_characters`: the fewest bits any model can spend); ``share`` is the
+    role's bits over all characters. With them the next-step accuracy (Jozefowicz et al. 2015's Table 1 measure):
+    how many characters the model's most likely character gets right (``correct``), and ``best_accuracy``, how many
+    the generator's own most likely character gets right (the best any model can do; a tie counts as a coin toss
+    between the tied characters)."""
     import torch
 
-    from datamodules.synthetic import xml_document
+    from datamodules.synthetic import xml_document, xml_next_characters
 
     rng = random.Random(seed)
     texts = [xml_document(rng) for _ in range(documents)]
     roles = [role for text in texts for role in [*character_roles(text), "structure"]]  # "structure": the newline
-    targets = torch.as_tensor(loaded.tokenizer.encode_text("".join(text + "\n" for text in texts)), dtype=torch.long)
+    exact = [d for text in texts for d in xml_next_characters(text)]  # one per character and line end
+    characters = "".join(text + "\n" for text in texts)
+    targets = torch.as_tensor(loaded.tokenizer.encode_text(characters), dtype=torch.long)
     inputs = torch.cat([torch.tensor([loaded.tokenizer.bos_id]), targets[:-1]])  # (N,)
     with torch.no_grad():
-        nats, _ = loaded.model.eval().token_nll(inputs.unsqueeze(0), targets.unsqueeze(0))  # (1, N)
-    bits = (nats[0] / math.log(2)).tolist()
-    totals: dict[str, list[float]] = {}
-    for role, value in zip(roles, bits, strict=True):
-        totals.setdefault(role, []).append(value)
+        scores, _ = loaded.model.eval()(inputs.unsqueeze(0))  # (1, N, V)
+        log_probs = torch.log_softmax(scores[0].float(), dim=-1)  # (N, V)
+    bits = (-log_probs.gather(1, targets.unsqueeze(1))[:, 0] / math.log(2)).tolist()
+    correct = (log_probs.argmax(dim=-1) == targets).tolist()
+    totals: dict[str, dict[str, float]] = {}
+    for role, value, right, distribution, character in zip(roles, bits, correct, exact, characters, strict=True):
+        total = totals.setdefault(
+            role, {"characters": 0, "bits": 0.0, "generator_bits": 0.0, "correct": 0, "best": 0.0}
+        )
+        total["characters"] += 1
+        total["bits"] += value
+        total["generator_bits"] -= math.log2(distribution[character])
+        total["correct"] += right
+        likeliest = [c for c, p in distribution.items() if p == max(distribution.values())]
+        total["best"] += (character in likeliest) / len(likeliest)  # a tie split evenly, as a fair coin would
     return [
         {
             "role": role,
-            "characters": len(values),
-            "bits_per_char": sum(values) / len(values),
-            "share": sum(values) / len(bits),
+            "characters": total["characters"],
+            "bits_per_char": total["bits"] / total["characters"],
+            "share": total["bits"] / len(bits),
+            "generator_bits_per_char": total["generator_bits"] / total["characters"],
+            "correct": total["correct"],
+            "best_accuracy": total["best"] / total["characters"],
         }
-        for role, values in sorted(totals.items(), key=lambda item: ROLES.index(item[0]))
+        for role, total in sorted(totals.items(), key=lambda item: ROLES.index(item[0]))
     ]
 
 
@@ -149,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bits per character of {args.documents} generated documents (seed {args.seed}): {total:.3f}")
     for row in bits:
         print(
-            f"{row['role']:<44} {row['characters']:>7} chars {row['bits_per_char']:6.3f} bits each, {row['share']:.3f}"
+            f"{row['role']:<44} {row['characters']:>7} chars {row['bits_per_char']:6.3f} bits each "
+            f"(the generator's {row['generator_bits_per_char']:.3f}), {row['share']:.3f}; next-step accuracy "
+            f"{row['correct'] / row['characters']:.3f} (at best {row['best_accuracy']:.3f})"
         )
     print(f"wrote {path}")
 

@@ -58,6 +58,80 @@ def xml_document(rng: random.Random) -> str:
 
 
 XML_TAG = re.compile(r"<(/?)([a-z]+)>")
+XML_LINE_END = "\n"  # what ends a document in a corpus (one per line)
+
+
+def _close_probability(decision: int) -> float:
+    """The chance that :func:`xml_document`'s ``decision``-th step (counted from 1) closes rather than opens."""
+    return 1.0 if decision > XML_MAX_ITERATIONS else 0.5
+
+
+def _name_letter(k: int) -> dict[str, float]:
+    """What follows an opening name's first ``k`` letters: its length is uniform over :data:`XML_TAG_LENGTH`, so
+    it ends here (``>``) with probability P(length = k | length >= k); each letter is uniform."""
+    low, high = XML_TAG_LENGTH
+    ends = 0.0 if k < low else 1.0 / (high - k + 1)
+    letters = dict.fromkeys(string.ascii_lowercase, (1.0 - ends) / 26) if ends < 1.0 else {}
+    return letters | ({">": ends} if ends > 0.0 else {})
+
+
+def xml_next_characters(document: str) -> list[dict[str, float]]:
+    """The generator's own distribution of each character of ``document`` and of the line end after it, given the
+    document's characters before it: what a model that knew :func:`xml_document` exactly would predict.
+
+    The generator draws only each step's open-or-close decision (1 bit, none once :data:`XML_MAX_ITERATIONS` steps
+    have passed), each opening name's length and its letters; a closing tag copies a name, so its characters are
+    certain. The text shows each decision as it is drawn: after a tag's ``>`` comes ``<`` unless no tag is open (then
+    a close ends the document), and after that ``<`` either ``/`` (a close) or an opening name's first letter.
+
+    Args:
+        document: one document of :func:`xml_document` (no line end).
+
+    Returns:
+        One ``{character: probability}`` per character of ``document + "\\n"`` (characters of probability 0 left out).
+
+    Raises:
+        DataError: ``document`` is not a document the generator can write.
+    """
+    tags = [(bool(slash), name) for slash, name in XML_TAG.findall(document)]
+    low, high = XML_TAG_LENGTH
+    if (
+        not tags
+        or tags[0][0]
+        or "".join(f"<{'/' * closing}{name}>" for closing, name in tags) != document
+        or any(not low <= len(name) <= high for _, name in tags)
+    ):
+        raise DataError(f"not a synthetic XML document: {document[:60]!r}")
+    uniform = dict.fromkeys(string.ascii_lowercase, 1 / 26)
+    distributions: list[dict[str, float]] = [{"<": 1.0}, uniform]  # the first tag: opened before any decision
+    open_tags = [tags[0][1]]
+    distributions += [_name_letter(k) for k in range(1, len(tags[0][1]) + 1)]
+    for decision, (closing, name) in enumerate([*tags[1:], (True, None)], start=1):
+        close = _close_probability(decision)
+        if not open_tags:  # nothing open: a close ends the document, so a "<" opens, with a uniform first letter
+            distributions.append(_possible({"<": 1.0 - close, XML_LINE_END: close}))
+            if name is None:
+                break
+            distributions.append(uniform)
+        elif name is None:
+            raise DataError(f"not a synthetic XML document (tags left open): {document[:60]!r}")
+        else:  # "<" either way, then the decision shows: "/" or an opening name's first letter
+            after = dict.fromkeys(string.ascii_lowercase, (1.0 - close) / 26) | {"/": close}
+            distributions += [{"<": 1.0}, _possible(after)]
+        if closing:
+            if not open_tags or open_tags.pop() != name:
+                raise DataError(f"not a synthetic XML document (a closing tag that does not nest): {document[:60]!r}")
+            distributions += [{letter: 1.0} for letter in name] + [{">": 1.0}]  # a copy: certain
+        else:
+            if close == 1.0:
+                raise DataError(f"not a synthetic XML document (opens after {XML_MAX_ITERATIONS} steps)")
+            open_tags.append(name)
+            distributions += [_name_letter(k) for k in range(1, len(name) + 1)]
+    return distributions
+
+
+def _possible(distribution: dict[str, float]) -> dict[str, float]:
+    return {character: p for character, p in distribution.items() if p > 0.0}
 
 
 def xml_closing_tags_matched(text: str) -> tuple[int, int]:

@@ -218,3 +218,41 @@ def test_quantize_registers_the_int8_figure_it_measured_and_nothing_else(
     assert {n: e for n, e in after.items() if n != "ptb-lstm-medium"} == {
         n: e for n, e in before.items() if n != "ptb-lstm-medium"
     }
+
+
+def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_draws() -> None:
+    """benchmarks/xml_nesting.py's per-character table on the shipped model: its bits, summed over the roles, are the
+    evaluation path's (``token_nll``) on the same stream; the generator's are the bits of the draws that wrote the
+    documents (read from their tags), and nothing on a copied closing name; accuracies are counts within reach."""
+    import math
+    import random
+
+    import torch
+
+    from benchmarks import xml_nesting
+    from checkpoints import load
+    from datamodules.synthetic import XML_MAX_ITERATIONS, XML_TAG, xml_document
+
+    loaded = load("synthetic-xml-lstm")
+    rows = xml_nesting.bits_by_role(loaded, documents=20, seed=5)
+    rng = random.Random(5)
+    texts = [xml_document(rng) for _ in range(20)]
+    stream = "".join(text + "\n" for text in texts)
+    targets = torch.as_tensor(loaded.tokenizer.encode_text(stream), dtype=torch.long)
+    inputs = torch.cat([torch.tensor([loaded.tokenizer.bos_id]), targets[:-1]])
+    with torch.no_grad():
+        nats, _ = loaded.model.eval().token_nll(inputs.unsqueeze(0), targets.unsqueeze(0))
+    assert sum(r["bits_per_char"] * r["characters"] for r in rows) == pytest.approx(nats.sum().item() / math.log(2))
+    assert sum(r["characters"] for r in rows) == len(stream)
+
+    drawn = 0.0
+    for text in texts:
+        tags = XML_TAG.findall(text)
+        openings = [name for closing, name in tags if not closing]
+        drawn += len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
+        drawn += min(len(tags), XML_MAX_ITERATIONS)  # a bit per decision while the 50 steps last
+    assert sum(r["generator_bits_per_char"] * r["characters"] for r in rows) == pytest.approx(drawn)
+    for row in rows:
+        assert 0 <= row["correct"] <= row["characters"]
+        if row["role"].startswith("closing name"):
+            assert row["generator_bits_per_char"] == 0.0 and row["best_accuracy"] == 1.0

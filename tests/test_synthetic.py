@@ -1,3 +1,4 @@
+import math
 import random
 import re
 
@@ -10,6 +11,7 @@ from datamodules.synthetic import (
     generate_splits,
     xml_closing_tags_matched,
     xml_document,
+    xml_next_characters,
 )
 from zoo.errors import DataError
 
@@ -169,3 +171,44 @@ def test_closing_tags_are_matched_against_the_innermost_open_tag():
     # unfinished tag ("<ab") and text between tags are not tags.
     assert xml_closing_tags_matched("<ab><cd></ab></ab>") == (1, 2)
     assert xml_closing_tags_matched("</x><ab>zz<cd></cd><ab") == (1, 2)
+
+
+def test_the_generators_next_character_distribution_worked_out_by_hand():
+    """The document "<ab></ab>": a root of two uniform letters whose length (2-10, uniform) ends at 2 with P 1/9;
+    the first decision (1/2) closes it, copying "ab"; the second (1/2), with nothing open, ends the line."""
+    letter = 1 / 26
+    chosen = [d.get(c, 0.0) for d, c in zip(xml_next_characters("<ab></ab>"), "<ab></ab>\n", strict=True)]
+    assert chosen == pytest.approx([1, letter, letter, 1 / 9, 1, 1 / 2, 1, 1, 1, 1 / 2])
+    distributions = xml_next_characters("<ab></ab>")
+    assert distributions[2] == pytest.approx(dict.fromkeys("abcdefghijklmnopqrstuvwxyz", letter))  # 1 letter: no end
+    assert distributions[5] == pytest.approx({"/": 0.5, **dict.fromkeys("abcdefghijklmnopqrstuvwxyz", 0.5 / 26)})
+    assert distributions[9] == {"<": 0.5, "\n": 0.5}  # a second top-level element, or the end
+
+
+def test_the_next_character_bits_add_up_to_the_generators_draws():
+    """An independent path: a document's bits are those of the draws that made it, read from its tags (each opening
+    name's length, log2 9, and letters, log2 26 each; each decision, 1 bit while the 50 steps last, and one decision
+    after the last tag, which ends the line), and must equal the sum of the per-character bits."""
+    rng = random.Random(21)
+    documents = [xml_document(rng) for _ in range(1000)]  # about 1 in 9 runs past the 50 steps
+    forced = 0
+    for document in documents:
+        distributions = xml_next_characters(document)
+        assert all(sum(d.values()) == pytest.approx(1.0) for d in distributions)
+        per_character = -sum(math.log2(d[c]) for d, c in zip(distributions, document + "\n", strict=True))
+        tags = TAG.findall(document)
+        openings = [name for close, name in tags if not close]
+        decisions = len(tags)  # every tag after the first, then the one that ends the line
+        forced += decisions > synthetic.XML_MAX_ITERATIONS
+        drawn = len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
+        drawn += min(decisions, synthetic.XML_MAX_ITERATIONS)
+        assert per_character == pytest.approx(drawn, abs=1e-9), document
+    assert forced > 0, "some documents reach the forced closes"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "<ab></cd>", "</ab>", "<ab>", "<ab>x</ab>", "<a></a>", "<abcdefghijk></abcdefghijk>"]
+)
+def test_the_next_character_distribution_refuses_what_the_generator_cannot_write(text):
+    with pytest.raises(DataError, match="not a synthetic XML document"):
+        xml_next_characters(text)
