@@ -34,6 +34,7 @@ def xml_document(rng: random.Random) -> str:
     opened tag is closed, or the document ends if none is open; otherwise a new random tag is opened. The paper's
     sample reads "etdomp pegshmnaj zbhbmg /zbhbmg /pegshmnaj ..." only because its text extraction lost the angle
     brackets; the tags are written here as ``<name>`` and ``</name>``, with nothing between them.
+    :func:`xml_next_characters` follows this procedure step by step: a change here is a change there.
 
     Args:
         rng: The source of randomness.
