@@ -7,6 +7,7 @@
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: suite autocast cells
 #                                                               evaluation syncs nce xml; default all)
+#     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # The tool brings back 8 files at most, each under 16 MiB: name few steps per call when one of them is xml.
 set -u
@@ -83,10 +84,12 @@ EOF
 }
 
 # The XML task's GPU recipe for its few minutes (issue 32: >= 95% of sampled closing tags nest), the card's nesting
-# measure split by span, and the run packed for `lm-zoo bundle build` at home.
+# measure split by span, and the run packed for `lm-zoo bundle build` at home. XML_CONFIG names another recipe (its
+# default_root_dir must be runs/synthetic/<its name>).
 if want xml; then
-    run=runs/synthetic/xml-lstm-gpu/lightning_logs/version_0
-    step 420 xml_fit.txt lm-zoo fit --config configs/synthetic/xml-lstm-gpu.yaml
+    config=${XML_CONFIG:-configs/synthetic/xml-lstm-gpu.yaml}
+    run=runs/synthetic/$(basename "$config" .yaml)/lightning_logs/version_0
+    step 420 xml_fit.txt lm-zoo fit --config "$config"
     step 100 xml_nesting.txt python3 benchmarks/xml_nesting.py "$run/checkpoints/best.ckpt" \
         --out "$run/xml_nesting_gpu.json"
     pack_run "$run" xml_run

@@ -480,10 +480,11 @@ def allocator() -> str:
     return "\n".join(lines)
 
 
-def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json", paper: bool = True) -> str:
+def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json", generator: bool = True) -> str:
     """``benchmarks/xml_nesting.py``: a model's sampled closing tags by how far back their tag opened (and in all: the
-    card's figure), and its bits per character of generated documents by what the character is; with ``paper``, the
-    paper's Table 1 figures for the task after them."""
+    card's figure), and its bits per character of generated documents by what the character is; with ``generator``,
+    what belongs to the task rather than the model after them: the paper's Table 1 figures for it, and how often
+    truncated BPTT windows hold both a closing tag and the opening name it copies."""
     result = _load(file_name)
     lines = [
         f"`{result['command']}`: {result['samples']} samples of at most {result['max_tokens']} characters (seed "
@@ -524,7 +525,7 @@ def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json", paper: b
                 ]
             )
         )
-    if not paper:
+    if not generator:
         return "\n".join(lines)
     table1 = {
         cell["architecture"]: cell["paper"]
@@ -538,7 +539,20 @@ def xml_nesting(file_name: str = "xml_nesting_synthetic-xml-lstm.json", paper: b
         f"{table1[high]:.4f} ({high}), {table1['LSTM-b']:.4f} for the LSTM with a forget-gate bias of 1 (the paper's "
         "figures, from `benchmarks/results/search_table1.json`; measured on the paper's own writing of the documents, "
         "which it prints without angle brackets, so the comparison is close, not exact).",
+        "",
+        "How often one training window holds both a closing tag of those documents and the opening name it copies "
+        "(the chance over where the window boundaries fall; outside it, truncated BPTT cuts the gradient that would "
+        "teach the model to keep the name that long):",
+        "",
     ]
+    windows = list(result["windows"][0]["within"])
+    lines += [
+        _row(["closing tag, characters since its tag opened", "closing tags", *(f"BPTT {w}" for w in windows)]),
+        "|---|---:|" + "---:|" * len(windows),
+    ]
+    for row in result["windows"]:
+        shares = ["—" if row["within"][w] is None else f"{row['within'][w]:.1%}" for w in windows]
+        lines.append(_row([row["span"], f"{row['closing_tags']:,}", *shares]))
     return "\n".join(lines)
 
 
@@ -708,7 +722,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,
     "xml-nesting": xml_nesting,
-    "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json", paper=False),
+    "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json", generator=False),
     "allocator": allocator,
 }
 

@@ -31,6 +31,7 @@ import math
 import random
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,12 @@ SPANS = ((0, 1, "0: closed right after opening"), (1, 30, "1-29 characters"), (3
 TAG = re.compile(r"<(/?)([a-z]+)>")
 NOTHING_OPEN = "no tag open"  # the last row of the sampled closing tags: each counted wrong, as the card counts it
 ROLES = ["opening name", "structure", *(f"closing name {label}" for _, _, label in SPANS)]  # the tables' order
+WINDOWS = (64, 256, 1024)  # BPTT of configs/synthetic/xml-lstm-long.yaml, of -wide and -gpu, and of -1024
+
+
+def span_label(span: int) -> str:
+    """The :data:`SPANS` label of a closing tag ``span`` characters after its opening tag."""
+    return next(label for low, high, label in SPANS if span >= low and (high is None or span < high))
 
 
 def closing_tags_by_span(text: str) -> list[tuple[int | None, bool]]:
@@ -87,8 +94,7 @@ def character_roles(document: str) -> list[str]:
             open_ends.append(match.end())
             roles[match.start(2) : match.end(2)] = ["opening name"] * len(match.group(2))
             continue
-        span = match.start() - open_ends.pop()
-        label = next(label for low, high, label in SPANS if span >= low and (high is None or span < high))
+        label = span_label(match.start() - open_ends.pop())
         roles[match.start(2) : match.end()] = [f"closing name {label}"] * (match.end() - match.start(2))
     return roles
 
@@ -142,6 +148,33 @@ def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]
     ]
 
 
+def within_window(texts: Sequence[str], windows: Sequence[int] = WINDOWS) -> list[dict[str, Any]]:
+    """How often truncated BPTT lets a closing name's gradient reach the opening name it copies, by :data:`SPANS` row:
+    over the closing tags of the documents ``texts``, the mean chance that one training window of
+    ``W`` characters holds both the opening name's first letter and the closing tag's ``>``, ``D`` characters apart:
+    ``max(0, 1 - D / W)`` when a window boundary is as likely to fall at any character (documents run on in one
+    stream). Outside that chance the loss at the closing name cannot teach the model to keep the name so long."""
+    distances: dict[str, list[int]] = {label: [] for _, _, label in SPANS}
+    for document in texts:
+        opened: list[tuple[int, int]] = []  # (the name's first letter, the opening tag's end)
+        for match in TAG.finditer(document):
+            if not match.group(1):
+                opened.append((match.start(2), match.end()))
+                continue
+            first_letter, end = opened.pop()
+            distances[span_label(match.start() - end)].append(match.end() - 1 - first_letter)
+    return [
+        {
+            "span": label,
+            "closing_tags": len(values),
+            "within": {
+                str(w): sum(max(0.0, 1 - d / w) for d in values) / len(values) if values else None for w in windows
+            },
+        }
+        for label, values in distances.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="a registered name, an export directory or a .ckpt")
@@ -153,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from checkpoints import LMZooError, load
     from checkpoints.bundle import SAMPLE_SEED, XML_MAX_TOKENS, XML_SAMPLES
+    from datamodules.synthetic import xml_document
 
     try:
         loaded = load(args.source)
@@ -164,7 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"samples": XML_SAMPLES, "max_tokens": XML_MAX_TOKENS, "seed": SAMPLE_SEED, "temperature": temperature}
     bits = bits_by_role(loaded, args.documents, args.seed)
     documents = {"documents": args.documents, "seed_documents": args.seed}
-    output.write(path, {"command": command, "source": args.source, **settings, "rows": rows, "bits": bits, **documents})
+    rng = random.Random(args.seed)
+    windows = within_window([xml_document(rng) for _ in range(args.documents)])  # the documents of bits_by_role
+    results = {"command": command, "source": args.source, **settings, "rows": rows, "bits": bits, **documents}
+    output.write(path, results | {"windows": windows})
     for row in rows:
         share = f"{row['matched'] / row['closing_tags']:.1%}" if row["closing_tags"] else "-"
         print(f"{row['span']:<32} {row['matched']:>5} of {row['closing_tags']:>5} matched ({share})")
@@ -176,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
             f"(the generator's {row['generator_bits_per_char']:.3f}), {row['share']:.3f}; next-step accuracy "
             f"{row['correct'] / row['characters']:.3f} (at best {row['best_accuracy']:.3f})"
         )
+    for row in windows:
+        within = ", ".join(f"BPTT {w} {'-' if share is None else f'{share:.1%}'}" for w, share in row["within"].items())
+        print(f"closing tags {row['span']:<32} {row['closing_tags']:>6}: one window holds the name to copy: {within}")
     print(f"wrote {path}")
 
 

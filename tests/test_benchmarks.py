@@ -256,3 +256,16 @@ def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_dra
         assert 0 <= row["correct"] <= row["characters"]
         if row["role"].startswith("closing name"):
             assert row["generator_bits_per_char"] == 0.0 and row["best_accuracy"] == 1.0
+
+
+def test_within_window_is_the_chance_that_one_bptt_window_holds_the_name_and_its_copy() -> None:
+    from benchmarks import xml_nesting
+
+    # </cd> closes at once: from "c" (index 5) to its ">" (12), 7 characters; </ab> after the element <cd></cd>: from
+    # "a" (1) to its ">" (17), 16. A window of W characters holds both with chance 1 - D/W (none when D >= W).
+    rows = {row["span"]: row for row in xml_nesting.within_window(["<ab><cd></cd></ab>"], windows=(8, 32))}
+    at_once, after_one = rows["0: closed right after opening"], rows["1-29 characters"]
+    assert at_once["closing_tags"] == after_one["closing_tags"] == 1 and rows["100+"]["closing_tags"] == 0
+    assert rows["100+"]["within"] == {"8": None, "32": None}  # no closing tag that far back: no chance to give
+    assert at_once["within"] == pytest.approx({"8": 1 - 7 / 8, "32": 1 - 7 / 32})
+    assert after_one["within"] == pytest.approx({"8": 0.0, "32": 1 - 16 / 32})
