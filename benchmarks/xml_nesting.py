@@ -21,7 +21,11 @@ next-character distribution, :func:`datamodules.synthetic.xml_next_characters`: 
 and the next-step accuracy that the paper's Table 1 reports for this task, the model's and the best possible (what the
 generator's own most likely next character gets right).
 
-It prints both tables and writes a new results file (``--out``; see benchmarks/output.py).
+A third table belongs to the training recipe, not the model: for the closing tags of the same documents, how often a
+training window of 64, 256 or 1024 characters holds both the closing tag and the opening name it copies, as truncated
+BPTT needs for the closing name's loss to teach the model to keep that name (:func:`within_window`).
+
+It prints the tables and writes a new results file (``--out``; see benchmarks/output.py).
 """
 
 from __future__ import annotations
