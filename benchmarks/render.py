@@ -723,6 +723,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "inference-overhead": inference_overhead,
     "xml-nesting": xml_nesting,
     "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json", generator=False),
+    "xml-nesting-1024": lambda: xml_nesting("xml_nesting_xml-lstm-1024.json", generator=False),
     "allocator": allocator,
 }
 
