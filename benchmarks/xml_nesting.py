@@ -103,9 +103,9 @@ def character_roles(document: str) -> list[str]:
     return roles
 
 
-def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]:
-    """The model's bits per character of ``documents`` fresh generator documents (one line each, read as one stream
-    from a line start), per :func:`character_roles` role, beside the generator's own
+def bits_by_role(loaded: Any, texts: Sequence[str]) -> list[dict[str, Any]]:
+    """The model's bits per character of the generator documents ``texts`` (one line each, read as one stream from a
+    line start), per :func:`character_roles` role, beside the generator's own
     (:func:`datamodules.synthetic.xml_next_characters`: the fewest bits any model can spend); ``share`` is the
     role's bits over all characters. With them the next-step accuracy (Jozefowicz et al. 2015's Table 1 measure):
     how many characters the model's most likely character gets right (``correct``), and ``best_accuracy``, how many
@@ -113,10 +113,8 @@ def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]
     between the tied characters)."""
     import torch
 
-    from datamodules.synthetic import xml_document, xml_next_characters
+    from datamodules.synthetic import xml_next_characters
 
-    rng = random.Random(seed)
-    texts = [xml_document(rng) for _ in range(documents)]
     roles = [role for text in texts for role in [*character_roles(text), "structure"]]  # "structure": the newline
     exact = [d for text in texts for d in xml_next_characters(text)]  # one per character and line end
     characters = "".join(text + "\n" for text in texts)
@@ -136,7 +134,8 @@ def bits_by_role(loaded: Any, documents: int, seed: int) -> list[dict[str, Any]]
         total["bits"] += value
         total["generator_bits"] -= math.log2(distribution[character])
         total["correct"] += right
-        likeliest = [c for c, p in distribution.items() if p == max(distribution.values())]
+        top = max(distribution.values())
+        likeliest = [c for c, p in distribution.items() if p == top]
         total["best"] += (character in likeliest) / len(likeliest)  # a tie split evenly, as a fair coin would
     return [
         {
@@ -200,10 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = by_span(texts)
     command = " ".join(["python", "benchmarks/xml_nesting.py", *(sys.argv[1:] if argv is None else argv)])
     settings = {"samples": XML_SAMPLES, "max_tokens": XML_MAX_TOKENS, "seed": SAMPLE_SEED, "temperature": temperature}
-    bits = bits_by_role(loaded, args.documents, args.seed)
-    documents = {"documents": args.documents, "seed_documents": args.seed}
     rng = random.Random(args.seed)
-    windows = within_window([xml_document(rng) for _ in range(args.documents)])  # the documents of bits_by_role
+    generated = [xml_document(rng) for _ in range(args.documents)]  # fresh: the corpus's splits use seed 0
+    bits = bits_by_role(loaded, generated)
+    documents = {"documents": args.documents, "seed_documents": args.seed}
+    windows = within_window(generated)
     results = {"command": command, "source": args.source, **settings, "rows": rows, "bits": bits, **documents}
     output.write(path, results | {"windows": windows})
     for row in rows:

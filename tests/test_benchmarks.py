@@ -231,12 +231,13 @@ def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_dra
 
     from benchmarks import xml_nesting
     from checkpoints import load
-    from datamodules.synthetic import XML_MAX_ITERATIONS, XML_TAG, xml_document
+    from datamodules.synthetic import xml_document
+    from tests.test_synthetic import drawn_bits
 
     loaded = load("synthetic-xml-lstm")
-    rows = xml_nesting.bits_by_role(loaded, documents=20, seed=5)
     rng = random.Random(5)
     texts = [xml_document(rng) for _ in range(20)]
+    rows = xml_nesting.bits_by_role(loaded, texts)
     stream = "".join(text + "\n" for text in texts)
     targets = torch.as_tensor(loaded.tokenizer.encode_text(stream), dtype=torch.long)
     inputs = torch.cat([torch.tensor([loaded.tokenizer.bos_id]), targets[:-1]])
@@ -245,12 +246,7 @@ def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_dra
     assert sum(r["bits_per_char"] * r["characters"] for r in rows) == pytest.approx(nats.sum().item() / math.log(2))
     assert sum(r["characters"] for r in rows) == len(stream)
 
-    drawn = 0.0
-    for text in texts:
-        tags = XML_TAG.findall(text)
-        openings = [name for closing, name in tags if not closing]
-        drawn += len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
-        drawn += min(len(tags), XML_MAX_ITERATIONS)  # a bit per decision while the 50 steps last
+    drawn = sum(map(drawn_bits, texts))
     assert sum(r["generator_bits_per_char"] * r["characters"] for r in rows) == pytest.approx(drawn)
     for row in rows:
         assert 0 <= row["correct"] <= row["characters"]

@@ -185,6 +185,16 @@ def test_the_generators_next_character_distribution_worked_out_by_hand():
     assert distributions[9] == {"<": 0.5, "\n": 0.5}  # a second top-level element, or the end
 
 
+def drawn_bits(document: str) -> float:
+    """The bits of the draws that wrote ``document``, read from its tags: each opening name's length (log2 9) and
+    letters (log2 26 each), and each decision (1 bit while the 50 steps last; one after the last tag ends the line)."""
+    tags = TAG.findall(document)
+    openings = [name for close, name in tags if not close]
+    decisions = len(tags)  # every tag after the first, then the one that ends the line
+    bits = len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
+    return bits + min(decisions, synthetic.XML_MAX_ITERATIONS)
+
+
 def test_the_next_character_bits_add_up_to_the_generators_draws():
     """An independent path: a document's bits are those of the draws that made it, read from its tags (each opening
     name's length, log2 9, and letters, log2 26 each; each decision, 1 bit while the 50 steps last, and one decision
@@ -196,13 +206,8 @@ def test_the_next_character_bits_add_up_to_the_generators_draws():
         distributions = xml_next_characters(document)
         assert all(sum(d.values()) == pytest.approx(1.0) for d in distributions)
         per_character = -sum(math.log2(d[c]) for d, c in zip(distributions, document + "\n", strict=True))
-        tags = TAG.findall(document)
-        openings = [name for close, name in tags if not close]
-        decisions = len(tags)  # every tag after the first, then the one that ends the line
-        forced += decisions > synthetic.XML_MAX_ITERATIONS
-        drawn = len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
-        drawn += min(decisions, synthetic.XML_MAX_ITERATIONS)
-        assert per_character == pytest.approx(drawn, abs=1e-9), document
+        forced += len(TAG.findall(document)) > synthetic.XML_MAX_ITERATIONS  # a decision per tag after the first, +1
+        assert per_character == pytest.approx(drawn_bits(document), abs=1e-9), document
     assert forced > 0, "some documents reach the forced closes"
 
 
