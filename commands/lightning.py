@@ -449,19 +449,36 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
     """
     quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
-    with warnings.catch_warnings():
-        # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.
-        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
-        LMZooCLI(
-            StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
-            LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            parser_class=LMZooArgumentParser,
-            args=None if argv is None else list(argv),
-            trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
-            in_process=not (argv is None if own_command is None else own_command),
-        )
+    try:
+        with warnings.catch_warnings():
+            # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on
+            # purpose.
+            warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+            LMZooCLI(
+                StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
+                LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                parser_class=LMZooArgumentParser,
+                args=None if argv is None else list(argv),
+                trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
+                in_process=not (argv is None if own_command is None else own_command),
+            )
+    finally:
+        leave_process_group()
+
+
+def leave_process_group() -> None:
+    """End this process's part in a multi-process run's process group, if it has one, before the process exits.
+
+    Lightning destroys the group at exit for NCCL only. A gloo group (DDP on CPUs) left to the interpreter's exit is
+    torn down in whatever order its C++ objects die, and now and then a worker thread of it is destroyed still
+    running: the process aborts ("terminate called without an active exception", status -6) after it has printed
+    its one-line error, so a run that failed cleanly reports a crash. Destroying the group is local (no collective),
+    so a rank may leave while its peers are still running or already gone.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def check_config_files(args: Sequence[str]) -> None:
