@@ -724,6 +724,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "xml-nesting": xml_nesting,
     "xml-nesting-gpu": lambda: xml_nesting("xml_nesting_xml-lstm-gpu.json", generator=False),
     "xml-nesting-1024": lambda: xml_nesting("xml_nesting_xml-lstm-1024.json", generator=False),
+    "xml-nesting-gpu-1024": lambda: xml_nesting("xml_nesting_xml-lstm-gpu-1024.json", generator=False),
     "allocator": allocator,
 }
 
