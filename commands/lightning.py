@@ -449,6 +449,7 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
     """
     quiet_known_noise()
     check_config_files(sys.argv[2:] if argv is None else argv[1:])
+    callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         with warnings.catch_warnings():
             # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on
@@ -465,11 +466,12 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
                 in_process=not (argv is None if own_command is None else own_command),
             )
     finally:
-        leave_process_group()
+        if not callers_group:  # a group the caller made (a script under torchrun) is the caller's to end
+            leave_process_group()
 
 
 def leave_process_group() -> None:
-    """End this process's part in a multi-process run's process group, if it has one, before the process exits.
+    """End this process's part in the process group its multi-process run made, if any, before the process exits.
 
     Lightning destroys the group at exit for NCCL only. A gloo group (DDP on CPUs) left to the interpreter's exit is
     torn down in whatever order its C++ objects die, and now and then a worker thread of it is destroyed still
