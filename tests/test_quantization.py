@@ -25,9 +25,9 @@ ENTRIES = registry.load_registry(registry.DEFAULT_PATH)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 
-def _model(architecture: str = "lstm", head: str = "softmax", seed: int = 0) -> RecurrentLM:
+def _model(architecture: str = "lstm", head: str = "softmax", seed: int = 0, tie_weights: bool = False) -> RecurrentLM:
     torch.manual_seed(seed)
-    return RecurrentLM(50, architecture, 16, 24, 2, head=head).eval()
+    return RecurrentLM(50, architecture, 16, 24, 2, head=head, tie_weights=tie_weights).eval()
 
 
 def _ids(batch: int = 3, steps: int = 9, seed: int = 1) -> torch.Tensor:
@@ -62,9 +62,19 @@ def test_the_int8_network_is_torchs_dynamic_quantization_of_the_same_weights() -
     torch.testing.assert_close(logits, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("architecture", "head"), [("lstm", "softmax"), ("gru", "softmax"), ("lstm", "adaptive")])
-def test_int8_log_probabilities_stay_close_to_the_float_models(architecture: str, head: str) -> None:
-    model = _model(architecture, head)
+@pytest.mark.parametrize(
+    ("architecture", "head", "tie_weights"),
+    [
+        ("lstm", "softmax", False),
+        ("gru", "softmax", False),
+        ("lstm", "adaptive", False),
+        # Trained by a sampled objective, scored by the full softmax; tied through a projection (embedding 16 < 24).
+        ("lstm", "sampled_softmax", True),
+        ("lstm", "nce", False),
+    ],
+)
+def test_int8_log_probabilities_stay_close_to_the_float_models(architecture: str, head: str, tie_weights: bool) -> None:
+    model = _model(architecture, head, tie_weights=tie_weights)
     quantized = quantize_int8(model)
     assert all(layer.int8 for layer in quantized.rnn.layers) and not any(layer.int8 for layer in model.rnn.layers)
     ids = _ids()
