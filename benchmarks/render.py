@@ -426,7 +426,8 @@ def quantize_int8() -> str:
     result = _load("quantize_int8.json")
     lines = [
         f"`{result['command'].strip()}` ({result['machine']}, torch {result['torch']}, quantized engine "
-        f"{result['quantized_engine']}): scoring is the test split at eval batch 1; sampling is one stream.",
+        f"{result['quantized_engine']}; medians of {result.get('rounds', 1)} alternated rounds): scoring is the test "
+        "split at eval batch 1; sampling is one stream.",
         "",
         "| model | test ppl float32 / int8 (change) | scoring tokens/s float32 / int8 (×) "
         "| sampling tokens/s float32 / int8 (×) |",
