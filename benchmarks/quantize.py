@@ -1,13 +1,14 @@
-"""float32 against int8 (``--quantize int8``, PyTorch's dynamic quantization) for shipped word models, side by side in
-one process on the same thread count: scoring tokens/s (``lm-zoo evaluate --batch-size 1`` over the test split, whose
-perplexity each side reports) and sampling tokens/s (batch 1, seeded). The sides alternate over ``--rounds`` rounds and
-each figure is the median of its rounds: one pass each, float first, moved the small model's ratio between 1.35x and
-1.86x from run to run. Writes a new results file (``--out``, or ``benchmarks/results/quantize_int8-<time>.json``)::
+"""float32 against int8 (``--quantize int8`` and ``int8-head``: PyTorch's dynamic quantization of the whole network, and
+of its output layer alone) for shipped word models, side by side in one process on the same thread count: scoring
+tokens/s (``lm-zoo evaluate --batch-size 1`` over the test split, whose perplexity each side reports) and sampling
+tokens/s (batch 1, seeded). The sides alternate over ``--rounds`` rounds and each figure is the median of its rounds:
+one pass each, float first, moved the small model's ratio between 1.35x and 1.86x from run to run. Writes a new
+results file (``--out``, or ``benchmarks/results/quantize_int8-<time>.json``)::
 
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --sample-tokens 500
 
-``--register`` also writes each model's int8 test figure into the registry (its ``int8_results``, which ``make
+``--register`` also writes each model's ``int8`` test figure into the registry (its ``int8_results``, which ``make
 verify-pretrained`` re-measures), as a rebuilt bundle (``lm-zoo bundle build``) leaves them out.
 """
 
@@ -30,7 +31,7 @@ import checkpoints  # noqa: E402
 from benchmarks import output  # noqa: E402
 from checkpoints import registry  # noqa: E402
 from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
-from zoo.quantization import quantize_int8  # noqa: E402
+from zoo.quantization import MODES, quantize_int8  # noqa: E402
 
 NAME = "quantize_int8"  # benchmarks/results/quantize_int8.json
 MODELS = ["ptb-lstm-small", "ptb-lstm-medium", "wikitext-2-lstm"]
@@ -88,7 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.models:
         loaded = checkpoints.load(name)
-        sides = {"float32": loaded.model.eval(), "int8": quantize_int8(loaded.model)}
+        sides = {
+            "float32": loaded.model.eval(),
+            "int8": quantize_int8(loaded.model),
+            "int8-head": quantize_int8(loaded.model, recurrent=False),
+        }
         rounds: dict[str, dict[str, list[dict[str, float]]]] = {side: {"scoring": [], "sampling": []} for side in sides}
         for round_index in range(args.rounds):  # the sides alternate, so that a slow spell of the machine hits both
             for side, model in sides.items():
@@ -110,9 +115,11 @@ def main(argv: list[str] | None = None) -> None:
         for side, measured in rounds.items():
             row[side] = {task: _median(runs) for task, runs in measured.items()}
             row[side]["rounds"] = measured
-        row["scoring_speedup"] = row["int8"]["scoring"]["tokens_per_s"] / row["float32"]["scoring"]["tokens_per_s"]
-        row["sampling_speedup"] = row["int8"]["sampling"]["tokens_per_s"] / row["float32"]["sampling"]["tokens_per_s"]
-        row["ppl_change"] = row["int8"]["scoring"]["ppl"] / row["float32"]["scoring"]["ppl"] - 1
+        for side in MODES:  # each quantized side against float32
+            measured, base = row[side], row["float32"]
+            measured["scoring_speedup"] = measured["scoring"]["tokens_per_s"] / base["scoring"]["tokens_per_s"]
+            measured["sampling_speedup"] = measured["sampling"]["tokens_per_s"] / base["sampling"]["tokens_per_s"]
+            measured["ppl_change"] = measured["scoring"]["ppl"] / base["scoring"]["ppl"] - 1
         rows.append(row)
         if args.register:
             _register(name, row["int8"]["scoring"])

@@ -422,31 +422,34 @@ def fit_profile(rows: int = 10) -> str:
 
 
 def quantize_int8() -> str:
-    """``benchmarks/quantize.py``: float32 against ``--quantize int8``, scoring and sampling at batch 1, in one run."""
+    """``benchmarks/quantize.py``: float32 against ``--quantize int8`` and ``int8-head``, scoring and sampling at batch
+    1, in one run."""
     result = _load("quantize_int8.json")
     lines = [
         f"`{result['command'].strip()}` ({result['machine']}, torch {result['torch']}, quantized engine "
         f"{result['quantized_engine']}; medians of {result.get('rounds', 1)} alternated rounds): scoring is the test "
         "split at eval batch 1; sampling is one stream.",
         "",
-        "| model | test ppl float32 / int8 (change) | scoring tokens/s float32 / int8 (×) "
-        "| sampling tokens/s float32 / int8 (×) |",
-        "|---|---|---|---|",
+        "| model | `--quantize` | test ppl (change) | scoring tokens/s (× float32) | sampling tokens/s (× float32) |",
+        "|---|---|---:|---:|---:|",
     ]
     for row in result["rows"]:
-        f32, i8 = row["float32"], row["int8"]
-        lines.append(
-            _row(
-                [
-                    f"`{row['model']}`",
-                    f"{f32['scoring']['ppl']:.2f} / {i8['scoring']['ppl']:.2f} ({100 * row['ppl_change']:+.2f}%)",
-                    f"{f32['scoring']['tokens_per_s']:,.0f} / {i8['scoring']['tokens_per_s']:,.0f} "
-                    f"({row['scoring_speedup']:.2f}×)",
-                    f"{f32['sampling']['tokens_per_s']:,.0f} / {i8['sampling']['tokens_per_s']:,.0f} "
-                    f"({row['sampling_speedup']:.2f}×)",
-                ]
+        for side in ("float32", "int8", "int8-head"):
+            measured = row[side]
+            change = f" ({100 * measured['ppl_change']:+.2f}%)" if "ppl_change" in measured else ""
+            scoring = f" ({measured['scoring_speedup']:.2f}×)" if "scoring_speedup" in measured else ""
+            sampling = f" ({measured['sampling_speedup']:.2f}×)" if "sampling_speedup" in measured else ""
+            lines.append(
+                _row(
+                    [
+                        f"`{row['model']}`",
+                        "—" if side == "float32" else f"`{side}`",
+                        f"{measured['scoring']['ppl']:.2f}{change}",
+                        f"{measured['scoring']['tokens_per_s']:,.0f}{scoring}",
+                        f"{measured['sampling']['tokens_per_s']:,.0f}{sampling}",
+                    ]
+                )
             )
-        )
     return "\n".join(lines)
 
 

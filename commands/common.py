@@ -30,13 +30,16 @@ class CommandParser(argparse.ArgumentParser):
 
 
 DEVICE_HELP = "auto (a CUDA GPU where there is one, else cpu), cpu, cuda or cuda:N"
+QUANTIZE_MODES = ("int8", "int8-head")  # zoo.quantization.MODES, kept here so that --help need not import torch
 QUANTIZE_HELP = (
-    "int8: the LSTM/GRU and output layers in int8 (PyTorch's dynamic quantization), for faster inference on a CPU"
+    "int8: the LSTM/GRU and output layers in int8 (PyTorch's dynamic quantization), for faster inference on a CPU; "
+    "int8-head: the output layer alone, any cell (faster for small layers: docs/evaluation.md)"
 )
 
 
 def quantize_model(loaded: Any, quantize: str | None, device: str) -> None:
-    """``--quantize``: replace ``loaded.model`` with its int8 copy (:func:`zoo.quantization.quantize_int8`).
+    """``--quantize``: replace ``loaded.model`` with its int8 copy (:func:`zoo.quantization.quantize_int8`), all of it
+    (``int8``) or its output layer alone (``int8-head``).
 
     Raises:
         ConfigError: a device other than the CPU, or a model the quantization does not apply to.
@@ -47,7 +50,7 @@ def quantize_model(loaded: Any, quantize: str | None, device: str) -> None:
         raise ConfigError(f"--quantize {quantize} runs on the CPU (PyTorch's int8 kernels): add --device cpu")
     from zoo.quantization import quantize_int8  # deferred: most commands never quantize
 
-    loaded.model = quantize_int8(loaded.model)
+    loaded.model = quantize_int8(loaded.model, recurrent=quantize == "int8")
 
 
 def device_argument(text: str) -> str:

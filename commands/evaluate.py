@@ -13,6 +13,7 @@ from commands import COMMANDS
 from commands.common import (
     DEVICE_HELP,
     QUANTIZE_HELP,
+    QUANTIZE_MODES,
     SOURCE_HELP,
     CommandParser,
     device_argument,
@@ -38,7 +39,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     parser.add_argument(
         "--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION, help=MATMUL_PRECISION_HELP
     )
@@ -50,8 +51,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
     if args.quantize and (procedure["mc"] or procedure["dynamic"]):
         raise ConfigError(
-            "--quantize int8 scores with fixed int8 weights: --mc-samples needs dropout and --dynamic trains the "
-            "weights; drop one of them"
+            f"--quantize {args.quantize} scores with fixed int8 weights: --mc-samples needs dropout and --dynamic "
+            "trains the weights; drop one of them"
         )
     loaded = checkpoints.load(args.source, args.revision)
     quantize_model(loaded, args.quantize, args.device)

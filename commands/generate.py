@@ -14,7 +14,15 @@ import torch
 
 import checkpoints
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, QUANTIZE_HELP, SOURCE_HELP, CommandParser, device_argument, quantize_model
+from commands.common import (
+    DEVICE_HELP,
+    QUANTIZE_HELP,
+    QUANTIZE_MODES,
+    SOURCE_HELP,
+    CommandParser,
+    device_argument,
+    quantize_model,
+)
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from zoo.errors import ConfigError
@@ -39,7 +47,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     music = parser.add_argument_group("music models (piano rolls): each sample a MIDI file and a PNG piano roll")
     music.add_argument("--out", help="the directory to write sample-K.mid and sample-K.png into (required)")

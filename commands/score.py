@@ -13,6 +13,7 @@ from commands import COMMANDS
 from commands.common import (
     DEVICE_HELP,
     QUANTIZE_HELP,
+    QUANTIZE_MODES,
     SOURCE_HELP,
     CommandParser,
     device_argument,
@@ -80,7 +81,7 @@ def cmd_score(argv: Sequence[str]) -> None:
     parser.add_argument("--no-end", action="store_true", help="score the words only, not the end of the sentence")
     parser.add_argument("--batch-size", type=option("--batch-size", int, 1), default=64, help="sentences per pass")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=("int8",), help=QUANTIZE_HELP)
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     args = parser.parse_args(argv)
     if args.nbest and (args.document or args.per_token):
         raise ConfigError("--nbest scores each hypothesis alone into one column: drop --document and --per-token")

@@ -125,6 +125,34 @@ def test_a_window_with_resets_runs_the_int8_kernel_on_its_segments() -> None:
     torch.testing.assert_close(torch.log_softmax(approx, -1), torch.log_softmax(exact, -1), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("architecture", ["lstm", "mogrifier", "on_lstm"])
+def test_int8_head_quantizes_the_output_layer_alone_for_any_cell(architecture: str) -> None:
+    """``--quantize int8-head``: the recurrent layers keep their float weights and compute exactly the float model's
+    states; only the head is int8, so the logits move a little and the log-probabilities stay close."""
+    torch.manual_seed(0)
+    model = RecurrentLM(50, architecture, 16, 24, 2).eval()
+    quantized = quantize_int8(model, recurrent=False)
+    assert isinstance(quantized.decoder, Int8SoftmaxHead)
+    assert not any(getattr(layer, "int8", False) for layer in quantized.rnn.layers)
+    ids = _ids()
+    with torch.no_grad():
+        exact_states, _ = model.rnn(model.embedding(ids))  # (B, T, H)
+        states, _ = quantized.rnn(quantized.embedding(ids))
+        exact = model.token_nll(ids[:, :-1], ids[:, 1:])[0]  # (B, T) nats
+        approx = quantized.token_nll(ids[:, :-1], ids[:, 1:])[0]
+    torch.testing.assert_close(states, exact_states, rtol=0, atol=0)
+    assert not torch.equal(exact, approx)  # the head did run in int8
+    torch.testing.assert_close(approx, exact, rtol=0.02, atol=0.02)
+
+
+def test_the_cli_modes_are_the_quantization_modules() -> None:
+    """commands.common keeps its own copy, so that ``--help`` does not import torch; the two must not drift."""
+    from commands.common import QUANTIZE_MODES
+    from zoo.quantization import MODES
+
+    assert QUANTIZE_MODES == MODES
+
+
 def test_the_float_model_is_left_as_it_was() -> None:
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -144,6 +172,10 @@ def test_what_dynamic_quantization_does_not_cover_is_refused_in_one_line(
     model = RecurrentLM(50, architecture, 16, 24, 1, head=head)
     with pytest.raises(ConfigError, match=message):
         quantize_int8(model)
+    if head == "softmax":  # the output layer alone is what --quantize int8-head takes, and the message says so
+        with pytest.raises(ConfigError, match="int8-head"):
+            quantize_int8(model)
+        assert isinstance(quantize_int8(model, recurrent=False).decoder, Int8SoftmaxHead)
 
 
 def test_int8_runs_on_the_cpu_only() -> None:

@@ -119,6 +119,24 @@ def test_the_command_prints_one_json_line_per_sentence(lm, exported: Path, tmp_p
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")  # torch.ao's torchao notice
+@pytest.mark.parametrize("mode", ["int8", "int8-head"])
+def test_the_command_scores_with_a_quantized_copy(lm, exported: Path, tmp_path: Path, capsys, mode: str) -> None:
+    """``--quantize``: each mode's scores are what the same quantized copy scores from Python, close to the float's."""
+    from zoo.quantization import quantize_int8
+
+    model, tokenizer = lm
+    file = tmp_path / "sentences.txt"
+    file.write_text("\n".join(SENTENCES) + "\n")
+    capsys.readouterr()
+    assert cli.main(["score", str(exported), str(file), "--device", "cpu", "--quantize", mode]) == 0
+    printed = [json.loads(line)["logprob"] for line in capsys.readouterr().out.splitlines()]
+    quantized = quantize_int8(model, recurrent=mode == "int8")
+    assert printed == pytest.approx([s.logprob for s in score_sentences(quantized, tokenizer, SENTENCES)], abs=1e-5)
+    floats = [s.logprob for s in score_sentences(model, tokenizer, SENTENCES)]
+    assert printed != pytest.approx(floats, abs=1e-6) and printed == pytest.approx(floats, rel=0.05)
+
+
 def test_an_nbest_list_comes_back_with_a_score_column(lm, exported: Path, tmp_path: Path, capsys) -> None:
     model, tokenizer = lm
     tabbed = tmp_path / "nbest.tsv"

@@ -11,7 +11,14 @@ segments instead (see ``FusedLayer.int8``).
 
 Only what the library quantizes is quantized: the fused ``lstm`` and ``gru`` layers, the optional projection, and the
 softmax or adaptive head. The embedding stays float (a lookup has no product to speed up), and so does everything
-else; other architectures and heads are refused in one line rather than half-quantized.
+else.
+
+Two modes (``MODES``): ``int8`` quantizes all of that, and refuses other cells in one line rather than half-quantize
+them; ``int8-head`` the output side alone (projection and head), the recurrent layers left float, which also serves
+the cells PyTorch has no int8 kernel for. Why the second: PyTorch's int8 LSTM quantizes its input and state at every
+time step, which costs more than it saves where a layer's weights are small enough to stay in cache: ptb-lstm-small
+(2 x 200) scored its test split faster with the head alone than with the whole network in int8, the 650-unit models
+the other way round (``benchmarks/quantize.py`` measures both modes side by side). The MoS head is refused by both.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from zoo.language_model import RecurrentLM
 from zoo.lstm import LSTMLayer
 
 QUANTIZABLE_LAYERS = (LSTMLayer, GRULayer)  # nn.LSTM / nn.GRU inside: the recurrent modules quantize_dynamic maps
+MODES = ("int8", "int8-head")  # --quantize: the whole network, or the output side alone
 
 
 class Int8SoftmaxHead(nn.Module):
@@ -70,12 +78,15 @@ class Int8SoftmaxHead(nn.Module):
         return torch.cat(pieces, dim=1).view(targets.shape)
 
 
-def quantize_int8(model: nn.Module) -> RecurrentLM:
-    """A copy of ``model`` for int8 inference on the CPU (``lm-zoo evaluate|generate|score --quantize int8``).
+def quantize_int8(model: nn.Module, recurrent: bool = True) -> RecurrentLM:
+    """A copy of ``model`` for int8 inference on the CPU (``lm-zoo evaluate|generate|score --quantize int8`` or, with
+    ``recurrent=False``, ``--quantize int8-head``).
 
     Args:
-        model: a trained :class:`~zoo.language_model.RecurrentLM` of fused ``lstm`` or ``gru`` layers with a
-            ``softmax`` or ``adaptive`` head.
+        model: a trained :class:`~zoo.language_model.RecurrentLM` with a ``softmax`` (or ``nce`` /
+            ``sampled_softmax``, scored as one) or ``adaptive`` head, and with ``recurrent``, fused ``lstm`` or
+            ``gru`` layers.
+        recurrent: quantize the recurrent layers too; ``False`` leaves them float, for any architecture.
 
     Returns:
         The quantized copy, in eval mode (``model`` is left as it was). It runs on the CPU only and cannot be trained.
@@ -83,22 +94,23 @@ def quantize_int8(model: nn.Module) -> RecurrentLM:
     Raises:
         ConfigError: the model has a part dynamic quantization does not apply to.
     """
+    mode = MODES[0] if recurrent else MODES[1]
     if not isinstance(model, RecurrentLM):
-        raise ConfigError(f"--quantize int8 applies to text models (zoo.RecurrentLM), not {type(model).__name__}")
+        raise ConfigError(f"--quantize {mode} applies to text models (zoo.RecurrentLM), not {type(model).__name__}")
     # Exactly these classes, fused: a subclass (the Mogrifier's layer is an LSTM layer) or a per-step cell (the capped
     # input gate) computes something nn.LSTM does not.
     unsupported = sorted(
         {type(layer).__name__ for layer in model.rnn.layers if type(layer) not in QUANTIZABLE_LAYERS or not layer.fused}
     )
-    if unsupported:
+    if recurrent and unsupported:
         raise ConfigError(
             f"--quantize int8 applies to the fused lstm and gru layers (PyTorch quantizes nn.LSTM and nn.GRU); this "
-            f"model has {', '.join(unsupported)}: evaluate it without --quantize"
+            f"model has {', '.join(unsupported)}: use --quantize int8-head (the output layer alone) or no --quantize"
         )
     if not isinstance(model.decoder, SoftmaxHead | AdaptiveSoftmaxHead):
         raise ConfigError(
-            f"--quantize int8 applies to the softmax and adaptive heads; this model's is {type(model.decoder).__name__}"
-            ": evaluate it without --quantize"
+            f"--quantize {mode} applies to the softmax and adaptive heads; this model's is "
+            f"{type(model.decoder).__name__}: evaluate it without --quantize"
         )
     quantized = copy.deepcopy(model).float().eval()
     with warnings.catch_warnings():
@@ -106,13 +118,14 @@ def quantize_int8(model: nn.Module) -> RecurrentLM:
         # require; it is still the library's dynamic quantization, and the tests hold it to the float model.
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        _quantize_modules(quantized)
+        _quantize_modules(quantized, recurrent)
     return quantized
 
 
-def _quantize_modules(quantized: RecurrentLM) -> None:
-    """Swap ``quantized``'s LSTM/GRU layers, projection and head for their int8 versions, in place."""
-    for layer in quantized.rnn.layers:
+def _quantize_modules(quantized: RecurrentLM, recurrent: bool) -> None:
+    """Swap ``quantized``'s projection and head, and with ``recurrent`` its LSTM/GRU layers, for their int8
+    versions, in place."""
+    for layer in quantized.rnn.layers if recurrent else ():
         quantize_dynamic(layer, {nn.LSTM, nn.GRU}, dtype=torch.qint8, inplace=True)  # layer.rnn becomes int8
         layer.int8 = True
     if quantized.projection is not None:
