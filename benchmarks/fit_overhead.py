@@ -8,17 +8,27 @@ same batch and BPTT. The allocator is set on both sides alike, so that each rati
 
 - the plain loop with glibc's malloc defaults (as the peers run it), and with ``zoo.allocator``'s settings (the
   ``mallopt`` calls ``lm-zoo`` makes at start-up, made here at the worker's start);
-- ``lm-zoo fit`` as installed (those settings) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults).
+- ``lm-zoo fit`` as installed (those settings) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults);
+- lm-zoo's network (``zoo.RecurrentLM``, built from the same config) and ``torch.optim.SGD`` in the plain loop, with
+  lm-zoo's settings: what separates the two like-for-like sides is then split in two, the network's own cost against
+  ``nn.LSTM``'s and the training loop's around it (Lightning's loop, hooks and callbacks, and ``LanguageModel``'s
+  bookkeeping: carried state, metrics, the divergence check).
 
-Each side runs in a fresh process (its own peak RSS), the four alternated ``--rounds`` times, and tokens/s are taken
+``--width 8 --corpus ptb-char`` shrinks every side's network to 2 x 8 units over PTB's 50 characters, where a step's
+arithmetic is a few hundred microseconds: the differences in milliseconds per step are then what each side's Python
+costs, free of the memory-bound softmax whose speed moves from process to process by more than those costs.
+
+Each side runs in a fresh process (its own peak RSS), the sides alternated ``--rounds`` times, and tokens/s are taken
 over the steps after ``--warmup`` (process start, data loading and the first steps excluded)::
 
     python benchmarks/fit_overhead.py                      # 2 threads, batch 20, BPTT 35, 400 timed steps, 3 rounds
     python benchmarks/fit_overhead.py --batch 64 --steps 200
     python benchmarks/fit_overhead.py --profile --steps 200   # where each like-for-like side's step goes (cProfile)
+    python benchmarks/fit_overhead.py --width 8 --corpus ptb-char --steps 1000   # the per-step cost of each loop
 
-It prints each side's median tokens/s and peak RSS, lm-zoo's overhead at the same allocator settings (the like-for-like
-ratios), lm-zoo as shipped against the plain loop as the peers run it, and what the allocator settings give each loop.
+It prints each side's median tokens/s, milliseconds per step and peak RSS, lm-zoo's overhead at the same allocator
+settings (the like-for-like ratios, and what each costs more a step), lm-zoo as shipped against the plain loop as the
+peers run it, and what the allocator settings give each loop.
 Every round, the medians, the ratios, the command, torch, the threads and the hardware go to a new results file
 (``--out``, or ``benchmarks/results/fit_overhead-<time>.json``); ``--resume`` adds this run's rounds to a file measured
 with the same settings. Run it on a quiet machine: the sides share nothing but the cores, and a concurrent job changes
@@ -38,7 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
@@ -49,17 +61,42 @@ from benchmarks import output  # noqa: E402
 
 NAME = "fit_overhead"  # results: a new benchmarks/results/fit_overhead-<time>.json, or --out
 PROFILE_NAME = "fit_profile"  # --profile's results: benchmarks/results/fit_profile-<time>.json, or --out
+CORPUS_FILES = {"ptb": "ptb.train.txt", "ptb-char": "ptb.char.train.txt"}  # --corpus: its training text under ptb/
+CONFIG = ROOT / "configs/ptb/lstm-small.yaml"  # lm-zoo's side: the network, optimizer and clipping
+
+
+def lm_zoo_network(vocab_size: int, width: int) -> tuple[Any, float, float]:
+    """The network ``lm-zoo fit`` trains from :data:`CONFIG` (``zoo.RecurrentLM``, its settings read from the YAML)
+    at ``width`` units, with the config's learning rate and clipping value."""
+    import yaml
+
+    from lightning_modules.language_model import NETWORK_OPTIONS
+    from zoo.language_model import RecurrentLM
+
+    config = yaml.safe_load(CONFIG.read_text())
+    options = {k: v for k, v in config["model"]["init_args"].items() if k in NETWORK_OPTIONS}
+    options |= {"vocab_size": vocab_size, "embedding_size": width, "hidden_size": width}
+    lr, clip = config["optimizer"]["init_args"]["lr"], config["trainer"]["gradient_clip_val"]
+    return RecurrentLM(**options), lr, clip
 
 
 def plain_loop(
-    data_root: Path, batch: int, bptt: int, steps: int, warmup: int, profiler: cProfile.Profile | None = None
+    data_root: Path,
+    batch: int,
+    bptt: int,
+    steps: int,
+    warmup: int,
+    profiler: cProfile.Profile | None = None,
+    width: int = 200,
+    corpus: str = "ptb",
+    network: str = "plain",
 ) -> float:
     """pytorch/examples' training loop on PTB: seconds per step over ``steps`` steps after ``warmup`` (``profiler``:
-    enabled over those steps)."""
+    enabled over those steps). ``network="lm-zoo"``: lm-zoo's network and ``torch.optim.SGD`` in the same loop."""
     import torch
     from torch import nn
 
-    words = (data_root / "ptb" / "ptb.train.txt").read_text().replace("\n", " <eos> ").split()
+    words = (data_root / "ptb" / CORPUS_FILES[corpus]).read_text().replace("\n", " <eos> ").split()
     vocab = {word: i for i, word in enumerate(dict.fromkeys(words))}
     ids = torch.tensor([vocab[word] for word in words])
     columns = ids[: ids.numel() // batch * batch].view(batch, -1).t().contiguous()  # (N, B), the examples' batchify
@@ -67,9 +104,9 @@ def plain_loop(
     class RNNModel(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.encoder = nn.Embedding(len(vocab), 200)
-            self.rnn = nn.LSTM(200, 200, 2)
-            self.decoder = nn.Linear(200, len(vocab))
+            self.encoder = nn.Embedding(len(vocab), width)
+            self.rnn = nn.LSTM(width, width, 2)
+            self.decoder = nn.Linear(width, len(vocab))
             for weight in (self.encoder.weight, self.decoder.weight):
                 nn.init.uniform_(weight, -0.1, 0.1)
             nn.init.zeros_(self.decoder.bias)
@@ -79,15 +116,12 @@ def plain_loop(
             return self.decoder(output), hidden
 
     torch.manual_seed(1)
+    if network == "lm-zoo":
+        return _lm_zoo_network_loop(columns, len(vocab), width, bptt, steps, warmup, profiler)
     model, criterion, lr = RNNModel().train(), nn.CrossEntropyLoss(), 20.0
-    hidden = tuple(torch.zeros(2, batch, 200) for _ in range(2))
-    start = None
-    for step, i in enumerate(range(0, (warmup + steps) * bptt, bptt)):
-        if step == warmup:
-            start = time.perf_counter()
-            if profiler is not None:
-                profiler.enable()
-        i %= columns.size(0) - 1 - bptt
+    hidden = tuple(torch.zeros(2, batch, width) for _ in range(2))
+    timing: dict[str, float] = {}
+    for i in timed_windows(columns.size(0), bptt, steps, warmup, profiler, timing):
         data, targets = columns[i : i + bptt], columns[i + 1 : i + 1 + bptt].reshape(-1)
         hidden = tuple(h.detach() for h in hidden)
         model.zero_grad()
@@ -97,10 +131,54 @@ def plain_loop(
         nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         for p in model.parameters():
             p.data.add_(p.grad, alpha=-lr)
-    seconds = (time.perf_counter() - start) / steps
+    return timing["seconds"]
+
+
+def timed_windows(
+    length: int, bptt: int, steps: int, warmup: int, profiler: cProfile.Profile | None, timing: dict[str, float]
+) -> Iterator[int]:
+    """The start of each training window in a stream of ``length`` tokens, ``warmup + steps`` of them, wrapping
+    around; the seconds per step over the last ``steps`` go to ``timing["seconds"]`` (``profiler``: enabled over
+    them). The plain loops' clock, one for both."""
+    start = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            start = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
+        yield step * bptt % (length - 1 - bptt)
+    timing["seconds"] = (time.perf_counter() - start) / steps
     if profiler is not None:
         profiler.disable()
-    return seconds
+
+
+def _lm_zoo_network_loop(
+    columns: Any, vocab_size: int, width: int, bptt: int, steps: int, warmup: int, profiler: cProfile.Profile | None
+) -> float:
+    """The plain loop over the same ``(N, B)`` columns with lm-zoo's network, its batch-first windows, its summed
+    cross-entropy over the window's count and ``torch.optim.SGD``: ``LanguageModel.training_step`` without Lightning
+    and without its bookkeeping (metrics, the divergence check)."""
+    import torch
+    import torch.nn.functional as F
+
+    from zoo.base import detach_state
+
+    model, lr, clip = lm_zoo_network(vocab_size, width)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    rows = columns.t().contiguous()  # (B, N): lm-zoo's batch-first streams
+    state = None
+    timing: dict[str, float] = {}
+    for i in timed_windows(rows.size(1), bptt, steps, warmup, profiler, timing):
+        inputs, targets = rows[:, i : i + bptt], rows[:, i + 1 : i + 1 + bptt]  # (B, T) each
+        optimizer.zero_grad()
+        features, state, _, _ = model.run(inputs, state, None)
+        state = detach_state(state)
+        total = F.cross_entropy(model.decoder(features).flatten(0, 1), targets.flatten(), reduction="sum")
+        (total / targets.numel()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+    return timing["seconds"]
 
 
 class StepTimer(L.Callback):
@@ -169,13 +247,16 @@ def write_result(seconds_per_step: float, **extra: object) -> None:
 
 PLAIN = "plain loop"
 PLAIN_LM_ZOO_MALLOC = "plain loop, lm-zoo's malloc settings"
+NETWORK = "lm-zoo's network in the plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
 FIT = "lm-zoo fit"
-SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, FIT_GLIBC_DEFAULTS, FIT)
+SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, FIT_GLIBC_DEFAULTS, FIT)
 # (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
 RATIOS = (
     (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
     (FIT_GLIBC_DEFAULTS, PLAIN, "lm-zoo's overhead, both with glibc's malloc defaults (like for like)"),
+    (NETWORK, PLAIN_LM_ZOO_MALLOC, "what lm-zoo's network and torch.optim.SGD cost against nn.LSTM and a bare update"),
+    (FIT, NETWORK, "what the training loop around the network costs: Lightning's, and LanguageModel's bookkeeping"),
     (FIT, PLAIN, "lm-zoo as installed against the plain loop as the peers run it"),
     (PLAIN_LM_ZOO_MALLOC, PLAIN, "what lm-zoo's malloc settings give the plain loop"),
     (FIT, FIT_GLIBC_DEFAULTS, "what lm-zoo's malloc settings give lm-zoo fit"),
@@ -187,7 +268,7 @@ def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> l
     it), with no validation, logger, progress bar or model summary, in a new run directory under ``work`` (one per
     run: LightningCLI refuses to overwrite its config.yaml)."""
     return [
-        str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(ROOT / "configs/ptb/lstm-small.yaml"),
+        str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(CONFIG),
         *overrides, "--trainer.max_epochs=100", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
         "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tempfile.mkdtemp(dir=work)}",
@@ -203,10 +284,12 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         env[PROFILE_VARIABLE] = "1"
     if side == FIT_GLIBC_DEFAULTS:
         env["LM_ZOO_MALLOC"] = "default"
-    if side in (PLAIN, PLAIN_LM_ZOO_MALLOC):
+    if side in (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK):
         command = [sys.executable, __file__, "--worker", f"--batch={args.batch}", f"--bptt={args.bptt}"]
         command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]
-        command += [f"--data-root={args.data_root}"] + (["--lm-zoo-malloc"] if side == PLAIN_LM_ZOO_MALLOC else [])
+        command += [f"--data-root={args.data_root}", f"--width={args.width}", f"--corpus={args.corpus}"]
+        command += ["--lm-zoo-malloc"] if side != PLAIN else []
+        command += ["--lm-zoo-network"] if side == NETWORK else []
     else:
         command = timed_fit_command(
             out.parent,
@@ -215,12 +298,15 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
             f"--data.init_args.batch_size={args.batch}",
             f"--data.init_args.bptt={args.bptt}",
             f"--data.init_args.data_root={args.data_root}",
+            f"--data.init_args.corpus={args.corpus}",
+            f"--model.init_args.embedding_size={args.width}",
+            f"--model.init_args.hidden_size={args.width}",
         )
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{side} failed:\n{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
-    if side == PLAIN_LM_ZOO_MALLOC and not result["malloc_applied"]:
+    if side in (PLAIN_LM_ZOO_MALLOC, NETWORK) and not result["malloc_applied"]:
         output.fail(
             "lm-zoo's malloc settings did not apply in this environment (MALLOC_* variables, glibc tunables, "
             "LM_ZOO_MALLOC=default or another C library: see zoo/allocator.py), so both lm-zoo fit sides would "
@@ -230,20 +316,28 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
     return measured | ({"profile": result["profile"]} if "profile" in result else {})
 
 
-def summarise(rounds: list[dict[str, dict[str, float]]]) -> dict[str, object]:
-    """The medians over ``rounds`` and the ratios of :data:`RATIOS`."""
-    speed = {side: statistics.median(r[side]["tokens_per_s"] for r in rounds) for side in SIDES}
-    peak = {side: statistics.median(r[side]["peak"] for r in rounds) for side in SIDES}
+def summarise(rounds: list[dict[str, dict[str, float]]], tokens_per_step: int) -> dict[str, object]:
+    """The medians over ``rounds``, the ratios of :data:`RATIOS` and, for each, the difference in milliseconds per
+    step (what the slower side's step costs more; negative where the top side is faster) and the ratio within each
+    round (its two sides ran minutes apart: a machine that slows down over the run moves the medians' ratio, not
+    these). Sides a file measured before they existed are left out."""
+    sides = [side for side in SIDES if all(side in r for r in rounds)]
+    speed = {side: statistics.median(r[side]["tokens_per_s"] for r in rounds) for side in sides}
+    peak = {side: statistics.median(r[side]["peak"] for r in rounds) for side in sides}
+    step_ms = {side: tokens_per_step / tokens * 1e3 for side, tokens in speed.items()}
     ratios = [
         {
             "sides": f"{top} / {bottom}",
             "what": what,
             "tokens_per_s": round(speed[top] / speed[bottom], 3),
             "peak_rss": round(peak[top] / peak[bottom], 3),
+            "step_ms_more": round(step_ms[top] - step_ms[bottom], 3),
+            "per_round": [round(r[top]["tokens_per_s"] / r[bottom]["tokens_per_s"], 3) for r in rounds],
         }
         for top, bottom, what in RATIOS
+        if top in speed and bottom in speed
     ]
-    return {"median_tokens_per_s": speed, "median_peak_rss_bytes": peak, "ratios": ratios}
+    return {"median_tokens_per_s": speed, "median_step_ms": step_ms, "median_peak_rss_bytes": peak, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="steps before the timing starts")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--width", type=int, default=200, help="every side's embedding and LSTM units")
+    parser.add_argument("--corpus", choices=sorted(CORPUS_FILES), default="ptb", help="PTB words or characters")
     parser.add_argument("--data-root", type=Path, default=Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")))
     parser.add_argument(
         "--profile",
@@ -263,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lm-zoo-malloc", action="store_true", help=argparse.SUPPRESS)  # the worker's allocator
+    parser.add_argument("--lm-zoo-network", action="store_true", help=argparse.SUPPRESS)  # the worker's network
     output.add_arguments(parser, NAME)
     args = parser.parse_args(argv)
     args.data_root = args.data_root.expanduser()
@@ -274,7 +371,10 @@ def main(argv: list[str] | None = None) -> None:
         applied = keep_freed_memory() if args.lm_zoo_malloc else False  # as lm-zoo's start-up does
         torch.set_num_threads(args.threads)
         profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
-        seconds = plain_loop(args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler)
+        network = "lm-zoo" if args.lm_zoo_network else "plain"
+        seconds = plain_loop(
+            args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler, args.width, args.corpus, network
+        )
         extra = {} if profiler is None else {"profile": top_functions(profiler, args.steps)}
         write_result(seconds, malloc_applied=applied, **extra)
         return
@@ -285,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     name = PROFILE_NAME if args.profile else NAME
     path = output.output_path(args, name)
     settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
+    settings |= {"width": args.width, "corpus": args.corpus}
     settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": output.hardware()}
     stored = output.read(path) if args.resume else {}
     if stored:
@@ -310,17 +411,28 @@ def main(argv: list[str] | None = None) -> None:
             # The sides alternated, so that a change in the machine's load touches all of them.
             rounds.append({side: run_side(side, args, Path(tmp) / "result.json") for side in SIDES})
     loads[-1]["after"] = os.getloadavg()
-    summary = summarise(rounds)
+    summary = summarise(rounds, args.batch * args.bptt)
     result = {"commands": commands, "settings": settings, "load_average": loads, "rounds": rounds, **summary}
     output.write(path, result)
 
     speed, peak = summary["median_tokens_per_s"], summary["median_peak_rss_bytes"]
-    print(f"== 2 x 200 LSTM on PTB, batch {args.batch}, BPTT {args.bptt}, {args.threads} threads, {args.steps} steps")
-    for side in SIDES:
+    step_ms = summary["median_step_ms"]
+    print(
+        f"== 2 x {args.width} LSTM on {args.corpus}, batch {args.batch}, BPTT {args.bptt}, {args.threads} threads, "
+        f"{args.steps} steps"
+    )
+    for side in speed:
         each = ", ".join(f"{r[side]['tokens_per_s']:.0f}" for r in rounds)
-        print(f"  {side:<36} {speed[side]:8.0f} tokens/s (median of {each}), peak RSS {peak[side] / 2**20:.0f} MiB")
+        print(
+            f"  {side:<62} {speed[side]:8.0f} tokens/s (median of {each}), {step_ms[side]:.3f} ms a step, "
+            f"peak RSS {peak[side] / 2**20:.0f} MiB"
+        )
     for ratio in summary["ratios"]:
-        print(f"  {ratio['sides']}: {ratio['tokens_per_s']:.2f}x tokens/s, {ratio['peak_rss']:.2f}x peak RSS")
+        each = ", ".join(f"{value:.2f}" for value in ratio["per_round"])
+        print(
+            f"  {ratio['sides']}: {ratio['tokens_per_s']:.2f}x tokens/s ({ratio['step_ms_more']:+.3f} ms a step; "
+            f"round by round {each}), {ratio['peak_rss']:.2f}x peak RSS"
+        )
         print(f"      ({ratio['what']})")
     print(f"wrote {path}")
 

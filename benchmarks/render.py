@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -368,26 +369,43 @@ def corpora() -> str:
     return "\n".join(lines)
 
 
-def fit_overhead() -> str:
+def fit_overhead(name: str = "fit_overhead.json") -> str:
     """``benchmarks/fit_overhead.py``: ``lm-zoo fit`` against a plain PyTorch loop, with and without lm-zoo's malloc
-    settings on each side, so that the like-for-like ratios stand beside the as-installed one."""
-    result = _load("fit_overhead.json")
+    settings on each side, so that the like-for-like ratios stand beside the as-installed one; each side's time a step
+    and what each ratio's top side costs more a step (files written before those sides or columns show what they
+    hold)."""
+    result = _load(name)
     settings = result["settings"]
     load = [round(max(*entry["before"][:1], *entry["after"][:1]), 1) for entry in result["load_average"]]
+    text = {"ptb": "PTB", "ptb-char": "PTB's characters"}[settings.get("corpus", "ptb")]
+    tokens_per_step = settings["batch"] * settings["bptt"]
+    step_ms = {side: tokens_per_step / tokens * 1e3 for side, tokens in result["median_tokens_per_s"].items()}
     lines = [
-        f"`{'`, then `'.join(result['commands'])}` (the 2 x 200 PTB LSTM at batch {settings['batch']}, BPTT "
-        f"{settings['bptt']}, {settings['steps']} timed steps per round, {settings['threads']} threads, torch "
-        f"{settings['torch']}; highest 1-minute load average around the rounds: {max(load)}):",
+        f"`{'`, then `'.join(result['commands'])}` (the 2 x {settings.get('width', 200)} LSTM on {text} at batch "
+        f"{settings['batch']}, BPTT {settings['bptt']}, {settings['steps']} timed steps per round, "
+        f"{len(result['rounds'])} rounds, {settings['threads']} threads, torch {settings['torch']}; highest 1-minute "
+        f"load average around the rounds: {max(load)}):",
         "",
-        "| side | tokens/s (median) | peak RSS |",
-        "|---|---:|---:|",
+        "| side | tokens/s (median) | ms a step | peak RSS |",
+        "|---|---:|---:|---:|",
     ]
     for side, tokens in result["median_tokens_per_s"].items():
         rss = result["median_peak_rss_bytes"][side] / 2**20
-        lines.append(_row([side, f"{tokens:,.0f}", f"{rss:,.0f} MiB"]))
-    lines += ["", "| ratio | what it measures | tokens/s | peak RSS |", "|---|---|---:|---:|"]
+        lines.append(_row([side, f"{tokens:,.0f}", f"{step_ms[side]:.3f}", f"{rss:,.0f} MiB"]))
+    lines += [
+        "",
+        "| ratio | what it measures | tokens/s (of the medians) | within each round: median (range) | ms a step more "
+        "| peak RSS |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for ratio in result["ratios"]:
-        lines.append(_row([ratio["sides"], ratio["what"], f"{ratio['tokens_per_s']:.2f}", f"{ratio['peak_rss']:.2f}"]))
+        top, bottom = ratio["sides"].split(" / ")
+        # The two sides of a round ran minutes apart; the medians' ratio also compares sides of different rounds.
+        paired = sorted(r[top]["tokens_per_s"] / r[bottom]["tokens_per_s"] for r in result["rounds"])
+        within = f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
+        more = f"{step_ms[top] - step_ms[bottom]:+.3f}"
+        medians = f"{ratio['tokens_per_s']:.2f}"
+        lines.append(_row([ratio["sides"], ratio["what"], medians, within, more, f"{ratio['peak_rss']:.2f}"]))
     return "\n".join(lines)
 
 
@@ -722,6 +740,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "parse": parse,
     "syneval": syneval,
     "fit-overhead": fit_overhead,
+    "fit-overhead-tiny": lambda: fit_overhead("fit_overhead_tiny.json"),
     "fit-profile": fit_profile,
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,

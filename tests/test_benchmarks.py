@@ -161,6 +161,40 @@ def test_the_fit_profile_names_each_function_by_its_own_time_per_step() -> None:
     assert rows[-1]["ms_per_step"] >= first["ms_per_step"]
 
 
+def test_fit_overhead_network_side_trains_the_network_lm_zoo_fit_builds() -> None:
+    """The side that runs lm-zoo's network in the plain loop must be the network ``lm-zoo fit`` trains from the same
+    config (else the split of the overhead between network and loop means nothing), at the width asked for."""
+    import yaml
+
+    from benchmarks import fit_overhead
+    from lightning_modules import LanguageModel
+
+    network, lr, clip = fit_overhead.lm_zoo_network(vocab_size=50, width=8)
+    config = yaml.safe_load(fit_overhead.CONFIG.read_text())
+    module = LanguageModel(**{**config["model"]["init_args"], "vocab_size": 50, "embedding_size": 8, "hidden_size": 8})
+    expected = {name: tuple(t.shape) for name, t in module.model.state_dict().items()}
+    assert {name: tuple(t.shape) for name, t in network.state_dict().items()} == expected
+    assert network.config == module.model.config
+    assert (lr, clip) == (config["optimizer"]["init_args"]["lr"], config["trainer"]["gradient_clip_val"])
+
+
+def test_fit_overhead_summary_differences_in_milliseconds_and_older_files_without_a_side() -> None:
+    from benchmarks import fit_overhead
+
+    sides = {fit_overhead.PLAIN_LM_ZOO_MALLOC: 1000.0, fit_overhead.NETWORK: 800.0, fit_overhead.FIT: 500.0}
+    rounds = [{side: {"tokens_per_s": tokens, "peak": 1.0} for side, tokens in sides.items()}]
+    summary = fit_overhead.summarise(rounds, tokens_per_step=100)
+    assert summary["median_step_ms"] == {side: 100 / tokens * 1e3 for side, tokens in sides.items()}
+    by_sides = {r["sides"]: r for r in summary["ratios"]}
+    loop = by_sides[f"{fit_overhead.FIT} / {fit_overhead.NETWORK}"]
+    assert loop["tokens_per_s"] == 0.625 and loop["step_ms_more"] == 75.0  # 200 ms a step against 125
+    # A file measured before a side existed (here glibc's sides and the network's) summarises what it holds.
+    older = [{side: r[side] for side in (fit_overhead.PLAIN_LM_ZOO_MALLOC, fit_overhead.FIT)} for r in rounds]
+    assert [r["sides"] for r in fit_overhead.summarise(older, 100)["ratios"]] == [
+        f"{fit_overhead.FIT} / {fit_overhead.PLAIN_LM_ZOO_MALLOC}"
+    ]
+
+
 def test_xml_nesting_splits_closing_tags_by_how_far_back_their_tag_opened() -> None:
     from benchmarks import xml_nesting
 
