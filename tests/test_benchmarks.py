@@ -188,6 +188,19 @@ def test_fit_overhead_summary_differences_in_milliseconds_and_older_files_withou
     by_sides = {r["sides"]: r for r in summary["ratios"]}
     loop = by_sides[f"{fit_overhead.FIT} / {fit_overhead.NETWORK}"]
     assert loop["tokens_per_s"] == 0.625 and loop["step_ms_more"] == 75.0  # 200 ms a step against 125
+    # A machine that slows down between rounds: each round's own ratio is 0.5 then 2, the medians' ratio neither.
+    drift = [
+        {
+            fit_overhead.PLAIN_LM_ZOO_MALLOC: {"tokens_per_s": 1000.0, "peak": 1.0},
+            fit_overhead.FIT: {"tokens_per_s": 500.0, "peak": 1.0},
+        },
+        {
+            fit_overhead.PLAIN_LM_ZOO_MALLOC: {"tokens_per_s": 400.0, "peak": 1.0},
+            fit_overhead.FIT: {"tokens_per_s": 800.0, "peak": 1.0},
+        },
+    ]
+    (drifted,) = fit_overhead.summarise(drift, 100)["ratios"]
+    assert drifted["per_round"] == [0.5, 2.0] and drifted["tokens_per_s"] == round(650 / 700, 3)
     # A file measured before a side existed (here glibc's sides and the network's) summarises what it holds.
     older = [{side: r[side] for side in (fit_overhead.PLAIN_LM_ZOO_MALLOC, fit_overhead.FIT)} for r in rounds]
     assert [r["sides"] for r in fit_overhead.summarise(older, 100)["ratios"]] == [
