@@ -10,11 +10,14 @@ DEMO := runs/demo
 
 setup: $(VENV)/.installed
 
-# torch first, pinned: a looser requirement on a machine without torch would pull several GB of CUDA wheels.
+# torch first, pinned, so that installing lm-zoo (which asks only for torch>=2.6) keeps the build chosen here. From PyPI,
+# torch 2.13.0 on Linux is the CUDA build (several GB of CUDA libraries); TORCH_INDEX names another wheel index, as
+# pytorch.org/get-started does for the CPU-only build: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -e ".[dev]"
 	touch $@
 

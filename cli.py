@@ -36,6 +36,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "evaluate": ("commands.evaluate", "cmd_evaluate"),
     "generate": ("commands.generate", "cmd_generate"),
     "models": ("commands.models", "cmd_models"),
+    "recipes": ("commands.recipes", "cmd_recipes"),
     "export": ("commands.sharing", "cmd_export"),
     "publish": ("commands.sharing", "cmd_publish"),
     "download": ("commands.sharing", "cmd_download"),

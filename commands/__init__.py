@@ -6,7 +6,7 @@ parsing, printing and exit codes live here and in ``cli.py``, never below.
 """
 
 LIGHTNING_COMMANDS = {
-    "fit": "train a model from a YAML config (lm-zoo fit --config configs/ptb/lstm-small.yaml)",
+    "fit": "train a model from a YAML config or a shipped recipe's name (lm-zoo fit --config ptb/lstm-small)",
     "validate": "run the validation split through a model (LightningCLI)",
     "test": "run the test split through a model (LightningCLI; --ckpt_path)",
     "predict": "LightningCLI predict",
@@ -15,6 +15,7 @@ COMMANDS = {
     "evaluate": "perplexity / bits per character (music: NLL per frame) of a SOURCE on a split (--json: one object)",
     "generate": "sample text from a SOURCE (temperature, top-k, prompt, seed); music: MIDI files and piano rolls",
     "models": "list the architectures in the zoo (--pretrained: the published models)",
+    "recipes": "list the shipped recipes (configs/), each a name for fit --config: lm-zoo fit --config ptb/lstm-small",
     "export": "write a SOURCE as config.json + model.safetensors + tokenizer + model card (--out DIR)",
     "publish": "upload an exported directory to the Hugging Face Hub (--repo-id owner/name)",
     "download": "fetch a Hub repo id or registered model into the Hugging Face cache; prints the path",

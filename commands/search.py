@@ -16,6 +16,7 @@ import optuna  # the search extra (pip install "lm-zoo[search]")
 import torch
 
 from commands.common import CommandParser, option
+from commands.recipes import config_file
 from lightning_modules.search.evolution import (
     STUDY,
     SearchStore,
@@ -87,7 +88,9 @@ def cmd_search(argv: Sequence[str]) -> None:
     if argv[:1] == ["report"]:
         parser = CommandParser(prog="lm-zoo search report", description="the search's statistics and list")
         parser.add_argument("--storage", required=True, help=f"the workers' --storage: {STORAGE_HELP}")
-        parser.add_argument("--config", help="the search config (its tasks and thresholds; default: the store's)")
+        parser.add_argument(
+            "--config", type=config_file, help="the search config (its tasks and thresholds; default: the store's)"
+        )
         parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
         parser.add_argument("--json", action="store_true")
         args = parser.parse_args(argv[1:])
@@ -101,7 +104,12 @@ def cmd_search(argv: Sequence[str]) -> None:
         epilog="lm-zoo search report --storage URL [--top N] [--json]: the search's statistics and its best cells; "
         "lm-zoo search serve --storage sqlite:///search.db --port 13000: a storage server for workers on many machines",
     )
-    parser.add_argument("--config", required=True, help="the search (configs/search/jozefowicz.yaml)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=config_file,
+        help="the search: a file, or a shipped one's name (search/jozefowicz)",
+    )
     parser.add_argument("--storage", required=True, help=STORAGE_HELP)
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine, sharing the storage")
     parser.add_argument("--budget", default="1h", help="how long to search (e.g. 2h); the running step finishes")

@@ -44,6 +44,7 @@ from lightning.pytorch.callbacks import Callback
 
 from commands.common import CommandParser, user_error
 from commands.lightning import in_process_devices, run_lightning
+from commands.recipes import config_file
 from lightning_modules.storages import open_storage
 from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
 
@@ -321,8 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lm-zoo tune",
         description="search hyperparameters with Optuna; writes the best trial's config for lm-zoo fit --config",
     )
-    parser.add_argument("--config", required=True, help="the lm-zoo fit config to start from")
-    parser.add_argument("--space", required=True, help="YAML: dotted.config.key: {type, low, high | choices}")
+    parser.add_argument(
+        "--config", required=True, type=config_file, help="the lm-zoo fit config (or recipe) to start from"
+    )
+    parser.add_argument(
+        "--space",
+        required=True,
+        type=lambda value: config_file(value, "--space"),
+        help="YAML: dotted.config.key: {type, low, high | choices}; or a shipped space's name (tune/melis-table4)",
+    )
     parser.add_argument(
         "--trials",
         type=int,
