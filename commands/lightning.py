@@ -34,6 +34,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from checkpoints.ckpt import unreadable
 from checkpoints.writing import AtomicCheckpointIO, LastCheckpoint
+from commands.recipes import with_config_files
 from datamodules.base import StreamDataModule
 from datamodules.gbw import GBWDataModule
 from datamodules.music import MusicDataModule
@@ -268,18 +269,21 @@ class LMZooCLI(LightningCLI):
         if config.get("ckpt_path") != "last":
             return
         directories = [Path(c.dirpath) for c in self.trainer.checkpoint_callbacks if c.dirpath]
-        if directories:  # Lightning finds last.ckpt there itself, but starts afresh with a warning if there is none
-            found = max(
-                (p for d in directories for p in d.glob("last*.ckpt") if p.is_file()),
-                key=lambda p: p.stat().st_mtime,
-                default=None,
-            )
-        else:
-            found = latest_last_checkpoint(self.trainer)
-            if found is not None:
-                config["ckpt_path"] = str(found)
+        # Lightning finds last.ckpt in a dirpath itself, but starts afresh with a warning if there is none.
+        searched = directories or checkpoint_directories(self.trainer)
+        found = newest_checkpoint(searched, "last*.ckpt")
+        if found is not None and not directories:
+            config["ckpt_path"] = str(found)
         if found is None:
             where = ", ".join(map(str, directories)) or f"{versions_root(self.trainer)}/*/checkpoints"
+            # A run stopped between writing a validation's best.ckpt and its last.ckpt (a kill in the first
+            # validation) has no last.ckpt, but that checkpoint holds the whole training state of its step.
+            other = newest_checkpoint(searched)
+            if other is not None:
+                raise ConfigError(
+                    f"--ckpt_path last: no last.ckpt from an earlier run of this config (looked in {where}), but "
+                    f"{other} holds that run's state: resume from it with --ckpt_path {shlex.quote(str(other))}"
+                )
             raise ConfigError(
                 f"--ckpt_path last: nothing to resume, no last.ckpt from an earlier run of this config (looked in "
                 f"{where}): leave out --ckpt_path to start a new run"
@@ -380,11 +384,15 @@ def in_process_devices(devices: Any, num_nodes: int = 1) -> Any:
     return devices
 
 
-def latest_last_checkpoint(trainer: Trainer) -> Path | None:
-    """The newest ``last*.ckpt`` under the first logger's version directories (``<save_dir>/<name>/*/checkpoints``),
-    where checkpoints go when ``checkpoint.dirpath`` is not set; ``None`` if there is none (or no logger)."""
+def checkpoint_directories(trainer: Trainer) -> list[Path]:
+    """The ``checkpoints`` folders of the first logger's versions (where checkpoints go without a ``dirpath``)."""
     root = versions_root(trainer)
-    found = [] if root is None else [path for path in root.glob("*/checkpoints/last*.ckpt") if path.is_file()]
+    return [] if root is None else [path for path in root.glob("*/checkpoints") if path.is_dir()]
+
+
+def newest_checkpoint(directories: Sequence[Path], pattern: str = "*.ckpt") -> Path | None:
+    """The most recently written file matching ``pattern`` in ``directories``, or ``None``."""
+    found = (path for directory in directories for path in directory.glob(pattern) if path.is_file())
     return max(found, key=lambda path: path.stat().st_mtime, default=None)
 
 
@@ -448,7 +456,9 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
             trains on one device (:func:`in_process_devices`).
     """
     quiet_known_noise()
-    check_config_files(sys.argv[2:] if argv is None else argv[1:])
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = [*given[:1], *with_config_files(given[1:])]  # a shipped recipe's name becomes its file
+    check_config_files(args[1:])
     callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         with warnings.catch_warnings():
@@ -461,7 +471,7 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 parser_class=LMZooArgumentParser,
-                args=None if argv is None else list(argv),
+                args=None if argv is None and args == given else args,
                 trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
                 in_process=not (argv is None if own_command is None else own_command),
             )
@@ -493,7 +503,7 @@ def check_config_files(args: Sequence[str]) -> None:
     paths += [a.removeprefix("--config=") for a in args if a.startswith("--config=")]
     for path in map(Path, paths):
         if not path.is_file():
-            continue  # the parser says that the file does not exist
+            continue  # a config given inline (jsonargparse takes YAML text too)
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
             yaml.safe_load(text)

@@ -41,7 +41,7 @@ from datamodules.base import StreamDataModule
 from datamodules.corpora import _remember_sha256, _remembered_sha256, cache_root, data_root, sha256_file
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.progress import Progress
-from datamodules.stream_data import SPLITS, atomic_write, cache_key
+from datamodules.stream_data import SPLITS, atomic_write, cache_key, check_sizes
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 
@@ -338,6 +338,7 @@ class GBWDataModule(StreamDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_sizes(batch_size=batch_size, bptt=bptt, eval_batch_size=eval_batch_size, eval_bptt=eval_bptt)
         if min_count < 1:
             raise DataError(f"min_count must be at least 1, got {min_count}")
         self.corpus_name = corpus

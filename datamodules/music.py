@@ -36,8 +36,8 @@ from datamodules.base import StreamDataModule
 from datamodules.corpora import ensure_files
 from datamodules.multisequence import EpochLayout, MultiSequenceWindows
 from datamodules.piano_rolls import PianoRolls, music_dataset, read_pieces
+from datamodules.stream_data import check_sizes
 from datamodules.streams import training_position
-from zoo.errors import ConfigError
 from zoo.music import LOWEST_NOTE, NUM_NOTES
 
 
@@ -116,10 +116,7 @@ class MusicDataModule(StreamDataModule):
         super().__init__()
         self.save_hyperparameters()  # a checkpoint records them: evaluation and sampling rebuild the data from them
         self.spec = music_dataset(dataset)
-        sizes = {"batch_size": batch_size, "bptt": bptt, "eval_batch_size": eval_batch_size, "eval_bptt": eval_bptt}
-        for name, value in sizes.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+        check_sizes(batch_size=batch_size, bptt=bptt, eval_batch_size=eval_batch_size, eval_bptt=eval_bptt)
         self.dataset = dataset
         self.batch_size = batch_size
         self.bptt = bptt

@@ -27,7 +27,7 @@ import numpy as np
 
 from datamodules.base import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
-from datamodules.stream_data import SPLITS
+from datamodules.stream_data import SPLITS, check_sizes
 from datamodules.tokenizers import EOS, UNK, TextUnits, Tokenizer, WordTokenizer
 from zoo.errors import DataError
 
@@ -139,6 +139,7 @@ class ReverseCopyDataModule(StreamDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_sizes(batch_size=batch_size, bptt=bptt, eval_batch_size=eval_batch_size, eval_bptt=eval_bptt)
         if num_symbols < 2:
             raise DataError(f"num_symbols must be at least 2, got {num_symbols}")
         if not 1 <= min_length <= max_length:

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from datamodules.streams import training_position
+from zoo.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
@@ -38,6 +39,18 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_sizes(**sizes: int | None) -> None:
+    """Refuse a batch size or BPTT below 1 (``None`` stands for a default) when a data module is made: found only when
+    its first loader is built, the bad size would come after a fit has announced its devices and batch.
+
+    Raises:
+        ConfigError: naming the first size below 1.
+    """
+    for name, value in sizes.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
 
 
 def cache_key(*parts: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
-from datamodules.stream_data import StreamData, atomic_write, cache_key
+from datamodules.stream_data import StreamData, atomic_write, cache_key, check_sizes
 from datamodules.streams import StreamWindows
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
 
@@ -55,6 +55,7 @@ class TextData(StreamData):
     ) -> None:
         super().__init__()
         self._save_settings(inspect.currentframe())
+        check_sizes(batch_size=batch_size, bptt=bptt, eval_batch_size=eval_batch_size, eval_bptt=eval_bptt)
         self.corpus_name = corpus
         self.tokenizer_kind = tokenizer
         self.tokenizer_options = dict(tokenizer_options or {})

@@ -271,11 +271,59 @@ def test_bad_options_get_one_line(
 
 
 def test_bad_config_files_get_one_line(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    one_line_error(capsys, cli.main(["fit", "--config", "nothere.yaml"]), "--config: file does not exist", "nothere")
+    one_line_error(
+        capsys, cli.main(["fit", "--config", "nothere.yaml"]), "--config nothere.yaml: no such file", "recipes"
+    )
     (workdir / "tab.yaml").write_text("trainer:\n\tmax_epochs: 1\n")
     one_line_error(capsys, cli.main(["fit", "--config", "tab.yaml"]), "tab.yaml, line 2, column 1", "not tabs")
     (workdir / "open.yaml").write_text("trainer:\n  max_epochs: [1\n")
     one_line_error(capsys, cli.main(["fit", "--config=open.yaml"]), "open.yaml, line 3", "not valid YAML")
+
+
+def test_a_shipped_recipe_is_named_without_a_clone(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--config ptb/smoke``, and the README's ``configs/ptb/smoke.yaml`` from a directory that has no such file,
+    name the shipped recipe; a file of that path in the working directory is the user's own and wins."""
+    assert not (workdir / "configs").exists()
+    for name in ("ptb/smoke", "configs/ptb/smoke.yaml", "--config=ptb/smoke.yaml"):
+        argv = ["fit", name] if name.startswith("--") else ["fit", "--config", name]
+        with pytest.raises(SystemExit):
+            cli.main([*argv, "--print_config"])
+        assert "default_root_dir: runs/ptb/smoke" in capsys.readouterr().out
+    own = workdir / "configs" / "ptb" / "smoke.yaml"
+    own.parent.mkdir(parents=True)
+    own.write_text((ROOT / "configs" / "ptb" / "smoke.yaml").read_text().replace("runs/ptb/smoke", "mine"))
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--config", "configs/ptb/smoke.yaml", "--print_config"])
+    assert "default_root_dir: mine" in capsys.readouterr().out
+    one_line_error(capsys, cli.main(["fit", "--config", "ptb/smoek"]), "no shipped recipe", "did you mean ptb/smoke?")
+
+
+def test_recipes_lists_every_shipped_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["recipes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {row["name"] for row in rows} == {
+        p.relative_to(ROOT / "configs").with_suffix("").as_posix() for p in (ROOT / "configs").rglob("*.yaml")
+    }
+    assert all(row["summary"] for row in rows), [row["name"] for row in rows if not row["summary"]]
+    assert cli.main(["recipes", "ptb-char"]) == 0
+    listed = capsys.readouterr().out
+    assert "ptb-char/lstm " in listed and "ptb/lstm-small" not in listed
+    one_line_error(capsys, cli.main(["recipes", "ptx"]), "no recipes for 'ptx'", "ptb")
+
+
+def test_a_bad_size_is_refused_before_the_run_announces_itself(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    for option in ("batch_size", "eval_batch_size", "bptt"):
+        code = cli.main(["fit", "--config", str(config), f"--data.init_args.{option}", "0"])
+        one_line_error(capsys, code, f"{option} must be at least 1, got 0")
+        # one_line_error read stderr: nothing lm-zoo printed came before the error line
+    code = cli.main(["fit", "--config", str(config), "--data.init_args.batch_size", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and [line for line in err.splitlines() if line.startswith("lm-zoo:")] == [
+        "lm-zoo: error: batch_size must be at least 1, got 0"
+    ], err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
@@ -304,6 +352,20 @@ def test_resuming_from_nothing_or_the_wrong_thing(
     assert "weights_only" not in last  # PyTorch's advice to unpickle anything is never passed on
     code = cli.main(["fit", "--config", str(config), "--ckpt_path", "last", "--model.init_args.hidden_size", "12"])
     one_line_error(capsys, code, "has shape", "(32, 8)", "(48, 8)", "config.yaml")
+
+
+def test_resuming_last_names_a_later_checkpoint_when_last_ckpt_is_missing(
+    trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kill between a validation's best.ckpt and its last.ckpt leaves no last.ckpt: the line names the checkpoint
+    that is there and the flag that resumes from it, and that flag resumes."""
+    best = trained.with_name("best.ckpt")
+    assert best.is_file()
+    trained.unlink()
+    config = _config(workdir, workdir / "corpus")
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    one_line_error(capsys, code, "no last.ckpt", str(best), f"--ckpt_path {best}")
+    assert cli.main(["fit", "--config", str(config), "--ckpt_path", str(best), "--trainer.max_epochs", "2"]) == 0
 
 
 def test_resuming_never_unpickles_an_object(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
