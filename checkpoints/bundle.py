@@ -232,6 +232,9 @@ def build(
     logs = list(logs) or [ckpt.parent.parent]
     unit = curve_unit(None if source.tokenizer is None else source.tokenizer.kind, source.is_music)
     log = read_run(logs, MUSIC_VALID_TAG if source.is_music else (BPC_TAG, VALID_TAG) if unit == BPC else VALID_TAG)
+    # The logs end at the last logged step; the exported checkpoint counts every step taken, which can be later (a
+    # run stopped between two logged steps validates and checkpoints there): the run took at least that many.
+    log.steps = max(log.steps, int(source.training.get("global_step") or 0))
     data = source.data
     tokens_per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
     source = _with_run_config(source, logs[0])

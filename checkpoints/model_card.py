@@ -91,7 +91,7 @@ def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
 
 def _dataset_name(corpus: str) -> str:
     spec = CORPORA.get(corpus)
-    return spec.description.split(",")[0] if spec is not None else corpus
+    return spec.title if spec is not None else corpus
 
 
 def _corpus(config: dict[str, Any]) -> str:

@@ -109,10 +109,13 @@ class CorpusSpec:
     default_tokenizer: str  # "word" | "char" | "byte"
     spaced_symbols: bool = False  # ptb-char: symbols separated by spaces, "_" marks word boundaries
     directory: str = ""  # directory under the data root; "" means `name` (ptb-char shares ptb's directory)
+    title: str = ""  # the corpus's name as its users write it (model cards name the dataset so); "" means `name`
 
     def __post_init__(self) -> None:
         if not self.directory:
             object.__setattr__(self, "directory", self.name)
+        if not self.title:
+            object.__setattr__(self, "title", self.name)
         if set(self.splits) != set(SPLIT_NAMES):
             raise ValueError(f"corpus spec {self.name!r} must have splits {SPLIT_NAMES}, got {sorted(self.splits)}")
         names = {f.name for f in self.files}
@@ -146,6 +149,7 @@ CORPORA: dict[str, CorpusSpec] = {
     for spec in (
         CorpusSpec(
             name="ptb",
+            title="Penn Treebank",
             description="Penn Treebank, Mikolov's word-level preprocessing (10k vocabulary, ~930k training tokens)",
             files=(
                 RemoteFile(
@@ -170,6 +174,7 @@ CORPORA: dict[str, CorpusSpec] = {
         ),
         CorpusSpec(
             name="ptb-char",
+            title="Penn Treebank (characters)",
             description="Penn Treebank, Mikolov's character-level version (space-separated symbols, '_' between words)",
             files=(
                 RemoteFile(
@@ -199,6 +204,7 @@ CORPORA: dict[str, CorpusSpec] = {
         ),
         CorpusSpec(
             name="wikitext-2",
+            title="WikiText-2 v1",
             description="WikiText-2 v1 (tokenised, Merity et al. 2016; 33k vocabulary, ~2M training tokens)",
             files=(
                 RemoteFile(
@@ -226,6 +232,7 @@ CORPORA: dict[str, CorpusSpec] = {
         ),
         CorpusSpec(
             name="wikitext-103",
+            title="WikiText-103 v1",
             description="WikiText-103 v1 (tokenised, Merity et al. 2016; 267k vocabulary, ~103M training tokens)",
             # MANIFEST.md publishes no checksum for the WikiText-103 files, so they are only checked for presence.
             files=tuple(
@@ -243,6 +250,7 @@ CORPORA: dict[str, CorpusSpec] = {
         ),
         CorpusSpec(
             name="enwik8",
+            title="enwik8",
             description="enwik8: the first 100M bytes of an English Wikipedia XML dump (Hutter Prize), cut 90M/5M/5M",
             files=(
                 RemoteFile(
@@ -260,6 +268,7 @@ CORPORA: dict[str, CorpusSpec] = {
         ),
         CorpusSpec(
             name="text8",
+            title="text8",
             description="text8: 100M characters of cleaned Wikipedia text (a-z and space), cut 90M/5M/5M",
             # MANIFEST.md publishes no checksum for text8, so it is only checked for presence.
             files=(RemoteFile("text8", "http://mattmahoney.net/dc/text8.zip", None, "text8"),),
