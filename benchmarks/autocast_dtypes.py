@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device,
         "machine": torch.cuda.get_device_name() if args.device == "cuda" else output.hardware()["cpu"],
         "torch": torch.__version__,
+        "provenance": output.provenance(args.device),
         "rows": rows,
     }
     output.write(path, results)

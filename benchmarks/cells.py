@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine,
         "threads": threads,
         "torch": torch.__version__,
+        "provenance": output.provenance(str(device)),
     }
     output.write(path, {**header, "hidden": hidden, "layers": layers, "results": results})
     print(f"\nwrote {path}")

@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "lightning": L.__version__,
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "provenance": output.provenance(args.device),
         "counted": "calls from Python that would synchronise the host with a GPU, per step (HostSyncCounter)"
         if args.device == "cpu"
         else "synchronizing CUDA operations per step (torch.cuda.set_sync_debug_mode('warn'))",

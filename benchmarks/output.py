@@ -60,6 +60,31 @@ def commit() -> str:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def provenance(device: str) -> dict[str, Any]:
+    """What ran a measurement, for a results file to record beside it: the commit, the device in words, torch and its
+    CUDA and cuDNN builds, and the versions of the packages a training step goes through (a result measured at other
+    versions than the project pins says so on its page: benchmarks/render.py)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch  # deferred: the scripts that write no CUDA results need not pay for it here
+
+    on_gpu = str(device).startswith("cuda")
+    packages = {}
+    for name in ("lightning", "torchmetrics", "huggingface_hub"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    return {
+        "commit": commit(),
+        "device": torch.cuda.get_device_name(torch.device(device)) if on_gpu else str(hardware()["cpu"]),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if on_gpu else None,
+        "cudnn": torch.backends.cudnn.version() if on_gpu else None,
+        "packages": packages,
+    }
+
+
 def fail(message: str) -> NoReturn:
     """One line on stderr and exit status 2, as ``lm-zoo`` does for bad input."""
     print(f"{Path(sys.argv[0]).name}: {message}", file=sys.stderr)

@@ -23,6 +23,7 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +52,26 @@ def _bold_best(values: list[float], text: list[str], best: Callable[[list[float]
     """``text`` with the entry of the best value (``min`` or ``max``) in bold."""
     target = best(values)
     return [f"**{t}**" if v == target else t for v, t in zip(values, text, strict=True)]
+
+
+def ratio_cell(medians: float, per_round: Sequence[float], unit: str = "×") -> str:
+    """A measured ratio of two sides as every page states it: the ratio of the medians, then the range of the ratios
+    within each round (whose two sides ran side by side). Where that range spans 1 the rounds do not tell the sides
+    apart, and the cell says so first, so that no page states such a ratio as a gain or a loss.
+
+    Args:
+        medians: the ratio of the two sides' medians.
+        per_round: the same ratio within each round.
+        unit: what follows each figure (``×``, ``× the time``).
+    """
+    low, high = min(per_round), max(per_round)
+    text = f"{medians:.2f}{unit} (rounds {low:.2f}-{high:.2f})"
+    return f"no difference measured: {text}" if low <= 1 <= high else text
+
+
+def _paired(top: Sequence[float], bottom: Sequence[float]) -> list[float]:
+    """Round by round ratios ``top[i] / bottom[i]`` of two sides measured in alternated rounds."""
+    return [a / b for a, b in zip(top, bottom, strict=True)]
 
 
 def _trials_note(trials: dict[str, int]) -> str:
@@ -401,8 +422,8 @@ def fit_overhead(name: str = "fit_overhead.json") -> str:
     for ratio in result["ratios"]:
         top, bottom = ratio["sides"].split(" / ")
         # The two sides of a round ran minutes apart; the medians' ratio also compares sides of different rounds.
-        paired = sorted(r[top]["tokens_per_s"] / r[bottom]["tokens_per_s"] for r in result["rounds"])
-        within = f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
+        paired = [r[top]["tokens_per_s"] / r[bottom]["tokens_per_s"] for r in result["rounds"]]
+        within = ratio_cell(statistics.median(paired), paired, unit="")
         more = f"{step_ms[top] - step_ms[bottom]:+.3f}"
         medians = f"{ratio['tokens_per_s']:.2f}"
         lines.append(_row([ratio["sides"], ratio["what"], medians, within, more, f"{ratio['peak_rss']:.2f}"]))
@@ -455,8 +476,10 @@ def quantize_int8() -> str:
         for side in ("float32", "int8", "int8-head"):
             measured = row[side]
             change = f" ({100 * measured['ppl_change']:+.2f}%)" if "ppl_change" in measured else ""
-            scoring = f" ({measured['scoring_speedup']:.2f}×)" if "scoring_speedup" in measured else ""
-            sampling = f" ({measured['sampling_speedup']:.2f}×)" if "sampling_speedup" in measured else ""
+            scoring, sampling = (
+                f"; {_speedup(measured, row['float32'], what)}" if f"{what}_speedup" in measured else ""
+                for what in ("scoring", "sampling")
+            )
             lines.append(
                 _row(
                     [
@@ -469,6 +492,16 @@ def quantize_int8() -> str:
                 )
             )
     return "\n".join(lines)
+
+
+def _speedup(measured: dict[str, Any], baseline: dict[str, Any], what: str) -> str:
+    """A quantized side's ``what`` (scoring, sampling) speed-up over float32, with its rounds' range where the results
+    file has the rounds (files written before ``--rounds`` hold one pass)."""
+    rounds = [measured.get("rounds", {}).get(what), baseline.get("rounds", {}).get(what)]
+    if not all(rounds):
+        return f"{measured[f'{what}_speedup']:.2f}×"
+    per_round = _paired([r["tokens_per_s"] for r in rounds[0]], [r["tokens_per_s"] for r in rounds[1]])
+    return ratio_cell(measured[f"{what}_speedup"], per_round)
 
 
 def allocator() -> str:
@@ -485,15 +518,20 @@ def allocator() -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for corpus, sides in result["medians"].items():
-        base = next(iter(sides.values()))["tokens_per_s"]
+        base_side = next(iter(sides))
+        base = sides[base_side]["tokens_per_s"]
+        rounds = result["rounds"][corpus]
         for side, measured in sides.items():
+            per_round = _paired(
+                [r[side]["tokens_per_s"] for r in rounds], [r[base_side]["tokens_per_s"] for r in rounds]
+            )
             lines.append(
                 _row(
                     [
                         corpus,
                         side,
                         f"{measured['tokens_per_s']:,.0f}",
-                        f"{measured['tokens_per_s'] / base:.2f}",
+                        "1.00" if side == base_side else ratio_cell(measured["tokens_per_s"] / base, per_round, ""),
                         f"{measured['peak'] / 2**20:,.0f} MiB",
                         f"{measured['system_seconds']:.1f} s",
                     ]
@@ -615,7 +653,11 @@ def inference_overhead() -> str:
                 "evaluation of the test split at batch 1, whole process (median seconds; perplexity)",
                 f"{seconds['plain loop']:.2f} s; {ppl['plain loop']:.4f}",
                 f"{seconds['lm-zoo evaluate']:.2f} s; {ppl['lm-zoo evaluate']:.4f}",
-                f"{evaluation['time_ratio']:.2f}× the time",
+                ratio_cell(
+                    evaluation["time_ratio"],
+                    _paired(evaluation["seconds"]["lm-zoo evaluate"], evaluation["seconds"]["plain loop"]),
+                    "× the time",
+                ),
             ]
         )
     )
@@ -626,7 +668,13 @@ def inference_overhead() -> str:
                 f"sampling {generation['tokens']:,} tokens at batch 1 (median tokens/s)",
                 f"{rates['plain loop']:,.0f}",
                 f"{rates['RecurrentLM.generate']:,.0f}",
-                f"{generation['speed_ratio']:.2f}× the speed",
+                ratio_cell(
+                    generation["speed_ratio"],
+                    _paired(
+                        generation["tokens_per_s"]["RecurrentLM.generate"], generation["tokens_per_s"]["plain loop"]
+                    ),
+                    "× the speed",
+                ),
             ]
         )
     )
@@ -649,7 +697,93 @@ def autocast_dtypes(results: str = "autocast_dtypes.json") -> str:
         cells = [f"{row[mode]['fast path']['products']} / {row[mode]['per-step loop']['products']}" for mode in MODES]
         states = {path["state"] for mode in MODES for path in row[mode].values()}
         lines.append(_row([f"`{row['architecture']}`", *cells, " + ".join(sorted(states))]))
+    if results in MEASURED_CODE:
+        lines += ["", gpu_provenance(results)]
     return "\n".join(lines)
+
+
+# The library code each CUDA results file measured: a commit that changes it after the file's own commit makes the
+# result older than the code, and its page says so until the file is measured again.
+MEASURED_CODE = {
+    "cells_cuda.json": ("zoo",),
+    "autocast_dtypes_cuda.json": ("zoo",),
+    "host_syncs_cuda.json": ("zoo", "datamodules", "lightning_modules"),
+}
+
+
+def _project_pins(root: Path = ROOT) -> dict[str, str]:
+    """The versions the project asks for: pyproject's requirement of each core package, and the torch release the
+    install pins (the Makefile's ``torch==X``, which the README gives too)."""
+    from packaging.requirements import Requirement  # deferred: only the GPU results' pages need it
+
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    pins = {}
+    for line in re.findall(r'^\s*"([^"]+)"', block[1] if block else "", re.M):
+        requirement = Requirement(line)
+        pins[requirement.name.replace("-", "_").lower()] = str(requirement.specifier)
+    torch_pin = re.search(r"torch==([\w.]+)", (root / "Makefile").read_text(encoding="utf-8"))
+    if torch_pin:
+        pins["torch"] = f"=={torch_pin[1]}"
+    return pins
+
+
+def _outside_pins(versions: dict[str, str | None]) -> list[str]:
+    """``name version (the project: SPEC)`` for each recorded version its pin does not admit (a local build label
+    such as ``+cu130`` aside)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    pins = _project_pins()
+    outside = []
+    for name, version in versions.items():
+        spec = pins.get(name.replace("-", "_").lower())
+        if version and spec and Version(version).public not in SpecifierSet(spec):
+            outside.append(f"{name} {version} (the project: {spec})")
+    return outside
+
+
+def _changed_since(commit: str, paths: Sequence[str]) -> list[str] | None:
+    """Which of ``paths`` a commit after ``commit`` changed (``[]``: none); ``None`` when this checkout's history does
+    not hold ``commit``."""
+    commit = commit.removesuffix("-dirty")
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+    if known.returncode != 0:
+        return None
+    changed = subprocess.run(
+        ["git", "diff", "--name-only", commit, "HEAD", "--", *paths], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    return [path for path in paths if any(name.startswith(f"{path}/") for name in changed)]
+
+
+def gpu_provenance(name: str) -> str:
+    """One paragraph under a CUDA result: what measured it (commit, device, torch and CUDA, the packages a training
+    step goes through), whether those are outside the project's pins, and whether the code it measured has changed
+    since (:data:`MEASURED_CODE`)."""
+    provenance = _load(name).get("provenance")
+    if provenance is None:
+        return f"Which commit, torch and CUDA measured `{name}` is not recorded."
+    packages = {key: value for key, value in provenance.get("packages", {}).items() if value}
+    versions = ", ".join(f"{key} {value}" for key, value in packages.items())
+    line = (
+        f"Measured at commit `{provenance['commit']}` on {provenance['device']}: torch {provenance['torch']} (CUDA "
+        f"{provenance['cuda']}, cuDNN {provenance['cudnn']}), {versions}"
+    )
+    recorded = f" (recorded {provenance['recorded']})" if provenance.get("recorded") else ""
+    outside = _outside_pins({"torch": provenance["torch"], **packages})
+    line += recorded + (f"; outside the project's pins: {', '.join(outside)}." if outside else ".")
+    measured = MEASURED_CODE[name]
+    changed = _changed_since(provenance["commit"], measured)
+    if changed is None:
+        line += " This checkout's history does not hold that commit, so whether the code changed since is unknown."
+    elif changed:
+        # Every measured path is named, not only those changed so far: the line stays as it is until measured again.
+        where = ", ".join(f"`{path}/`" for path in measured)
+        line += (
+            f" **Older than the code it measured** ({where}), which has changed since; measure again with "
+            "`bash benchmarks/gpu_session.sh` on a GPU."
+        )
+    return line
 
 
 def host_syncs() -> str:
@@ -672,6 +806,7 @@ def host_syncs() -> str:
             for r in (row, other)
         ]
         lines.append(_row([f"`{row['setting']}`", *steps]))
+    lines += ["", gpu_provenance("host_syncs_cuda.json")]
     return "\n".join(lines)
 
 
@@ -696,6 +831,7 @@ def cells_cuda() -> str:
         rows = [by_key[(model, b, t)] for b, t in settings]
         cells = [f"{row['tokens_per_s']:,.0f}, {row['ratio_nn_lstm']:.2f}" for row in rows]
         lines.append(_row([f"`{model}`", rows[0]["lstm_layers"], *cells]))
+    lines += ["", gpu_provenance("cells_cuda.json")]
     return "\n".join(lines)
 
 

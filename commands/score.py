@@ -25,7 +25,8 @@ from zoo.errors import ConfigError, DataError
 
 NBEST_HELP = (
     "FILE is an n-best list: 'ID<TAB>hypothesis' lines, or Kaldi's 'ID word word ...'; each line is printed back with "
-    "its LM score (log10 p, as ASR toolkits expect) after the ID, separated as the input is"
+    "its LM score (log10 p, SRILM's convention; Kaldi's costs are -ln p: docs/evaluation.md) after the ID, separated "
+    "as the input is"
 )
 
 

@@ -250,8 +250,8 @@ def test_a_closed_pipe_ends_quietly() -> None:
 @pytest.mark.parametrize(
     ("override", "fragments"),
     [
-        (["--data.init_args.batch_size", "0"], ["batch_size and bptt must be >= 1", "got 0"]),
-        (["--data.init_args.bptt", "-5"], ["batch_size and bptt must be >= 1", "-5"]),
+        (["--data.init_args.batch_size", "0"], ["batch_size must be at least 1", "got 0"]),
+        (["--data.init_args.bptt", "-5"], ["bptt must be at least 1", "-5"]),
         (["--model.init_args.hiden_size", "3"], ["hiden_size", "did you mean --model.init_args.hidden_size?"]),
         (["--data.init_args.batchsize", "3"], ["did you mean --data.init_args.batch_size?"]),
         (["--trainer.max_steps", "abc"], ["--trainer.max_steps: expected int, got 'abc'"]),
@@ -394,7 +394,8 @@ def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"lm-zoo: error: --config: file does not exist: '{tmp_path}/nothere.yaml'"
+        "lm-zoo: error: --config nothere.yaml: no such file, and no shipped recipe of that name; lm-zoo recipes "
+        "lists them"
     ]
 
 

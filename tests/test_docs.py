@@ -3,8 +3,10 @@ page a newcomer finishes."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from benchmarks import render
@@ -47,3 +49,61 @@ def test_relative_links_in_the_docs_point_at_files() -> None:
             if not (path.parent / target).exists():
                 broken.append(f"{path.relative_to(ROOT)} -> {target}")
     assert broken == []
+
+
+# Our tracker's issues are not the reader's: "issue 32" in a card, a doc or a config means nothing to a user. Upstream
+# projects' issues are named with their project and a '#' ("Lightning issue #21724") and stay.
+TRACKER_REFERENCE = re.compile(r"\bissues? \d+", re.I)
+
+
+def _shipped_text() -> list[Path]:
+    """The text lm-zoo ships to its readers: README, docs, recipes, model cards and their notes, library code."""
+    files = [ROOT / "README.md", ROOT / "cli.py", *sorted((ROOT / "docs").glob("*.md"))]
+    files += sorted((ROOT / "configs").rglob("*.yaml"))
+    files += sorted((ROOT / "pretrained").glob("*/README.md")) + sorted((ROOT / "pretrained").glob("*/config.json"))
+    for package in ("zoo", "datamodules", "lightning_modules", "checkpoints", "commands"):
+        files += sorted((ROOT / package).rglob("*.py"))
+    return files
+
+
+def test_no_shipped_text_names_a_tracker_issue() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match[0]}"
+        for path in _shipped_text()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for match in TRACKER_REFERENCE.finditer(line)
+    ]
+    assert found == []
+    assert TRACKER_REFERENCE.search("once it met issue 32's aim") and not TRACKER_REFERENCE.search("issue #21724")
+
+
+def test_a_ratio_whose_rounds_span_1_is_said_to_show_no_difference() -> None:
+    assert (
+        render.ratio_cell(0.93, [0.77, 1.11], "× the time")
+        == "no difference measured: 0.93× the time (rounds 0.77-1.11)"
+    )
+    assert render.ratio_cell(1.57, [1.61, 1.50]) == "1.57× (rounds 1.50-1.61)"
+    assert render.ratio_cell(0.50, [0.31, 0.86]).startswith("0.50×")
+    # Every page's ratios go through the rule: a rendered "no difference" is there exactly where a range spans 1.
+    pages = "".join(path.read_text(encoding="utf-8") for path in render.documents())
+    for low, high in re.findall(r"\(rounds (\d+\.\d+)-(\d+\.\d+)\)", pages):
+        assert float(low) <= float(high)
+    stated = re.findall(r"(no difference measured: )?[\d.]+×?[^|(]*\(rounds (\d+\.\d+)-(\d+\.\d+)\)", pages)
+    assert stated and all(bool(said) == (float(low) <= 1 <= float(high)) for said, low, high in stated)
+
+
+def test_every_gpu_result_says_what_ran_it_and_whether_the_code_moved_on() -> None:
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*_cuda.json")):
+        provenance = json.loads(path.read_text(encoding="utf-8")).get("provenance") or {}
+        assert {"commit", "device", "torch", "cuda"} <= set(provenance), path.name
+        assert path.name in render.MEASURED_CODE, f"{path.name}: say which code it measured in render.MEASURED_CODE"
+        paragraph = render.gpu_provenance(path.name)
+        assert provenance["commit"] in paragraph and f"CUDA {provenance['cuda']}" in paragraph
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert render._changed_since(first.stdout.split()[0], ("zoo",)) == ["zoo"]
+    assert render._changed_since("HEAD", ("zoo", "datamodules")) == []
+    assert render._changed_since("0" * 12, ("zoo",)) is None
+    assert render._outside_pins({"huggingface_hub": "1.33.0", "lightning": "2.6.6"}) == [
+        "huggingface_hub 1.33.0 (the project: <3,>=2.4)"
+    ]
+    assert render._outside_pins({"torch": "2.11.0+cu130"}) and not render._outside_pins({"torch": "2.13.0+cpu"})

@@ -4,7 +4,7 @@ A training step of a recurrent model allocates and frees the same few hundred te
 (gates, states, per-step gradients, a word model's (B, T, V) logits). glibc serves every block above its mmap threshold
 (128 kB at first, raised dynamically up to 32 MB, never past that) with a fresh ``mmap`` and gives the pages back at
 ``free``, and it returns the top of the heap to the system above its trim threshold; either way the next step touches
-new pages and pays a page fault per 4 kB. Measured on this project's 2-core CPU with the 2 x 200 PTB LSTM (issue 20):
+new pages and pays a page fault per 4 kB. Measured on this project's 2-core CPU with the 2 x 200 PTB LSTM:
 32-34 million minor faults and 60-65 s of system time per epoch, and 20-25% more tokens/s for both ``lm-zoo fit`` and
 pytorch/examples' loop with ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824`` in the environment.
 A block above 32 MB still went to ``mmap`` under those settings: the full softmax of a 33,278-word WikiText-2 model at
