@@ -173,11 +173,13 @@ class LMZooCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        """An in-process run's devices, pinned in the parsed config, so that its ``config.yaml`` says what ran."""
-        if not self.in_process:
-            return
+        """Settings that would fail only once the run has started, refused before anything is built or announced
+        (:func:`check_training_settings`); an in-process run's devices, pinned in the parsed config, so that its
+        ``config.yaml`` says what ran."""
         trainer = self._get(self.config, "trainer")
-        trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
+        check_training_settings(trainer, self._get(self.config, "optimizer", default=None))
+        if self.in_process:
+            trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
@@ -339,6 +341,33 @@ def strategy_name(strategy: Any) -> str:
     name = getattr(strategy, "strategy_name", None) or type(strategy).__name__.removesuffix("Strategy").lower()
     start = getattr(strategy, "_start_method", "popen")
     return name if start == "popen" else f"{name}_{start}"
+
+
+def check_training_settings(trainer: Any, optimizer: Any) -> None:
+    """Refuse the trainer and optimizer settings that Lightning and torch accept at first and trip over mid-run (after
+    the fit's start-up line, or with a traceback): an ``accumulate_grad_batches`` below 1, a negative
+    ``gradient_clip_val``, and whatever the optimizer's own constructor refuses (a negative learning rate, betas out of
+    range), found by building the optimizer once over a stand-in parameter.
+
+    Raises:
+        ConfigError: naming the option and the value.
+    """
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate is not None and accumulate < 1:
+        raise ConfigError(f"--trainer.accumulate_grad_batches must be at least 1, got {accumulate}")
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and clip < 0:
+        raise ConfigError(f"--trainer.gradient_clip_val must be >= 0 (null: no clipping), got {clip}")
+    class_path = getattr(optimizer, "class_path", None)
+    if not isinstance(class_path, str):
+        return
+    module, _, name = class_path.rpartition(".")
+    init_args = optimizer.get("init_args")
+    options = init_args.as_dict() if hasattr(init_args, "as_dict") else dict(init_args or {})
+    try:
+        getattr(importlib.import_module(module), name)([torch.nn.Parameter(torch.zeros(1))], **options)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"--optimizer {name}: {err}") from None
 
 
 def requested_devices(devices: Any) -> int | None:

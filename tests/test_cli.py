@@ -311,19 +311,29 @@ def test_recipes_lists_every_shipped_config(capsys: pytest.CaptureFixture[str]) 
     one_line_error(capsys, cli.main(["recipes", "ptx"]), "no recipes for 'ptx'", "ptb")
 
 
-def test_a_bad_size_is_refused_before_the_run_announces_itself(
-    workdir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--data.init_args.batch_size", "0", "batch_size must be at least 1, got 0"),
+        ("--data.init_args.eval_batch_size", "0", "eval_batch_size must be at least 1, got 0"),
+        ("--data.init_args.bptt", "0", "bptt must be at least 1, got 0"),
+        ("--model.init_args.num_layers", "0", "num_layers must be at least 1, got 0"),
+        ("--model.init_args.embedding_size", "-3", "embedding_size must be at least 1, got -3"),
+        ("--trainer.accumulate_grad_batches", "0", "--trainer.accumulate_grad_batches must be at least 1, got 0"),
+        ("--trainer.gradient_clip_val", "-1", "--trainer.gradient_clip_val must be >= 0 (null: no clipping), got -1"),
+        ("--optimizer.init_args.lr", "-1", "--optimizer SGD: Invalid learning rate: -1.0"),
+    ],
+)
+def test_a_bad_setting_is_refused_before_the_run_announces_itself(
+    workdir: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, said: str
 ) -> None:
+    """Each of these used to fail after the start-up line ("training on 1 cpu device, 0 columns per rank"), or with a
+    traceback: the error is now the only line lm-zoo prints."""
     config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
-    for option in ("batch_size", "eval_batch_size", "bptt"):
-        code = cli.main(["fit", "--config", str(config), f"--data.init_args.{option}", "0"])
-        one_line_error(capsys, code, f"{option} must be at least 1, got 0")
-        # one_line_error read stderr: nothing lm-zoo printed came before the error line
-    code = cli.main(["fit", "--config", str(config), "--data.init_args.batch_size", "0"])
+    code = cli.main(["fit", "--config", str(config), option, value])
     err = capsys.readouterr().err
-    assert code == 2 and [line for line in err.splitlines() if line.startswith("lm-zoo:")] == [
-        "lm-zoo: error: batch_size must be at least 1, got 0"
-    ], err
+    assert code == 2 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("lm-zoo:")] == [f"lm-zoo: error: {said}"], err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

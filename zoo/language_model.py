@@ -109,6 +109,18 @@ def _embedding_width(embedding_size: int, hidden_size: int, input_embedding_rati
     return hidden_size if input_embedding_ratio >= 1 else max(1, round(input_embedding_ratio * hidden_size))
 
 
+def _check_sizes(**sizes: int) -> None:
+    """Refuse a size below 1, naming the option (the keyword): torch would fail later, with a traceback, or build a
+    network with no recurrent layer at all.
+
+    Raises:
+        ConfigError: the first size below 1.
+    """
+    for name, size in sizes.items():
+        if size < 1:
+            raise ConfigError(f"{name} must be at least 1, got {size}")
+
+
 def _check_rates(**rates: float) -> None:
     """Refuse a dropout rate outside [0, 1), naming the option (the keyword) it came from.
 
@@ -278,6 +290,9 @@ class RecurrentLM(nn.Module):
         self.head = head
         cell_options = dict(cell_options or {})
         _check_options(cell_options, head, tie_weights, inter_layer_dropout, noise_samples, noise_power, noise_sampler)
+        _check_sizes(
+            vocab_size=vocab_size, embedding_size=embedding_size, hidden_size=hidden_size, num_layers=num_layers
+        )
         embedding_size = _embedding_width(embedding_size, hidden_size, input_embedding_ratio)
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.output_dropout = dropout if output_dropout is None else output_dropout
