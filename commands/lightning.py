@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from checkpoints.ckpt import unreadable
 from checkpoints.writing import AtomicCheckpointIO, LastCheckpoint
-from commands.recipes import with_config_files
+from commands.recipes import as_given, with_config_files
 from datamodules.base import StreamDataModule
 from datamodules.gbw import GBWDataModule
 from datamodules.music import MusicDataModule
@@ -253,7 +253,7 @@ class LMZooCLI(LightningCLI):
             lines.append(f"sample: lm-zoo generate {shlex.quote(best.best_model_path)} --num-samples 3")
         if last is not None and last.last_model_path:
             configs = " ".join(
-                f"--config {shlex.quote(str(c))}" for c in self.config[self.subcommand].get("config") or []
+                f"--config {shlex.quote(as_given(str(c)))}" for c in self.config[self.subcommand].get("config") or []
             )
             limit = "--trainer.max_steps N" if trainer.max_steps and trainer.max_steps > 0 else "--trainer.max_epochs N"
             lines.append(f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} {limit}")

@@ -64,6 +64,16 @@ def config_file(value: str, flag: str = "--config") -> str:
     )
 
 
+def as_given(path: str | Path) -> str:
+    """How a user names ``path`` on a command line: a shipped recipe by its name (``ptb/lstm-small``; the file may be
+    deep in site-packages), any other file as it is."""
+    root = recipes_root()
+    resolved = Path(path).resolve()
+    if resolved.suffix == SUFFIX and resolved.is_relative_to(root):
+        return resolved.relative_to(root).with_suffix("").as_posix()
+    return str(path)
+
+
 def with_config_files(args: Sequence[str]) -> list[str]:
     """``args`` with each ``--config NAME`` (or ``--config=NAME``) made a file's path (:func:`config_file`)."""
     resolved = list(args)

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.slow
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    """The command's standard output and error (lm-zoo's own lines go to the error stream)."""
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done.stdout + done.stderr
 
 
 def _checkout_copy(destination: Path) -> Path:
@@ -78,7 +79,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         cwd=tmp,
         env=dict(os.environ),
-    ).strip()
+    ).splitlines()[0]
     (Path(purelib) / "lm_zoo_test_dependencies.pth").write_text(f"{_dependencies_folder(tmp / 'dependencies')}\n")
 
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -116,13 +117,15 @@ def test_a_named_recipe_trains_and_its_export_evaluates(
     corpus = write_word_corpus(tmp_path / "corpus", "wheel")
     lm_zoo = str(bin_folder / "lm-zoo")
     small = ["--model.init_args.embedding_size", "8", "--model.init_args.hidden_size", "8"]
-    _run(
+    fitted = _run(
         [lm_zoo, "fit", "--config", "ptb/lstm-small", "--data.init_args.corpus", str(corpus), *small,
          "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
          "--trainer.accelerator", "cpu", "--trainer.default_root_dir", "run"],
         work,
         env,
     )  # fmt: skip
+    # The run's last line names the recipe as the user did, not as a path inside site-packages.
+    assert "train further: lm-zoo fit --config ptb/lstm-small --ckpt_path" in fitted, fitted
     best = next((work / "run").rglob("best.ckpt"))
     _run([lm_zoo, "export", str(best), "--out", "exported", "--splits", "valid", "--device", "cpu"], work, env)
     result = _run([lm_zoo, "evaluate", "exported", "--split", "test", "--json", "--device", "cpu"], work, env)
