@@ -26,7 +26,7 @@ from lightning_modules.search.evolution import (
     report,
     worker_random,
 )
-from lightning_modules.storages import StorageServer
+from lightning_modules.storages import StorageServer, host_port, is_loopback
 from zoo.errors import ConfigError
 
 
@@ -58,15 +58,30 @@ def cmd_serve(argv: Sequence[str]) -> None:
         description="serve a search's storage to workers on other machines (lm-zoo search --storage grpc://HOST:PORT)",
     )
     parser.add_argument("--storage", required=True, help="the database, e.g. sqlite:///search.db")
-    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on (default: every interface)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only; reach it from others through an SSH "
+        "tunnel, docs/search.md; 0.0.0.0 or :: opens it to the network, with no authentication)",
+    )
     parser.add_argument("--port", type=option("--port", int, 0), default=13000, help="0: one the system picks")
     args = parser.parse_args(argv)
     if args.port > 65535:
         raise ConfigError(f"--port must be a port number from 0 to 65535, got {args.port}")
     server = StorageServer(args.storage, args.host, args.port, watch=STUDY).start()
+    every_interface = args.host in ("0.0.0.0", "::", "")
+    where = host_port("HOST" if every_interface else args.host, server.port)
+    if not is_loopback(args.host):
+        print(
+            f"search serve: listening beyond this machine's loopback ({args.host}): anyone who can reach port "
+            f"{server.port} can read and rewrite the search, with no authentication; keep it behind a firewall, or "
+            "serve on 127.0.0.1 and reach it through an SSH tunnel (docs/search.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
-        f"search serve: {args.storage} on {args.host}:{server.port}; workers: lm-zoo search --storage "
-        f"grpc://{'HOST' if args.host in ('0.0.0.0', '::') else args.host}:{server.port} --config ... (Ctrl-C stops)",
+        f"search serve: {args.storage} on {host_port(args.host, server.port)}; workers: lm-zoo search --storage "
+        f"grpc://{where} --config ... (Ctrl-C stops)",
         flush=True,
     )
     try:

@@ -16,6 +16,7 @@ whenever it reads the store, so a killed worker's evaluation is failed whether o
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import threading
 import time
@@ -57,6 +58,21 @@ def grpc_address(url: str) -> tuple[str, int] | None:
     return parts.hostname, DEFAULT_PORT if port is None else port
 
 
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as gRPC and URLs write it: an IPv6 address in brackets (``[::1]:13000``)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback only (``127.0.0.1``, ``::1``, ``localhost``): a server listening
+    there cannot be reached from another machine."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host.strip("[]"), None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
 def open_storage(url: str, heartbeat: int | None = None) -> optuna.storages.BaseStorage:
     """The Optuna storage a ``--storage`` URL names.
 
@@ -76,7 +92,8 @@ def open_storage(url: str, heartbeat: int | None = None) -> optuna.storages.Base
         host, port = address
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the proxy is "experimental"
-            proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
+            # The proxy writes f"{host}:{port}" for gRPC: an IPv6 address (urlsplit took its brackets off) needs them.
+            proxy = optuna.storages.GrpcStorageProxy(host=f"[{host}]" if ":" in host else host, port=port)
         try:
             proxy.wait_server_ready(timeout=READY_SECONDS)
         except ConnectionError:
@@ -205,7 +222,7 @@ class StorageServer:
 
     Args:
         url: the database (an SQLAlchemy URL); Optuna's proxy serves no journal file.
-        host: the address to listen on (``0.0.0.0``: every interface).
+        host: the address to listen on (``127.0.0.1``: this machine only; ``0.0.0.0`` or ``::``: every interface).
         port: the port (0: one the system picks, then in :attr:`port`).
         watch: the study whose silent trials the server fails (``None``: none).
         poll: seconds between two looks of the watcher.
@@ -232,7 +249,7 @@ class StorageServer:
         self.server = grpc.server(ThreadPoolExecutor(max_workers=10), options=[("grpc.so_reuseport", 0)])
         add_StorageServiceServicer_to_server(OptunaStorageProxyService(self.storage), self.server)
         try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
+            self.port = self.server.add_insecure_port(host_port(host, port))
         except RuntimeError:
             self.port = 0
         if not self.port:

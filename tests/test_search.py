@@ -25,7 +25,7 @@ from lightning_modules.search.evolution import (
 )
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from tests.conftest import one_line_error
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 from zoo.genome import format_genome, parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -513,18 +513,22 @@ def test_the_interleaving_that_ran_one_evaluation_twice(tmp_path: Path, monkeypa
     assert states == ["COMPLETE", "PRUNED"]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "journal", "grpc"])
+@pytest.mark.parametrize("backend", ["sqlite", "journal", "grpc", "grpc-ipv6"])
 def test_a_claim_is_held_once_and_a_failed_owners_claim_is_superseded(tmp_path: Path, backend: str) -> None:
     """On every storage lm-zoo opens: one of two stores wins a claim; an owner whose evaluation failed leaves the next
     generation to claim, once; claims are studies of their own, never evaluations of the search."""
     import optuna
 
-    from lightning_modules.storages import StorageServer
+    from lightning_modules.storages import StorageServer, host_port
 
     server = None
-    if backend == "grpc":
-        server = StorageServer(f"sqlite:///{tmp_path / 'served.db'}", "127.0.0.1", 0).start()
-        url = f"grpc://127.0.0.1:{server.port}"
+    if backend.startswith("grpc"):
+        host = "::1" if backend == "grpc-ipv6" else "127.0.0.1"
+        try:
+            server = StorageServer(f"sqlite:///{tmp_path / 'served.db'}", host, 0).start()
+        except DataError:
+            pytest.skip(f"this machine cannot listen on {host}")
+        url = f"grpc://{host_port(host, server.port)}"
     else:
         url = str(tmp_path / "search.log") if backend == "journal" else f"sqlite:///{tmp_path / 'search.db'}"
     try:

@@ -164,3 +164,63 @@ def test_bad_servers_and_addresses_are_one_line(
     line = user_error(lost.value)
     assert line is not None and "storage server stopped answering (UNAVAILABLE" in str(line)
     assert not list(database.parent.glob("x.*")) and not (tmp_path / "x.db").exists()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _serve(home: Path, *options: str) -> tuple[subprocess.Popen[str], str, str]:
+    """``lm-zoo search serve`` with ``options``; (the process, its first line, what else it said on stderr) once it
+    listens."""
+    home.mkdir(parents=True, exist_ok=True)
+    process = start(
+        ["search", "serve", "--storage", f"sqlite:///{home / 'search.db'}", "--port", "0", *options],
+        home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    line = process.stdout.readline()  # type: ignore[union-attr]
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    return process, line, err
+
+
+def test_the_storage_server_is_private_unless_told_otherwise(tmp_path: Path) -> None:
+    """No --host: the loopback, and nothing else said; a host beyond it: one line saying the store is open."""
+    _, line, err = _serve(tmp_path / "default")
+    assert " on 127.0.0.1:" in line and "grpc://127.0.0.1:" in line, line
+    assert "open" not in err and "authentication" not in err, err
+    _, line, err = _serve(tmp_path / "open", "--host", "0.0.0.0")
+    assert " on 0.0.0.0:" in line and "grpc://HOST:" in line, line
+    warning = [text for text in err.splitlines() if "authentication" in text]
+    assert len(warning) == 1 and "SSH tunnel" in warning[0], err
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_server_and_its_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--host ::1`` listens (it was refused as 'the port is taken'), says its URL in brackets, and a worker's
+    ``grpc://[::1]:PORT`` reaches it (the address used to reach gRPC without its brackets)."""
+    _, line, err = _serve(tmp_path / "v6-line", "--host", "::1")
+    assert " on [::1]:" in line and "grpc://[::1]:" in line and "authentication" not in err, (line, err)
+    home = tmp_path / "v6"
+    home.mkdir()
+    process = start(
+        ["search", "serve", "--storage", f"sqlite:///{home / 'search.db'}", "--host", "::1", "--port", "0"],
+        home,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        url = line.split("--storage ")[1].split()[0]
+        assert url.startswith("grpc://[::1]:"), line
+        code = cli.main(["search", "report", "--storage", url])
+        one_line_error(capsys, code, "holds no lm-zoo search")  # reached: the server answered, its store is empty
+    finally:
+        process.kill()
+        process.wait(30)
