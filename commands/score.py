@@ -3,10 +3,12 @@ list with an LM score column for rescoring (SRILM's ``-ppl`` and ``-rescore`` do
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import checkpoints
 from commands import COMMANDS
@@ -20,50 +22,85 @@ from commands.common import (
     option,
     quantize_model,
 )
-from lightning_modules.evaluation.sentences import score_sentences
+from lightning_modules.evaluation.sentences import SCALES, stream_scores
 from zoo.errors import ConfigError, DataError
 
 NBEST_HELP = (
-    "FILE is an n-best list: 'ID<TAB>hypothesis' lines, or Kaldi's 'ID word word ...'; each line is printed back with "
-    "its LM score (log10 p, SRILM's convention; Kaldi's costs are -ln p: docs/evaluation.md) after the ID, separated "
-    "as the input is"
+    "FILE is an n-best list: 'ID<TAB>hypothesis' lines, or Kaldi's 'ID word word ...'; each line is printed back byte "
+    "for byte with its LM score (--scale) inserted after the ID, separated as the input is"
+)
+SCALE_HELP = (
+    "the n-best column's convention: log10 (log10 p, SRILM's n-best tools; the default), ln (ln p) or kaldi-cost "
+    "(-ln p, what Kaldi's rescoring scripts read): docs/evaluation.md"
 )
 
 
-def read_lines(file: str) -> list[str]:
-    """The lines of ``file`` (``-``: standard input), without their line ends.
+def open_lines(file: str) -> Iterator[str]:
+    """The lines of ``file`` (``-``: standard input) as they are read, without their line ends (``\\n``, ``\\r\\n``);
+    nothing else in a line is changed, so that an n-best hypothesis comes back byte for byte. The file is opened at
+    once (a missing one is said before any model loads); its lines are read only as they are asked for.
 
     Raises:
-        DataError: the file cannot be read as UTF-8 text.
+        DataError: the file does not exist, or a line is not UTF-8 text (naming the line).
     """
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        stream = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115 - closed by the generator
     except FileNotFoundError:
         raise DataError(f"{file}: no such file: give a text file with one sentence per line (or - for stdin)") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{file}: not UTF-8 text ({err.reason} at byte {err.start}): give a text file") from None
-    return text.splitlines()
+
+    def lines() -> Iterator[str]:
+        with contextlib.ExitStack() as stack:
+            if stream is not sys.stdin.buffer:
+                stack.enter_context(stream)
+            for number, raw in enumerate(stream, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(
+                        f"{file} line {number}: not UTF-8 text ({err.reason} at byte {err.start}): give a text file"
+                    ) from None
+                yield line.removesuffix("\n").removesuffix("\r")
+
+    return lines()
 
 
-def split_nbest(lines: Sequence[str], file: str) -> list[tuple[str, str, str]]:
-    """``(id, separator, hypothesis)`` of each n-best line: tab-separated if the line has a tab, else Kaldi's form
-    (the ID is the first whitespace-separated field).
+@dataclass(frozen=True)
+class NbestLine:
+    """One n-best line taken apart so that it can be put back with a score in it: ``head`` (any indentation and the
+    ID), ``separator`` (a tab, or a space in Kaldi's form), and ``rest``, the line's bytes after the ID, untouched."""
+
+    head: str
+    separator: str
+    rest: str
+
+    @property
+    def hypothesis(self) -> str:
+        """The words to score: the rest with its spacing normalised."""
+        return " ".join(self.rest.split())
+
+    def with_columns(self, *columns: str) -> str:
+        """The line with ``columns`` after the ID: without them, exactly the line that was read."""
+        return self.separator.join([self.head, *columns]) + self.rest
+
+
+def parse_nbest(lines: Iterable[str], file: str) -> Iterator[NbestLine]:
+    """Each n-best line taken apart: tab-separated if the line has a tab, else Kaldi's form (the ID is the first
+    whitespace-separated field).
 
     Raises:
         DataError: a line without an ID (naming its number).
     """
-    entries = []
     for number, line in enumerate(lines, 1):
         if "\t" in line:
-            key, _, hypothesis = line.partition("\t")
-            separator = "\t"
+            key, _, after = line.partition("\t")
+            entry = NbestLine(key, "\t", "\t" + after)
         else:
-            key, _, hypothesis = line.strip().partition(" ")
-            separator = " "
+            indent = line[: len(line) - len(line.lstrip())]
+            key = line.split(maxsplit=1)[0] if line.strip() else ""
+            entry = NbestLine(indent + key, " ", line[len(indent) + len(key) :])
         if not key.strip():
             raise DataError(f"{file} line {number}: no hypothesis ID; n-best lines are 'ID<TAB>hypothesis' or 'ID w w'")
-        entries.append((key.strip(), separator, " ".join(hypothesis.split())))
-    return entries
+        yield entry
 
 
 def cmd_score(argv: Sequence[str]) -> None:
@@ -73,6 +110,13 @@ def cmd_score(argv: Sequence[str]) -> None:
     parser.add_argument("file", nargs="?", default="-", help="one sentence per line (default -: standard input)")
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--nbest", action="store_true", help=NBEST_HELP)
+    parser.add_argument("--scale", choices=SCALES, help=SCALE_HELP)
+    parser.add_argument(
+        "--oov-column",
+        action="store_true",
+        help="with --nbest: a column after the score with the hypothesis's words outside the vocabulary, each scored "
+        "as <unk> (SRILM reports them apart)",
+    )
     parser.add_argument("--per-token", action="store_true", help="also every token's log-probability (nats)")
     parser.add_argument(
         "--document",
@@ -86,26 +130,40 @@ def cmd_score(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
     if args.nbest and (args.document or args.per_token):
         raise ConfigError("--nbest scores each hypothesis alone into one column: drop --document and --per-token")
+    if not args.nbest and (args.scale or args.oov_column):
+        raise ConfigError(
+            "--scale and --oov-column shape the --nbest column; the JSON lines have logprob (ln p), log10prob and oov"
+        )
 
-    lines = read_lines(args.file)  # before loading a model: a missing file stops at once
-    entries = split_nbest(lines, args.file) if args.nbest else None
+    lines = open_lines(args.file)  # before loading a model: a missing file stops at once
     loaded = checkpoints.load(args.source, args.revision)
     if loaded.is_music:
         raise ConfigError(f"{loaded.source} is a music model: lm-zoo score scores text (lm-zoo evaluate scores music)")
     quantize_model(loaded, args.quantize, args.device)
-    sentences = [hypothesis for _, _, hypothesis in entries] if entries is not None else lines
-    scores = score_sentences(
+    entries = parse_nbest(lines, args.file) if args.nbest else None
+    # Entries are read as the scores are asked for; those read but not yet printed wait here, one batch at most.
+    pending: deque[NbestLine] = deque()
+
+    def hypotheses() -> Iterator[str]:
+        for entry in entries:  # type: ignore[union-attr]
+            pending.append(entry)
+            yield entry.hypothesis
+
+    scores = stream_scores(
         loaded.model.to(args.device),
         loaded.tokenizer,
-        sentences,
+        lines if entries is None else hypotheses(),
         batch_size=args.batch_size,
         document=args.document,
         end=() if args.no_end else None,
         per_token=args.per_token,
     )
-    if entries is None:
-        for score in scores:  # an empty FILE prints nothing
+    scale = args.scale or "log10"
+    for count, score in enumerate(scores, 1):  # an empty FILE prints nothing
+        if entries is None:
             print(json.dumps(score.to_json()))
-        return
-    for (key, separator, hypothesis), score in zip(entries, scores, strict=True):
-        print(separator.join([key, f"{score.log10prob:.6f}", *([hypothesis] if hypothesis else [])]))
+        else:
+            columns = [f"{score.on_scale(scale):.6f}", *([str(score.oov)] if args.oov_column else [])]
+            print(pending.popleft().with_columns(*columns))
+        if count % args.batch_size == 0 or args.document:
+            sys.stdout.flush()  # each batch as it is scored: a reader at the end of a pipe gets it now

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,32 +141,86 @@ def test_the_command_scores_with_a_quantized_copy(lm, exported: Path, tmp_path: 
     assert printed != pytest.approx(floats, abs=1e-6) and printed == pytest.approx(floats, rel=0.05)
 
 
-def test_an_nbest_list_comes_back_with_a_score_column(lm, exported: Path, tmp_path: Path, capsys) -> None:
+def test_an_nbest_list_comes_back_byte_for_byte_with_a_score_column(lm, exported: Path, tmp_path: Path, capsys) -> None:
     model, tokenizer = lm
     tabbed = tmp_path / "nbest.tsv"
-    tabbed.write_text("utt1-1\tthe cat sat\nutt1-2\tthe  mat \nutt2-1\t\n")
+    tabbed.write_bytes("utt1-1\tthe cat sat\nutt1-2\tthe  mat \r\nutt2-1\t\nutt3-1\tthe zebra\u2028sat\n".encode())
     kaldi = tmp_path / "nbest.txt"
-    kaldi.write_text("utt1-1 the cat sat\nutt1-2 the mat\n")
-    log10 = [s.log10prob for s in score_sentences(model, tokenizer, ["the cat sat", "the mat", ""])]
+    kaldi.write_text("utt1-1 the cat sat\nutt1-2  the mat\nutt2-1\n")
+    scored = score_sentences(model, tokenizer, ["the cat sat", "the mat", "", "the zebra sat"])
+    log10 = [s.log10prob for s in scored]
     capsys.readouterr()
     assert cli.main(["score", str(exported), str(tabbed), "--nbest"]) == 0
-    assert capsys.readouterr().out.splitlines() == [
+    out = capsys.readouterr().out
+    assert out.split("\n")[:-1] == [
         f"utt1-1\t{log10[0]:.6f}\tthe cat sat",
-        f"utt1-2\t{log10[1]:.6f}\tthe mat",
-        f"utt2-1\t{log10[2]:.6f}",  # an empty hypothesis: p(<eos>) alone
+        f"utt1-2\t{log10[1]:.6f}\tthe  mat ",  # its spacing kept; scored as "the mat"
+        f"utt2-1\t{log10[2]:.6f}\t",  # an empty hypothesis: p(<eos>) alone
+        f"utt3-1\t{log10[3]:.6f}\tthe zebra\u2028sat",  # a line separator inside a line is no line end
+    ]
+    # Without the score column, the output is the input, line for line (a CRLF line end aside).
+    assert ["\t".join(line.split("\t")[:1] + line.split("\t")[2:]) for line in out.split("\n")[:-1]] == [
+        line.removesuffix("\r") for line in tabbed.read_bytes().decode().split("\n")[:-1]
     ]
     assert cli.main(["score", str(exported), str(kaldi), "--nbest"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"utt1-1 {log10[0]:.6f} the cat sat",
-        f"utt1-2 {log10[1]:.6f} the mat",
+        f"utt1-2 {log10[1]:.6f}  the mat",
+        f"utt2-1 {log10[2]:.6f}",
     ]
+
+
+def test_the_nbest_column_in_each_toolkits_convention_with_the_unknown_words(
+    lm, exported: Path, tmp_path: Path, capsys
+) -> None:
+    """``--scale``: log10 p (SRILM), ln p, and Kaldi's cost -ln p, the same score; ``--oov-column`` counts each
+    hypothesis's words outside the vocabulary, which are scored as <unk>."""
+    model, tokenizer = lm
+    nbest = tmp_path / "nbest.txt"
+    nbest.write_text("u-1 the cat sat\nu-2 the zebra sat quietly\n")
+    scored = score_sentences(model, tokenizer, ["the cat sat", "the zebra sat quietly"])
+    columns = {}
+    for scale in ("log10", "ln", "kaldi-cost"):
+        capsys.readouterr()
+        assert cli.main(["score", str(exported), str(nbest), "--nbest", "--scale", scale, "--oov-column"]) == 0
+        columns[scale] = [line.split(" ") for line in capsys.readouterr().out.splitlines()]
+    assert [float(row[1]) for row in columns["ln"]] == pytest.approx([s.logprob for s in scored], abs=1e-6)
+    assert [float(row[1]) for row in columns["kaldi-cost"]] == pytest.approx([-s.logprob for s in scored], abs=1e-6)
+    assert [float(row[1]) for row in columns["log10"]] == pytest.approx(
+        [s.logprob / math.log(10) for s in scored], abs=1e-6
+    )
+    assert [row[2] for row in columns["ln"]] == ["0", "2"]  # zebra, quietly
+    assert [" ".join(row[3:]) for row in columns["ln"]] == ["the cat sat", "the zebra sat quietly"]
+    one_line_error(capsys, cli.main(["score", str(exported), str(nbest), "--scale", "ln"]), "--nbest column")
+
+
+def test_scores_come_out_of_a_pipe_as_each_batch_is_scored(exported: Path, tmp_path: Path) -> None:
+    """The first batch's lines are printed while standard input is still open: ``score`` can sit in a pipe."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "cli", "score", str(exported), "-", "--nbest", "--batch-size", "2"]
+    process = subprocess.Popen(
+        [*command, "--device", "cpu"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    watchdog = threading.Timer(300, process.kill)  # a process that never answers fails the test, not the suite
+    watchdog.start()
+    try:
+        process.stdin.write("a-1\tthe cat sat\na-2\tthe mat\n")  # type: ignore[union-attr]
+        process.stdin.flush()  # type: ignore[union-attr]
+        first = [process.stdout.readline(), process.stdout.readline()]  # type: ignore[union-attr]
+        assert [line.split("\t")[0] for line in first] == ["a-1", "a-2"], first
+        assert process.poll() is None  # still reading
+        process.stdin.write("b-1\tthe dog\n")  # type: ignore[union-attr]
+        rest, _ = process.communicate(timeout=300)
+    finally:
+        watchdog.cancel()
+    assert process.returncode == 0 and rest.split("\t")[0] == "b-1"
 
 
 def test_bad_input_is_one_line(exported: Path, tmp_path: Path, capsys) -> None:
     one_line_error(capsys, cli.main(["score", str(exported), str(tmp_path / "none.txt")]), "none.txt: no such file")
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00")
-    one_line_error(capsys, cli.main(["score", str(exported), str(binary)]), "not UTF-8 text")
+    one_line_error(capsys, cli.main(["score", str(exported), str(binary)]), "binary.txt line 1: not UTF-8 text")
     nbest = tmp_path / "nbest.txt"
     nbest.write_text("a-1\tthe cat\n\tthe mat\n")
     one_line_error(capsys, cli.main(["score", str(exported), str(nbest), "--nbest"]), "line 2: no hypothesis ID")

@@ -17,7 +17,7 @@ Dropouts act only in training mode; evaluation (``model.eval()``) is determinist
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -455,18 +455,13 @@ class RecurrentLM(nn.Module):
             raise ConfigError("every row needs at least its first (context) id")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if carry_state:
+            return list(self.score_document(rows))
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
         scores: list[Tensor | None] = [None] * len(rows)
         try:
-            if carry_state:
-                state = None
-                for index, row in enumerate(rows):
-                    ids = torch.tensor([list(row)], device=device)  # (1, T + 1)
-                    nll, state = self.token_nll(ids[:, :-1], ids[:, 1:], state)  # (1, T)
-                    scores[index] = -nll[0].double().cpu()
-                return scores  # type: ignore[return-value]
             order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if by_length else list(range(len(rows)))
             for first in range(0, len(order), batch_size):
                 chosen = order[first : first + batch_size]
@@ -481,6 +476,31 @@ class RecurrentLM(nn.Module):
                 for b, i in enumerate(chosen):
                     scores[i] = -nll[b, : len(rows[i]) - 1].double().cpu()
             return scores  # type: ignore[return-value]
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()  # torch's decorator keeps a generator's every step under it
+    def score_document(self, rows: Iterable[Sequence[int]]) -> Iterator[Tensor]:
+        """:meth:`score` with ``carry_state``, one row at a time: each row's log-probabilities as soon as it is read,
+        the state carried to the next, so that a text of any length is scored in the memory of one row.
+
+        Args:
+            rows: consecutive pieces of one text, each beginning with the previous piece's last id.
+
+        Yields:
+            One ``(len(row) - 1,)`` float64 tensor of log-probabilities per row, on the CPU.
+        """
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        state = None
+        try:
+            for row in rows:
+                if len(row) < 1:
+                    raise ConfigError("every row needs at least its first (context) id")
+                ids = torch.tensor([list(row)], device=device)  # (1, T + 1)
+                nll, state = self.token_nll(ids[:, :-1], ids[:, 1:], state)  # (1, T)
+                yield -nll[0].double().cpu()
         finally:
             self.train(was_training)
 

@@ -10,8 +10,10 @@ before it, and a batch gives each sentence what it would get alone. The scores t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
@@ -45,6 +47,11 @@ def pad(rows: Sequence[Sequence[int]], fill: int) -> torch.Tensor:
     return padded
 
 
+# The conventions an n-best column can be written in (``lm-zoo score --nbest --scale``): SRILM's n-best tools read
+# log10 p, Kaldi's rescoring scripts a cost, the negated natural log (utils/rnnlm_compute_scores.sh writes those).
+SCALES = ("log10", "ln", "kaldi-cost")
+
+
 @dataclass
 class SentenceScore:
     """A sentence's log-probability under a model: what ``lm-zoo score`` prints, one JSON object per sentence.
@@ -52,9 +59,11 @@ class SentenceScore:
     Attributes:
         text: the sentence as given.
         logprob: log p(sentence) in nats: the sum over its tokens and, unless left out, its end (``<eos>``).
-        log10prob: the same in base 10, as ASR toolkits (SRILM, Kaldi's n-best rescoring) expect.
+        log10prob: the same in base 10, SRILM's convention.
         tokens: the tokens scored (the end included).
-        oov: the words (characters, for a character model) not in the vocabulary, each scored as ``<unk>``.
+        oov: the words (characters, for a character model) not in the vocabulary, each scored as ``<unk>``: a
+            hypothesis with unknown words gets ``<unk>``'s probability for them, which toolkits report apart
+            (SRILM's OOV count), so a rescorer can penalise them.
         token_logprobs: each scored token's log-probability (nats), when asked for.
     """
 
@@ -72,6 +81,24 @@ class SentenceScore:
         if self.token_logprobs is not None:
             record["token_logprobs"] = self.token_logprobs
         return record
+
+    def on_scale(self, scale: str) -> float:
+        """The score in one of :data:`SCALES`: log10 p, ln p, or Kaldi's cost -ln p."""
+        if scale not in SCALES:
+            raise ValueError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
+        return {"log10": self.log10prob, "ln": self.logprob, "kaldi-cost": -self.logprob}[scale]
+
+
+def _sentence_score(text: str, scores: torch.Tensor, tokenizer: Any, per_token: bool) -> SentenceScore:
+    logprob = float(scores.sum())
+    return SentenceScore(
+        text=text,
+        logprob=logprob,
+        log10prob=logprob / math.log(10),
+        tokens=len(scores),
+        oov=len(tokenizer.unknown(text)),
+        token_logprobs=scores.tolist() if per_token else None,
+    )
 
 
 def score_sentences(
@@ -98,24 +125,51 @@ def score_sentences(
         by_length: batch sentences of similar length together (:meth:`zoo.RecurrentLM.score`); the scores come back
             in the given order either way.
     """
-    end = [tokenizer.eos_id] if end is None else list(end)
-    encoded = [tokenizer.encode(text) + end for text in sentences]
     if document:
-        rows, before = [], tokenizer.bos_id
-        for ids in encoded:
-            rows.append([before, *ids])
-            before = ids[-1] if ids else before
-    else:
-        rows = [[tokenizer.bos_id, *ids] for ids in encoded]
-    logprobs = model.score(rows, batch_size=1 if document else batch_size, carry_state=document, by_length=by_length)
+        return list(stream_scores(model, tokenizer, sentences, document=True, end=end, per_token=per_token))
+    end = [tokenizer.eos_id] if end is None else list(end)
+    rows = [[tokenizer.bos_id, *tokenizer.encode(text), *end] for text in sentences]
+    logprobs = model.score(rows, batch_size=batch_size, by_length=by_length)
     return [
-        SentenceScore(
-            text=text,
-            logprob=float(scores.sum()),
-            log10prob=float(scores.sum()) / math.log(10),
-            tokens=len(scores),
-            oov=len(tokenizer.unknown(text)),
-            token_logprobs=scores.tolist() if per_token else None,
-        )
-        for text, scores in zip(sentences, logprobs, strict=True)
+        _sentence_score(text, scores, tokenizer, per_token) for text, scores in zip(sentences, logprobs, strict=True)
     ]
+
+
+def stream_scores(
+    model: RecurrentLM,
+    tokenizer: Any,
+    sentences: Iterable[str],
+    batch_size: int = 64,
+    document: bool = False,
+    end: Sequence[int] | None = None,
+    per_token: bool = False,
+) -> Iterator[SentenceScore]:
+    """:func:`score_sentences` over sentences read as they come (a file, a pipe): ``batch_size`` at a time, each
+    batch's scores yielded in the given order as soon as it is scored, so memory is bounded by the batch and a reader
+    downstream gets results while the input still flows. With ``document``, one sentence at a time, the state carried
+    from each to the next (:meth:`zoo.RecurrentLM.score_document`).
+    """
+    if not document:
+        for batch in batched(sentences, batch_size):
+            yield from score_sentences(model, tokenizer, batch, batch_size, end=end, per_token=per_token)
+        return
+    end = [tokenizer.eos_id] if end is None else list(end)
+    texts: deque[str] = deque()
+
+    def rows() -> Iterator[list[int]]:
+        before = tokenizer.bos_id
+        for text in sentences:
+            ids = [*tokenizer.encode(text), *end]
+            texts.append(text)
+            yield [before, *ids]
+            before = ids[-1] if ids else before
+
+    for scores in model.score_document(rows()):
+        yield _sentence_score(texts.popleft(), scores, tokenizer, per_token)
+
+
+def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``items`` in lists of ``size`` (the last may be shorter), read lazily (``itertools.batched`` needs 3.12)."""
+    iterator = iter(items)
+    while batch := list(islice(iterator, size)):
+        yield batch
