@@ -594,3 +594,53 @@ def test_a_silent_trial_is_failed_after_four_of_its_heartbeats(tmp_path: Path) -
     states = {t.number: t.state for t in store.study.get_trials(deepcopy=False)}
     running = optuna.trial.TrialState.RUNNING
     assert states == {beating.number: running, silent.number: optuna.trial.TrialState.FAIL, other.number: running}
+
+
+# Run in a child process: a worker that is SIGKILLed right after creating its claim, before marking its trial (the
+# window between the two storage calls), with Optuna's heartbeat of 1 s running.
+KILLED_IN_THE_CLAIM_WINDOW = """
+import os, random, signal, sys
+from lightning_modules.search.evolution import SearchStore
+from lightning_modules.search.tasks import Grid, Outcome, Setting
+
+class KilledAfterClaiming(SearchStore):
+    def claim(self, wanted, trial_id=None):
+        generation = super().claim(wanted, trial_id)
+        print(generation, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+store = KilledAfterClaiming(sys.argv[1], heartbeat=1)
+setting = Setting.from_key(Grid().draw(random.Random(3), (1000,)).key())
+store.record(sys.argv[2], "xml", setting, lambda: Outcome(0.9, 1, 4, 100))
+"""
+
+
+def test_a_claim_left_by_a_worker_killed_before_marking_its_trial_is_claimed_again(tmp_path: Path) -> None:
+    """The evaluation is not claimed for good: while the killed worker's trial still counts as running, nobody takes
+    it; once its heartbeat is stale the next worker claims the next generation and evaluates it, once."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_THE_CLAIM_WINDOW, url, LSTM], capture_output=True, text=True, env=env
+    )
+    assert killed.returncode == -9 and killed.stdout.strip() == "0", killed.stderr
+    setting = Setting.from_key(Grid().draw(random.Random(3), (1000,)).key())
+    store = SearchStore(url, heartbeat=1)
+    (orphan,) = store.study.get_trials(deepcopy=False)
+    assert "claim" not in orphan.user_attrs  # killed in the window: its claim study exists, its mark does not
+    if orphan.state == optuna.trial.TrialState.RUNNING:  # not yet stale (4 heartbeats): the claim still holds
+        assert store.record(LSTM, "xml", setting, lambda: Outcome(0.5, 1, 4, 100)) is None
+    time.sleep(5)  # past Optuna's grace period of 4 heartbeats of 1 s
+    assert store.record(LSTM, "xml", setting, lambda: Outcome(0.5, 1, 4, 100)) == 0.5
+    assert [(e.genome, e.accuracy) for e in store.evaluations()] == [(LSTM, 0.5)]
+    owner = store.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))[0]
+    assert owner.user_attrs["claim"] == 1
+    other = SearchStore(url, heartbeat=1)  # and it is evaluated once: the new claim holds
+    assert other.record(LSTM, "xml", setting, lambda: Outcome(0.7, 1, 4, 100)) is None

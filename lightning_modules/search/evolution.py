@@ -33,8 +33,11 @@ SQLite reuses the deleted study's id); the claim of a trial that failed -- its w
 raised -- is superseded instead: the next claim is generation g + 1, which a worker creates only after reading the
 owner of generation g failed. The owner marks its trial with its generation (``claim``) after winning; a reader that
 missed a generation computes one that exists and loses, so no reading can let two trials hold one evaluation. A
-worker killed between creating its claim and marking its trial (two storage calls) leaves that evaluation claimed for
-good: never run twice, at worst never run. Reports read the search's study only, so claims never show in them.
+worker killed between creating its claim and marking its trial (two storage calls) leaves a claim that no trial
+carries: once its trial has been failed as silent (the heartbeat staleness above) and no other trial of that
+evaluation runs or has finished, the claim is abandoned, and the next worker to want it claims generation g + 1
+(:meth:`SearchStore.claim`). While the killed worker's trial still counts as running, nobody reclaims, so a live owner
+between its two calls is never overtaken. Reports read the search's study only, so claims never show in them.
 """
 
 from __future__ import annotations
@@ -219,14 +222,43 @@ class SearchStore:
         ]
         return max(failed, default=-1) + 1
 
-    def claim(self, wanted: tuple[str, str, str]) -> int | None:
-        """Claim ``wanted`` (module docstring): its generation if this call created the claim, else ``None``."""
+    def claim(self, wanted: tuple[str, str, str], trial_id: int | None = None) -> int | None:
+        """Claim ``wanted`` (module docstring): its generation if this call created the claim, else ``None``.
+
+        Args:
+            wanted: ``(genome, task, setting)``.
+            trial_id: the claiming trial (already carrying ``wanted``'s attributes), left out when deciding whether a
+                claim held by nobody's trial was abandoned.
+        """
         generation = self.claim_generation(wanted)
-        try:
-            self.storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], claim_name(wanted, generation))
-        except optuna.exceptions.DuplicatedStudyError:
-            return None
-        return generation
+        while True:
+            try:
+                self.storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], claim_name(wanted, generation))
+            except optuna.exceptions.DuplicatedStudyError:
+                if not self._abandoned(wanted, generation, trial_id):
+                    return None
+                generation += 1  # the next generation; a worker that reclaims at once too loses to this one there
+                continue
+            return generation
+
+    def _abandoned(self, wanted: tuple[str, str, str], generation: int, trial_id: int | None) -> bool:
+        """Whether claim ``generation`` of ``wanted`` was left by a worker killed between creating it and marking its
+        trial: no trial carries it, no other trial of ``wanted`` is running or complete (a live owner's trial runs from
+        before its claim to its end), and one failed without a mark (the killed owner's, failed once its heartbeat
+        went stale)."""
+        self.fail_stale()
+        killed = False
+        for trial in self.study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if trial._trial_id == trial_id or (attrs.get("genome"), attrs.get("task"), attrs.get("setting")) != wanted:
+                continue
+            if attrs.get("claim") == generation or trial.state in (
+                optuna.trial.TrialState.RUNNING,
+                optuna.trial.TrialState.COMPLETE,
+            ):
+                return False
+            killed |= trial.state == optuna.trial.TrialState.FAIL and "claim" not in attrs
+        return killed
 
     def record(self, genome: str, task: str, setting: Setting, run: Any, parent: str | None = None) -> float | None:
         """Run ``run()`` (an :class:`~lightning_modules.search.tasks.Outcome`) as a trial of the study and store it.
@@ -247,7 +279,7 @@ class SearchStore:
                     trial.set_user_attr(key, value)
                 trial.set_user_attr("parent", parent)
                 trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
-                generation = self.claim(wanted)
+                generation = self.claim(wanted, trial._trial_id)
                 if generation is None:
                     raise optuna.TrialPruned("another worker holds this evaluation")
                 trial.set_user_attr("claim", generation)  # the owner's mark, which a later generation needs
