@@ -184,7 +184,8 @@ def export_model(
 
     Raises:
         CheckpointError: ``out_dir`` holds something that is not an export, a setting is not JSON-like, an asset has
-            a name an export does not ship, or a result is of the other kind of model (text / music).
+            a name an export does not ship, a result is of the other kind of model (text / music), or the system
+            refused a write (the export that was there, if any, is then unchanged).
     """
     out = check_out_dir(out_dir)
     if dtype not in STORED_DTYPES:
@@ -200,22 +201,52 @@ def export_model(
     results = loaded.results if results is None else results
     _check_result_kinds(loaded, results)  # before writing anything
     out.mkdir(parents=True, exist_ok=True)
-    for name in EXPORT_FILES:  # a previous export's files (its vocab.txt may not be this model's tokenizer.model)
-        (out / name).unlink(missing_ok=True)
-    tokenizer_entry = None if loaded.tokenizer is None else _write_tokenizer(loaded.tokenizer, out)
-    config = build_config(loaded, results, tokenizer_entry, dtype)
-    for name, data in contents.items():
-        (out / name).write_bytes(data)
-    network = loaded.model.cpu()
-    if next(network.parameters()).dtype != STORED_DTYPES[dtype]:
-        network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
-    # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
-    save_model(network, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
-    config[HASHES_KEY] = export_file_hashes(out)  # checked at every load (format.verify_export_files)
-    (out / CARD_NAME).write_text(render_card(config, repo_id, revision), encoding="utf-8")
-    shutil.copymode(out / CARD_NAME, out / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # Everything is written into a folder beside ``out`` first: a write that fails (a full disk, a permission taken
+    # away) leaves the previous export whole and no half-written files, and only whole files are moved in.
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        tokenizer_entry = None if loaded.tokenizer is None else _write_tokenizer(loaded.tokenizer, staging)
+        config = build_config(loaded, results, tokenizer_entry, dtype)
+        for name, data in contents.items():
+            (staging / name).write_bytes(data)
+        network = loaded.model.cpu()
+        if next(network.parameters()).dtype != STORED_DTYPES[dtype]:
+            network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
+        # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
+        save_model(network, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
+        config[HASHES_KEY] = export_file_hashes(staging)  # checked at every load (format.verify_export_files)
+        (staging / CARD_NAME).write_text(render_card(config, repo_id, revision), encoding="utf-8")
+        shutil.copymode(staging / CARD_NAME, staging / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
+        (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        reason = (error.strerror or str(error)).lower()
+        kept = "the export that was there is unchanged" if _is_export(out) else "nothing was left there"
+        raise CheckpointError(
+            f"{out}: the export could not be written ({reason}); {kept}: free some space or fix the permissions, "
+            "then export again"
+        ) from error
+    _move_into(staging, out)
     return out
+
+
+def _move_into(staging: Path, out: Path) -> None:
+    """Replace the export files in ``out`` with those written to ``staging`` (on the same filesystem: renames).
+
+    ``config.json`` goes first and comes back last: while files are moved, ``out`` holds no config and loads as
+    nothing, never as a mix of two exports. A previous export's files that this one does not ship go (its vocab.txt
+    may not be this model's tokenizer.model); anything else in ``out`` stays.
+    """
+    (out / CONFIG_NAME).unlink(missing_ok=True)
+    for name in EXPORT_FILES:
+        if not (staging / name).is_file():
+            (out / name).unlink(missing_ok=True)
+    for name in [n for n in EXPORT_FILES if n != CONFIG_NAME] + [CONFIG_NAME]:
+        if (staging / name).is_file():
+            os.replace(staging / name, out / name)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _is_export(directory: Path) -> bool:

@@ -67,6 +67,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
+        except OSError as error:  # a full disk, a quota, a permission taken away mid-run
+            temporary.unlink(missing_ok=True)
+            raise write_failed(path, error) from error
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
@@ -95,6 +98,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def write_to(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into the open temporary file (streamed: no in-memory copy of the whole file)."""
         torch.save(checkpoint, file)
+
+
+def write_failed(path: Path, error: OSError) -> CheckpointError:
+    """The one line for a checkpoint the system refused to write: what failed, that the checkpoint already at
+    ``path`` (if any) is whole, and what to do; a write error from inside ``torch.save`` carries no file name."""
+    reason = (error.strerror or str(error)).lower()
+    kept = f"the previous {path.name} there is whole" if path.is_file() else f"no {path.name} was there before"
+    return CheckpointError(
+        f"{path}: the checkpoint could not be written ({reason}); {kept}: free some space or fix the permissions, "
+        "then resume with --ckpt_path last"
+    )
 
 
 def temporary_path(path: Path) -> Path:

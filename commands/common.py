@@ -106,6 +106,9 @@ def user_error(err: BaseException) -> LMZooError | None:
         if isinstance(current, MisconfigurationException):
             text = " ".join(str(current).split())
             return ConfigError(f"Lightning: {text}")
+        if isinstance(current, OSError) and not current.filename and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            # A write refused inside a library (torch.save, safetensors) names no file.
+            return DataError(f"{current.strerror.lower()}: free some space, then run the command again")
         if isinstance(current, OSError) and current.filename and current.errno in _PATH_ERRNOS:
             path = Path(current.filename)
             cache = cache_root()

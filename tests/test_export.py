@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import pickle
@@ -497,3 +498,34 @@ def test_a_bundle_exported_again_keeps_the_files_its_card_shows(name: str, tmp_p
     for asset in shipped:
         assert (out / asset).read_bytes() == (bundle / asset).read_bytes()
         assert f"]({asset})" in (out / "README.md").read_text()
+
+
+def test_an_export_refused_by_a_full_disk_leaves_the_previous_export_whole(
+    exported: Path, run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights' write fails half-way as a full disk does: one line, the export that was there still loads (byte
+    for byte what it was), and no half-written folder is left beside it; a new --out is left empty, loading as
+    nothing."""
+    import checkpoints.export as writer
+
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
+
+    def full_disk(model: torch.nn.Module, path: str, **_: object) -> None:
+        Path(path).write_bytes(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "save_model", full_disk)
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    line = one_line_error(
+        capsys, cli.main(["export", ckpt, "--out", str(exported), "--splits"]), "no space left on device"
+    )
+    assert "the export that was there is unchanged" in line
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+    assert checkpoints.load(exported).model is not None
+    assert sorted(p.name for p in exported.parent.iterdir()) == ["export"]  # no .export.partial-* left
+    fresh = exported.parent / "fresh"
+    one_line_error(capsys, cli.main(["export", ckpt, "--out", str(fresh), "--splits"]), "nothing was left there")
+    assert not fresh.exists() or not any(fresh.iterdir())
+    monkeypatch.undo()
+    assert cli.main(["export", ckpt, "--out", str(exported), "--splits"]) == 0  # and a write that succeeds replaces it
+    assert checkpoints.load(exported).model is not None

@@ -3,6 +3,7 @@ stops naming the step and leaves only finite checkpoints, and the ``last_checkpo
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import checkpoints
 import cli
 from checkpoints.writing import AtomicCheckpointIO, temporary_path
 from tests.conftest import one_line_error, write_word_corpus
+from zoo.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,8 +151,9 @@ class FailHalfWay(AtomicCheckpointIO):
 def test_a_write_that_fails_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match="no space left on device.*the previous last.ckpt there is whole") as info:
         FailHalfWay().save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    assert isinstance(info.value.__cause__, OSError)
     assert torch.load(path, weights_only=True)["step"] == 1
     assert list(tmp_path.iterdir()) == [path]
 
@@ -247,3 +250,35 @@ def test_with_norm_clipping_the_divergence_check_reads_the_clipping_norm(
             assert all(g is n for g, n in zip(checked, norms, strict=True))
         else:
             assert not norms and all(g is not None and g.ndim == 0 for g in checked)
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+class FullDiskAfter:
+    """Test helper: a ``write_to`` that writes ``allowed`` checkpoints, then half of the next and fails as a full
+    disk does (``torch.save`` passes the OSError of ``write`` on, with no file name)."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed, self.written = allowed, 0
+
+    def __call__(self, checkpoint: dict[str, Any], file: IO[bytes]) -> None:  # set on the class: called unbound
+        if self.written == self.allowed:
+            file.write(b"\0" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written += 1
+        torch.save(checkpoint, file)
+
+
+def test_a_checkpoint_write_refused_by_a_full_disk_keeps_the_previous_one_and_stops_with_one_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """last.ckpt every 2 steps: the second save finds the disk full. The run stops with one line naming the file and
+    what to do; last.ckpt is the first save's, whole and resumable; no temporary file is left."""
+    monkeypatch.setattr(AtomicCheckpointIO, "write_to", FullDiskAfter(1))
+    code = cli.main(["fit", "--config", str(_recipe(workdir))])
+    last = workdir / "run" / "checkpoints" / "last.ckpt"
+    line = one_line_error(capsys, code, str(last), "no space left on device", "the previous last.ckpt there is whole")
+    assert "--ckpt_path last" in line
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    assert not list(last.parent.glob(".*.tmp"))
+    monkeypatch.undo()
+    assert cli.main(["fit", "--config", str(_recipe(workdir)), "--ckpt_path", "last"]) == 0
