@@ -191,52 +191,76 @@ class LastCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------------------------ SIGINT and SIGTERM
     # A signal is only noted when it arrives: a KeyboardInterrupt raised in the middle of a step could leave the
-    # weights half updated, and a checkpoint written then would not resume exactly. The step under way finishes;
-    # its on_train_batch_end writes last.ckpt (the state a periodic save has, which resumes exactly) and raises
-    # Interrupted, which Lightning passes on after its own shutdown and `lm-zoo` turns into one line and exit 130 /
-    # 143. SIGTERM is Lightning's (it notes it in `trainer.received_sigterm`); SIGINT is this callback's, for fit only,
-    # and a second Ctrl-C interrupts at once.
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._signal: int | None = None
-        self._previous_sigint: Any = None
-        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
-            self._previous_sigint = signal.signal(signal.SIGINT, self._note_sigint)
+    # weights half updated, and a checkpoint written then would not resume exactly. Under DDP a signal reaches one
+    # rank (a scheduler's SIGTERM to one worker) or every rank at a slightly different step (Ctrl-C): each rank's note
+    # travels in the step's divergence gather, so every rank learns at the same step that some rank was signalled
+    # (StatefulTraining.agreed_stop, lightning_modules/faults.py). Then on_train_batch_end writes last.ckpt on every
+    # rank together (the state a periodic save has, which resumes exactly) and raises Interrupted, which Lightning
+    # passes on after its own shutdown and `lm-zoo` turns into one line and exit 130 / 143. Both signals are this
+    # callback's during training: Lightning's own SIGTERM handler broadcasts from inside the handler, a collective the
+    # other ranks are not in, and makes its rank leave alone. They are set at train start, after Lightning has set its
+    # own (which would otherwise call ours and still do both). A second signal of the same kind stops at once.
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def _note_sigint(self, signum: int, frame: FrameType | None) -> None:
-        self._signal = signal.SIGINT
-        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)  # the next one is at once
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._signal: int | None = None
+        self._module = pl_module
+        if hasattr(pl_module, "stop_signal"):  # a module fitted again in this process starts with no stop
+            pl_module.stop_signal, pl_module.agreed_stop = None, None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+            self._previous = {signum: signal.signal(signum, self._note_signal) for signum in self.SIGNALS}
+
+    def _note_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signum
+        if hasattr(self._module, "stop_signal"):
+            self._module.stop_signal = signum  # gathered with the next step's loss
+        # The next one of the same kind is at once: Ctrl-C as Python's, SIGTERM as the system's default.
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         print(
-            "\nlm-zoo: interrupted: writing last.ckpt at the end of this step, then stopping (Ctrl-C again: at once)",
+            f"\nlm-zoo: interrupted ({signal.Signals(signum).name}): writing last.ckpt at the end of this step, then "
+            f"stopping ({again} again: at once)",
             flush=True,
         )
 
-    def _restore_sigint(self) -> None:
-        previous = getattr(self, "_previous_sigint", None)
-        if previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
-            self._previous_sigint = None
+    def _restore_signals(self) -> None:
+        previous, self._previous = getattr(self, "_previous", {}), {}
+        if previous and threading.current_thread() is threading.main_thread():
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        super().on_train_batch_end(trainer, *args, **kwargs)  # the periodic save
-        signum = getattr(self, "_signal", None) or (signal.SIGTERM if trainer.received_sigterm else None)
-        if signum is None:
+    def _agreed_stop(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[int | None, int] | None:
+        """(the rank that was signalled, the signal) once every rank knows of it; a module without the shared
+        decision (not an lm-zoo one) stops on its own rank's note alone."""
+        if hasattr(pl_module, "agreed_stop"):
+            return pl_module.agreed_stop
+        signum = getattr(self, "_signal", None)
+        return None if signum is None else (trainer.global_rank, signum)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)  # the periodic save
+        agreed = self._agreed_stop(trainer, pl_module)
+        if agreed is None:
             return
+        rank, signum = agreed
         if self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        self._restore_sigint()
+        self._restore_signals()
         path = self.last_model_path or None
+        where = f" on rank {rank}" if trainer.world_size > 1 else ""
         raise Interrupted(
-            f"{signal.Signals(signum).name} at step {trainer.global_step} (epoch {trainer.current_epoch}); "
+            f"{signal.Signals(signum).name}{where} at step {trainer.global_step} (epoch {trainer.current_epoch}); "
             + (f"{path} written, from which the run resumes exactly" if path else "no checkpoint written"),
             signum,
             path,
         )
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_sigint()
+        self._restore_signals()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_sigint()
+        self._restore_signals()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save after every validation (also right after a periodic save at the same step: that one predates the

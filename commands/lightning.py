@@ -20,6 +20,7 @@ import shlex
 import sys
 import warnings
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,6 +42,7 @@ from datamodules.music import MusicDataModule
 from datamodules.reverse_copy import ReverseCopyDataModule
 from datamodules.text import TextDataModule
 from lightning_modules.averaging import WeightAveragingOnPlateau
+from lightning_modules.faults import DEFAULT_PROCESS_GROUP_TIMEOUT, forget_peers, peer_lost, report_stop, watch_peers
 from lightning_modules.language_model import LanguageModel
 from lightning_modules.music import MusicModel
 from lightning_modules.progress import FitProgressBar
@@ -167,9 +169,16 @@ class LMZooCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
 
-        # A top-level key like seed_everything, so that the run's config.yaml records it.
+        # Top-level keys like seed_everything, so that the run's config.yaml records them.
         parser.add_argument(
             "--matmul_precision", type=MatmulPrecision, default=DEFAULT_MATMUL_PRECISION, help=MATMUL_PRECISION_HELP
+        )
+        parser.add_argument(
+            "--process_group_timeout",
+            type=int,
+            default=DEFAULT_PROCESS_GROUP_TIMEOUT,
+            help="seconds a multi-process run's collective waits for the other ranks before the run fails (PyTorch's "
+            "default is 1800; docs/training.md)",
         )
 
     def before_instantiate_classes(self) -> None:
@@ -230,7 +239,13 @@ class LMZooCLI(LightningCLI):
             # A resumed run logs where it was interrupted when there are no version_N directories (logger: false, a
             # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
-        return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+        timeout = self._get(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
+        if timeout < 1:
+            raise ConfigError(f"--process_group_timeout must be at least 1 second, got {timeout}")
+        trainer = super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+        if hasattr(trainer.strategy, "_timeout"):  # DDP, FSDP, DeepSpeed: read when the process group starts
+            trainer.strategy._timeout = timedelta(seconds=timeout)
+        return trainer
 
     def after_fit(self) -> None:
         """Say where the run's work is and what to do with it next."""
@@ -303,6 +318,7 @@ class RunSettings(Callback):
 
     def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         set_matmul_precision(self.matmul_precision)
+        watch_peers(trainer.global_rank, trainer.world_size)  # the process group is up by now
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         if trainer.is_global_zero:
@@ -490,23 +506,39 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
     check_config_files(args[1:])
     callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
-        with warnings.catch_warnings():
-            # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on
-            # purpose.
-            warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
-            LMZooCLI(
-                StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
-                LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
-                subclass_mode_model=True,
-                subclass_mode_data=True,
-                parser_class=LMZooArgumentParser,
-                args=None if argv is None and args == given else args,
-                trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
-                in_process=not (argv is None if own_command is None else own_command),
-            )
+        run_cli(argv, args, given, callbacks, own_command)
+    except Exception as error:
+        # A multi-process run: a collective that failed because another rank stopped becomes one line naming it; any
+        # other error of this rank is written where the other ranks will read it (lightning_modules/faults.py).
+        lost = peer_lost(error)
+        if lost is not None:
+            raise lost from error
+        report_stop(error)
+        raise
     finally:
+        forget_peers()
         if not callers_group:  # a group the caller made (a script under torchrun) is the caller's to end
             leave_process_group()
+
+
+def run_cli(
+    argv: Sequence[str] | None, args: list[str], given: list[str], callbacks: Sequence[Any], own_command: bool | None
+) -> None:
+    """LightningCLI on ``args``, the subcommand and its arguments with recipe names made paths (``given``: as they
+    came; ``argv`` and the rest as :func:`run_lightning` takes them)."""
+    with warnings.catch_warnings():
+        # Given argv (lm-zoo tune, tests), LightningCLI warns that the process's own command line differs: on purpose.
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        LMZooCLI(
+            StatefulTraining,  # LanguageModel (tokens) or MusicModel (piano rolls)
+            LightningDataModule,  # any data module (TextDataModule, GBWDataModule, MusicDataModule, ...)
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=LMZooArgumentParser,
+            args=None if argv is None and args == given else args,
+            trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
+            in_process=not (argv is None if own_command is None else own_command),
+        )
 
 
 def leave_process_group() -> None:

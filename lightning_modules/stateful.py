@@ -80,6 +80,10 @@ class StatefulTraining(L.LightningModule):
     # Draws that must be equal on every rank (NCE noise words), from fit's first step on; None outside fit, where
     # draws fall back to the global generator.
     shared_generator: torch.Generator | None = None
+    # A signal noted on this rank (SIGINT, SIGTERM: checkpoints.writing.LastCheckpoint notes it), and the stop every
+    # rank agreed on at this step: (the lowest rank that noted one, its signal), from check_divergence's gather.
+    stop_signal: int | None = None
+    agreed_stop: tuple[int, int] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -266,21 +270,30 @@ class StatefulTraining(L.LightningModule):
 
         Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
         copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
-        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)"""
+        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)
+
+        A signal noted on any rank (:attr:`stop_signal`) travels in the same gather, last: every rank sets
+        :attr:`agreed_stop` at the same step, and the rank that writes ``last.ckpt`` and stops does so in step with
+        the others (:mod:`lightning_modules.faults`)."""
         loss = getattr(self, "_train_loss", None)
         checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
-        if not checked:
-            return
-        values = torch.stack(checked)  # (1 or 2,)
+        device = checked[0].device if checked else self.device
+        # (1 to 3,): the loss, the gradients' sum or norm, and this rank's signal (0: none)
+        values = torch.stack([*checked, torch.tensor(float(self.stop_signal or 0), device=device)])
         world_size = self._distributed_world_size()
         if world_size > 1:
             # all_gather into a list: all_gather_into_tensor is deprecated in torch 2.13 and its successor,
             # all_gather_single, is newer than the oldest torch lm-zoo supports.
             gathered = [torch.empty_like(values) for _ in range(world_size)]
             dist.all_gather(gathered, values)
-            rows = torch.stack(gathered).tolist()  # (W, 1 or 2): one host copy of every rank's values
+            rows = torch.stack(gathered).tolist()  # (W, 1 to 3): one host copy of every rank's values
         else:
             rows = [values.tolist()]  # one host copy
+        signalled = [(rank, int(row[-1])) for rank, row in enumerate(rows) if row[-1]]
+        self.agreed_stop = signalled[0] if signalled else None
+        rows = [row[:-1] for row in rows]
+        if not checked:
+            return
         if loss is not None:
             for rank, row in enumerate(rows):  # the lowest failing rank names the step's failure, on every rank
                 self._check_loss(row[0], rank if len(rows) > 1 else None)

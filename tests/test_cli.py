@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -509,3 +510,29 @@ def test_a_run_directory_is_a_source(trained: Path, workdir: Path, capsys: pytes
     empty = workdir / "empty-run"
     empty.mkdir()
     one_line_error(capsys, cli.main(["evaluate", str(empty)]), str(empty))
+
+
+class RecordProcessGroupTimeout(L.Callback):
+    """Test helper: the process group's timeout the strategy starts with, in ``seen``."""
+
+    seen: object = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        RecordProcessGroupTimeout.seen = trainer.strategy._timeout
+
+
+def test_the_process_group_timeout_is_a_recorded_setting(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ten minutes by default (PyTorch's is thirty), set on the DDP strategy, written to the run's config.yaml."""
+    from datetime import timedelta
+
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "1", "--trainer.accelerator", "cpu"]
+    callback = ["--trainer.callbacks+=tests.test_cli.RecordProcessGroupTimeout"]
+    assert cli.main(["fit", "--config", str(config), *ddp, *callback]) == 0
+    assert RecordProcessGroupTimeout.seen == timedelta(seconds=600)
+    assert cli.main(["fit", "--config", str(config), *ddp, *callback, "--process_group_timeout", "42"]) == 0
+    assert RecordProcessGroupTimeout.seen == timedelta(seconds=42)
+    saved = sorted((workdir / "run").rglob("config.yaml"))[-1].read_text()
+    assert "process_group_timeout: 42" in saved
+    code = cli.main(["fit", "--config", str(config), "--process_group_timeout", "0"])
+    one_line_error(capsys, code, "--process_group_timeout must be at least 1 second, got 0")

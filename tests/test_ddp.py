@@ -308,3 +308,127 @@ def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
         assert raised.startswith(f"TrainingDivergedError {DIVERGE_AT_STEP} rank 1's training loss"), raised
     # Stopped before the optimizer wrote the step: no checkpoint beyond the periodic one before it (none at step 3).
     assert not (run / "checkpoints" / "last.ckpt").exists()
+
+
+# ----------------------------------------------------------------------------------- signals and lost ranks
+class SignalAt(L.Callback):
+    """Test helper: at the start of step ``step`` on rank ``rank``, send ``signal`` (a name) to this process alone, as a
+    scheduler's preemption reaches one worker, or with ``group`` to the run's whole process group, as Ctrl-C in its
+    terminal does; writes the time to ``<directory>/signalled``."""
+
+    def __init__(self, step: int, rank: int, signal: str, directory: str, group: bool = False) -> None:
+        self.step, self.rank, self.signal, self.directory, self.group = step, rank, signal, Path(directory), group
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "signalled").write_text(repr(time.time()))
+            signum = getattr(signal, self.signal)
+            if self.group:
+                os.killpg(os.getpgid(0), signum)
+            else:
+                os.kill(os.getpid(), signum)
+
+
+class FailAt(L.Callback):
+    """Test helper: at the start of step ``step`` on rank ``rank``, die by SIGKILL (``how: SIGKILL``, as the OOM killer
+    does) or raise a ``RuntimeError`` (``how: raise``, any bug); writes the time to ``<directory>/failed``."""
+
+    def __init__(self, step: int, rank: int, how: str, directory: str) -> None:
+        self.step, self.rank, self.how, self.directory = step, rank, how, Path(directory)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "failed").write_text(repr(time.time()))
+            if self.how == "SIGKILL":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected by the test at step {self.step}")
+
+
+def _same_weights_as(expected_run: Path, final_run: Path) -> None:
+    expected, final = _read(expected_run / "checkpoints" / "last.ckpt"), _read(final_run / "checkpoints" / "last.ckpt")
+    assert final["global_step"] == expected["global_step"] == MAX_STEPS
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], tensor), name
+
+
+@pytest.mark.parametrize(
+    ("signame", "rank", "group", "code"),
+    [("SIGTERM", 1, False, 143), ("SIGINT", 0, True, 130)],
+    ids=["sigterm-to-rank-1-alone", "sigint-to-the-whole-group"],
+)
+def test_a_signal_on_any_rank_stops_every_rank_at_one_step_and_resumes_bit_for_bit(
+    uninterrupted: Path,
+    ddp_workspace: tuple[Path, Path, dict[str, str]],
+    signame: str,
+    rank: int,
+    group: bool,
+    code: int,
+) -> None:
+    """The ranks agree on the stop through the step's gather: every rank writes the same last.ckpt at the same step
+    (a rank that stopped alone used to wait for ever in that checkpoint's gather), each exits with one line, and
+    --ckpt_path last resumes to the uninterrupted run's weights."""
+    tmp_path, corpus, env = ddp_workspace
+    run = tmp_path / f"signal_{signame}"
+    signalled = _callback("SignalAt", step=6, rank=rank, signal=signame, directory=run / "marks", group=group)
+    returncode, stderr = _finish(_start(_recipe(run, corpus, signalled), env))
+    elapsed = time.time() - float((run / "marks" / "signalled").read_text())
+    print(f"\n{signame} to {'the group' if group else f'rank {rank}'} at step 6: every rank gone {elapsed:.2f} s later")
+    assert returncode == code, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    stops = re.findall(rf"lm-zoo: interrupted: {signame} on rank {rank} at step (\d+) \(epoch 0\)", stderr)
+    assert len(stops) == 2 and stops[0] == stops[1], stderr[-3000:]  # one line per rank, the same step
+    saved = _read(run / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == int(stops[0]) == 7  # the signalled step ends, and its state is kept
+    assert set(saved[RESUME_KEY]) == {"world_size", "rank_0", "rank_1"}
+    resumed = tmp_path / f"resumed_{signame}"
+    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    _same_weights_as(uninterrupted, resumed)
+
+
+def _torchrun(recipe: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``lm-zoo fit`` on 2 ranks started by torchrun on this machine, in a session of its own, stderr captured."""
+    log = open(recipe.with_suffix(".log"), "a")  # noqa: SIM115 (closed with the process)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return subprocess.Popen(
+        [*launcher, "-m", "cli", "fit", "--config", str(recipe)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+@pytest.mark.parametrize("how", ["SIGKILL", "raise"])
+def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
+    uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]], how: str, launcher: str
+) -> None:
+    """Rank 1 is killed, or raises, at step 8: rank 0 stops within a minute with one line naming rank 1 and what
+    happened (it used to print gloo's traceback); the last checkpoint on disk (step 5's) is whole and resumes to the
+    uninterrupted run's weights."""
+    tmp_path, corpus, env = ddp_workspace
+    run = tmp_path / f"lost_{how}_{launcher}"
+    recipe = _recipe(run, corpus, _callback("FailAt", step=8, rank=1, how=how, directory=run / "marks"))
+    process = _start(recipe, env) if launcher == "lightning" else _torchrun(recipe, env)
+    returncode, stderr = _finish(process, timeout=90)
+    elapsed = time.time() - float((run / "marks" / "failed").read_text())
+    print(f"\nrank 1 {'killed' if how == 'SIGKILL' else 'raised'} at step 8 ({launcher}): gone {elapsed:.2f} s later")
+    assert elapsed < 60
+    assert returncode != 0
+    said = "was killed by SIGKILL" if how == "SIGKILL" and launcher == "lightning" else "is gone"
+    said = said if how == "SIGKILL" else "stopped (RuntimeError: injected by the test at step 8)"
+    line = re.search(r"lm-zoo: error: rank 1 [^\n]*, so rank 0 stops too[^\n]*--ckpt_path last[^\n]*", stderr)
+    assert line is not None and said in line[0], stderr[-3000:]
+    assert "[rank0]" not in stderr and "Connection reset by peer" not in stderr, stderr[-3000:]  # no gloo traceback
+    assert _read(run / "checkpoints" / "last.ckpt")["global_step"] == 5
+    resumed = tmp_path / f"resumed_lost_{how}_{launcher}"
+    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    _same_weights_as(uninterrupted, resumed)

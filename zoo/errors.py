@@ -37,6 +37,12 @@ class TrainingDivergedError(LMZooError):
     exit_code = 1  # a failed run, not bad input
 
 
+class PeerLost(LMZooError):
+    """Another process of a multi-process run stopped (an error, a kill), so this one cannot go on."""
+
+    exit_code = 1  # a failed run, not bad input
+
+
 class Interrupted(LMZooError):
     """Training was stopped by SIGINT (Ctrl-C) or SIGTERM; the work up to ``checkpoint`` is kept.
 

@@ -1,0 +1,158 @@
+"""How a run of several processes ends when one of them stops, so that no process is left waiting in a collective.
+
+Every process of a DDP run takes part in each step's collectives (the gradients' all-reduce, the divergence check's
+gather, the checkpoint's gather of every rank's state). A process that stops on its own leaves the others in their
+next collective: with gloo a traceback about a reset connection, with NCCL a wait until the process group's timeout.
+So each way of ending is made a decision every rank knows:
+
+- **A signal** (SIGINT, SIGTERM) noted on any rank: each rank's note travels with its loss in the divergence check's
+  gather (:meth:`lightning_modules.stateful.StatefulTraining.check_divergence`), so every rank learns at the same step
+  that some rank was signalled; all of them write the same ``last.ckpt`` there and stop
+  (:class:`checkpoints.writing.LastCheckpoint`).
+- **An exception on one rank**: before it leaves, the rank writes what stopped it into the run's rendezvous store
+  (:func:`report_stop`), which every rank reaches; the others' next collective then fails, and :func:`peer_lost` turns
+  that failure into one line naming the rank and its error.
+- **A rank that is killed** (SIGKILL, the OOM killer) says nothing: :func:`peer_lost` finds, among the ranks of this
+  machine, the process that is gone (each rank writes its host and process id into the store at the start,
+  :func:`watch_peers`). A rank on another machine that vanished is reported as such, without a name.
+
+The process group's timeout bounds what no failure report reaches (an NCCL collective whose peer hangs rather than
+exits): :data:`DEFAULT_PROCESS_GROUP_TIMEOUT`, a recorded setting of ``lm-zoo fit`` (``--process_group_timeout``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from zoo.errors import PeerLost, clip
+
+# Seconds a collective may wait for the other ranks before the run fails: PyTorch's default is 30 minutes of silence.
+# Long enough for rank 0 to write a large model's checkpoint while the others wait at the next collective (GBW's
+# 4 x 2048 model writes some 13 GB), short enough that a hung peer does not hold a GPU node for half an hour.
+DEFAULT_PROCESS_GROUP_TIMEOUT = 600
+_PREFIX = "lm-zoo/"  # this module's keys in the rendezvous store, apart from torch's own
+
+
+@dataclass
+class _Peers:
+    store: Any  # the process group's store (a TCPStore's client), under our prefix
+    rank: int
+    world_size: int
+
+
+_peers: _Peers | None = None  # the multi-process run this process takes part in, once watch_peers has run
+
+
+def watch_peers(rank: int, world_size: int) -> None:
+    """Record this rank's host and process id in the run's rendezvous store, for :func:`peer_lost` on the others.
+
+    Called on every rank once the process group is up (a no-op without one, or with one process).
+    """
+    global _peers
+    if world_size < 2 or not dist.is_available() or not dist.is_initialized():
+        return
+    # torch exposes the default group's store only privately; a store of our own would need an address and a port
+    # that every launcher (Lightning's, torchrun, SLURM) sets up differently, while this one they all share.
+    store = dist.PrefixStore(_PREFIX, dist.distributed_c10d._get_default_store())
+    store.set(f"process/{rank}", f"{socket.gethostname()} {os.getpid()}")
+    _peers = _Peers(store, rank, world_size)
+
+
+def forget_peers() -> None:
+    """The run is over: this process no longer speaks for a rank."""
+    global _peers
+    _peers = None
+
+
+def report_stop(error: BaseException) -> None:
+    """Write into the store that this rank stops, and why, before it leaves the run (best effort: a store that cannot
+    be reached any more changes nothing)."""
+    if _peers is None:
+        return
+    try:
+        _peers.store.set(f"stopped/{_peers.rank}", f"{type(error).__name__}: {clip(str(error))}")
+    except Exception:  # noqa: BLE001 - the store went with rank 0's machine: the others learn it from their own error
+        pass
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) is a collective that failed because another process of the run
+    went away or stopped answering: torch's distributed errors, and gloo's reset or closed connections, which reach
+    Python as a plain ``RuntimeError``."""
+    current: BaseException | None = error
+    seen = 0
+    while current is not None and seen < 10:
+        if isinstance(current, dist.DistError):
+            return True
+        text = str(current)
+        if isinstance(current, RuntimeError) and "gloo" in text and ("by peer" in text or "Timed out" in text):
+            return True
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return False
+
+
+def peer_lost(error: BaseException) -> PeerLost | None:
+    """The one line for a collective that failed because another rank stopped, naming that rank and what happened;
+    ``None`` when ``error`` is something else, or this process is in no multi-process run."""
+    if _peers is None or not is_peer_failure(error):
+        return None
+    return PeerLost(
+        f"{_what_stopped(_peers)}, so rank {_peers.rank} stops too; the last checkpoint on disk is whole: once the "
+        "cause is fixed, the same command with --ckpt_path last resumes the run"
+    )
+
+
+def _what_stopped(peers: _Peers) -> str:
+    """What the store and this machine say about the other ranks: their own reports first, else those gone."""
+    others = [rank for rank in range(peers.world_size) if rank != peers.rank]
+    try:
+        reported = [rank for rank in others if peers.store.check([f"stopped/{rank}"])]
+        if reported:
+            return "; ".join(f"rank {r} stopped ({peers.store.get(f'stopped/{r}').decode()})" for r in reported)
+        places = {rank: peers.store.get(f"process/{rank}").decode().split() for rank in others}
+    except Exception:  # noqa: BLE001 - the store is served from rank 0's process: it went with it
+        return "rank 0 was lost (killed, or its machine went away), and the run's rendezvous store with it"
+    host = socket.gethostname()
+    gone = [
+        f"rank {rank} (process {pid}) {fate}"
+        for rank, (where, pid) in places.items()
+        if where == host and (fate := _fate(int(pid))) is not None
+    ]
+    if gone:
+        return "; ".join(gone)
+    return "another rank stopped without a report (on another machine, or killed where this one cannot see it)"
+
+
+def _fate(pid: int) -> str | None:
+    """How process ``pid`` of this machine ended, ``None`` while it runs: a child of this process (Lightning's
+    launcher starts the other ranks from rank 0) is reaped for its exit status; any other is looked up in /proc,
+    where a killed process waits as a zombie until its parent reaps it."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        reaped, status = 0, 0
+    else:
+        if reaped:
+            if os.WIFSIGNALED(status):
+                return f"was killed by {_signal_name(os.WTERMSIG(status))}"
+            return f"exited with status {os.WEXITSTATUS(status)}"
+        return None  # our child, still running
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "is gone (killed: SIGKILL or the OOM killer leave no word)"
+    return "is gone (killed: SIGKILL or the OOM killer leave no word)" if state in ("Z", "X") else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
