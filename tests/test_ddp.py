@@ -311,43 +311,29 @@ def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
 
 
 # ----------------------------------------------------------------------------------- signals and lost ranks
-class SignalAt(L.Callback):
-    """Test helper: at the start of step ``step`` on rank ``rank``, send ``signal`` (a name) to this process alone, as a
-    scheduler's preemption reaches one worker, or with ``group`` to the run's whole process group, as Ctrl-C in its
-    terminal does; writes the time to ``<directory>/signalled``."""
+class FaultAt(L.Callback):
+    """Test helper: at the start of step ``step`` on rank ``rank``, the ``fault``: ``SIGTERM`` or ``SIGINT`` to this
+    process alone (a scheduler's preemption reaches one worker), ``SIGINT to the group`` (Ctrl-C in the run's
+    terminal reaches every rank), ``SIGKILL`` (the OOM killer) or ``raise`` (any bug, a ``RuntimeError``). Writes the
+    time it struck to ``<directory>/struck``."""
 
-    def __init__(self, step: int, rank: int, signal: str, directory: str, group: bool = False) -> None:
-        self.step, self.rank, self.signal, self.directory, self.group = step, rank, signal, Path(directory), group
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / "signalled").write_text(repr(time.time()))
-            signum = getattr(signal, self.signal)
-            if self.group:
-                os.killpg(os.getpgid(0), signum)
-            else:
-                os.kill(os.getpid(), signum)
-
-
-class FailAt(L.Callback):
-    """Test helper: at the start of step ``step`` on rank ``rank``, die by SIGKILL (``how: SIGKILL``, as the OOM killer
-    does) or raise a ``RuntimeError`` (``how: raise``, any bug); writes the time to ``<directory>/failed``."""
-
-    def __init__(self, step: int, rank: int, how: str, directory: str) -> None:
-        self.step, self.rank, self.how, self.directory = step, rank, how, Path(directory)
+    def __init__(self, step: int, rank: int, fault: str, directory: str) -> None:
+        self.step, self.rank, self.fault, self.directory = step, rank, fault, Path(directory)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / "failed").write_text(repr(time.time()))
-            if self.how == "SIGKILL":
-                os.kill(os.getpid(), signal.SIGKILL)
+        if trainer.global_step != self.step or trainer.global_rank != self.rank:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "struck").write_text(repr(time.time()))
+        if self.fault == "raise":
             raise RuntimeError(f"injected by the test at step {self.step}")
+        signum = getattr(signal, self.fault.split()[0])
+        if self.fault.endswith("to the group"):
+            os.killpg(os.getpgid(0), signum)
+        else:
+            os.kill(os.getpid(), signum)
 
 
 def _same_weights_as(expected_run: Path, final_run: Path) -> None:
@@ -375,9 +361,10 @@ def test_a_signal_on_any_rank_stops_every_rank_at_one_step_and_resumes_bit_for_b
     --ckpt_path last resumes to the uninterrupted run's weights."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / f"signal_{signame}"
-    signalled = _callback("SignalAt", step=6, rank=rank, signal=signame, directory=run / "marks", group=group)
+    fault = f"{signame} to the group" if group else signame
+    signalled = _callback("FaultAt", step=6, rank=rank, fault=f"'{fault}'", directory=run / "marks")
     returncode, stderr = _finish(_start(_recipe(run, corpus, signalled), env))
-    elapsed = time.time() - float((run / "marks" / "signalled").read_text())
+    elapsed = time.time() - float((run / "marks" / "struck").read_text())
     print(f"\n{signame} to {'the group' if group else f'rank {rank}'} at step 6: every rank gone {elapsed:.2f} s later")
     assert returncode == code, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
@@ -416,10 +403,10 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
     uninterrupted run's weights."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / f"lost_{how}_{launcher}"
-    recipe = _recipe(run, corpus, _callback("FailAt", step=8, rank=1, how=how, directory=run / "marks"))
+    recipe = _recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks"))
     process = _start(recipe, env) if launcher == "lightning" else _torchrun(recipe, env)
     returncode, stderr = _finish(process)  # fails, killing every process, if a rank is left waiting
-    elapsed = time.time() - float((run / "marks" / "failed").read_text())
+    elapsed = time.time() - float((run / "marks" / "struck").read_text())
     print(f"\nrank 1 {'killed' if how == 'SIGKILL' else 'raised'} at step 8 ({launcher}): gone {elapsed:.2f} s later")
     assert returncode != 0
     said = "was killed by SIGKILL" if how == "SIGKILL" and launcher == "lightning" else "is gone"
