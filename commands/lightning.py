@@ -186,7 +186,9 @@ class LMZooCLI(LightningCLI):
         (:func:`check_training_settings`); an in-process run's devices, pinned in the parsed config, so that its
         ``config.yaml`` says what ran."""
         trainer = self._get(self.config, "trainer")
-        check_training_settings(trainer, self._get(self.config, "optimizer", default=None))
+        optimizer = self._get(self.config, "optimizer", default=None)
+        timeout = self._get(self.config, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
+        check_training_settings(trainer, optimizer, timeout)
         if self.in_process:
             trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
 
@@ -240,8 +242,6 @@ class LMZooCLI(LightningCLI):
             # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
         timeout = self._get(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
-        if timeout < 1:
-            raise ConfigError(f"--process_group_timeout must be at least 1 second, got {timeout}")
         trainer = super().instantiate_trainer(**{"plugins": plugins, **kwargs})
         if hasattr(trainer.strategy, "_timeout"):  # DDP, FSDP, DeepSpeed: read when the process group starts
             trainer.strategy._timeout = timedelta(seconds=timeout)
@@ -359,11 +359,12 @@ def strategy_name(strategy: Any) -> str:
     return name if start == "popen" else f"{name}_{start}"
 
 
-def check_training_settings(trainer: Any, optimizer: Any) -> None:
+def check_training_settings(trainer: Any, optimizer: Any, process_group_timeout: int) -> None:
     """Refuse the trainer and optimizer settings that Lightning and torch accept at first and trip over mid-run (after
     the fit's start-up line, or with a traceback): an ``accumulate_grad_batches`` below 1, a negative
-    ``gradient_clip_val``, and whatever the optimizer's own constructor refuses (a negative learning rate, betas out of
-    range), found by building the optimizer once over a stand-in parameter.
+    ``gradient_clip_val``, a process-group timeout below a second, and whatever the optimizer's own constructor
+    refuses (a negative learning rate, betas out of range), found by building the optimizer once over a stand-in
+    parameter.
 
     Raises:
         ConfigError: naming the option and the value.
@@ -374,6 +375,8 @@ def check_training_settings(trainer: Any, optimizer: Any) -> None:
     clip = trainer.get("gradient_clip_val")
     if clip is not None and clip < 0:
         raise ConfigError(f"--trainer.gradient_clip_val must be >= 0 (null: no clipping), got {clip}")
+    if process_group_timeout < 1:
+        raise ConfigError(f"--process_group_timeout must be at least 1 second, got {process_group_timeout}")
     class_path = getattr(optimizer, "class_path", None)
     if not isinstance(class_path, str):
         return
