@@ -56,12 +56,12 @@ from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
-    EXPORT_FILES,
     HASHES_KEY,
     SAMPLE_MIDI_NAME,
     SAMPLE_PNG_NAME,
     LoadedModel,
     export_file_hashes,
+    is_export_file,
     lm_zoo_version,
     load_export,
 )
@@ -432,7 +432,7 @@ def _registry_entry(
     run's record (:data:`REGISTRY_TRAINING_KEYS`)."""
     config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
     entry = registry.entry_for(config, name, repo_id, revision)
-    files = {f: sha256_file(out / f) for f in EXPORT_FILES if (out / f).is_file()}
+    files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and is_export_file(p.name)}
     return replace(
         entry,
         description=description or entry.description,

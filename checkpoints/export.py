@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_model
+import torch
+from safetensors.torch import save_file, save_model
 
 from checkpoints import load
 from checkpoints.format import (
@@ -20,10 +21,10 @@ from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
-    EXPORT_FILES,
     FORMAT,
     FORMAT_VERSION,
     HASHES_KEY,
+    INDEX_NAME,
     MUSIC_HEAD,
     SENTENCEPIECE_NAME,
     STORED_DTYPES,
@@ -32,6 +33,7 @@ from checkpoints.format import (
     WEIGHTS_NAME,
     LoadedModel,
     export_file_hashes,
+    is_export_file,
     lm_zoo_version,
     read_config,
 )
@@ -162,6 +164,7 @@ def export_model(
     repo_id: str | None = None,
     assets: dict[str, Path] | None = None,
     revision: str | None = None,
+    max_shard_size: int | str | None = None,
 ) -> Path:
     """Write ``loaded`` as an export directory.
 
@@ -178,6 +181,7 @@ def export_model(
             ``sample.mid`` and ``sample.png`` (the card shows them when ``training.run.sample`` records them).
         revision: a bundled model's registered revision: its card then names the model by its short name
             (:func:`checkpoints.model_card.render_card`).
+        max_shard_size: write the weights as shards of at most this size (:func:`save_weights`); ``None``: one file.
 
     Returns:
         The directory.
@@ -214,11 +218,11 @@ def export_model(
         network = loaded.model.cpu()
         if next(network.parameters()).dtype != STORED_DTYPES[dtype]:
             network = copy.deepcopy(network).to(STORED_DTYPES[dtype])  # the caller's model keeps its precision
-        # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
-        save_model(network, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_weights(network, staging, max_shard_size)
         config[HASHES_KEY] = export_file_hashes(staging)  # checked at every load (format.verify_export_files)
         (staging / CARD_NAME).write_text(render_card(config, repo_id, revision), encoding="utf-8")
-        shutil.copymode(staging / CARD_NAME, staging / WEIGHTS_NAME)  # safetensors writes 0600; share it like the rest
+        for weights in staging.glob("model*.safetensors"):  # safetensors writes 0600; share them like the rest
+            shutil.copymode(staging / CARD_NAME, weights)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
@@ -240,13 +244,51 @@ def _move_into(staging: Path, out: Path) -> None:
     may not be this model's tokenizer.model); anything else in ``out`` stays.
     """
     (out / CONFIG_NAME).unlink(missing_ok=True)
-    for name in EXPORT_FILES:
-        if not (staging / name).is_file():
-            (out / name).unlink(missing_ok=True)
-    for name in [n for n in EXPORT_FILES if n != CONFIG_NAME] + [CONFIG_NAME]:
-        if (staging / name).is_file():
-            os.replace(staging / name, out / name)
+    written = {path.name for path in staging.iterdir()}
+    for path in out.iterdir():  # a previous export's files this one does not ship (old shards among them)
+        if is_export_file(path.name) and path.name not in written:
+            path.unlink()
+    for name in sorted(written - {CONFIG_NAME}) + [CONFIG_NAME]:
+        os.replace(staging / name, out / name)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_weights(network: torch.nn.Module, directory: Path, max_shard_size: int | str | None = None) -> list[str]:
+    """Write ``network``'s weights into ``directory``: ``model.safetensors``, or, with ``max_shard_size`` (bytes, or
+    ``"16MB"``: decimal units, as the Hub writes them), shards of at most that size and their index, by
+    huggingface_hub's ``split_torch_state_dict_into_shards`` (a tensor larger than the limit gets a shard of its own).
+    Tied tensors share memory and are stored once, under one of their names (loading fills every name).
+
+    Returns:
+        The weight files written (the index last).
+    """
+    if max_shard_size is None:
+        # save_model (not save_file) because tied tensors share memory: it stores one and records the alias.
+        save_model(network, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        return [WEIGHTS_NAME]
+    from huggingface_hub import split_torch_state_dict_into_shards  # deferred: only a sharded export needs it
+
+    state = network.state_dict()
+    stored: dict[tuple[int, tuple[int, ...]], str] = {}  # a tied tensor (one memory, one shape) is saved once
+    for name in sorted(state):
+        stored.setdefault((state[name].data_ptr(), tuple(state[name].shape)), name)
+    state = {name: state[name] for name in sorted(stored.values())}
+    storages = [tensor.untyped_storage().data_ptr() for tensor in state.values()]
+    # safetensors refuses tensors that share memory in other ways (views of one buffer): those are copied.
+    state = {
+        name: tensor.clone() if storages.count(tensor.untyped_storage().data_ptr()) > 1 else tensor.contiguous()
+        for name, tensor in state.items()
+    }
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for file, names in split.filename_to_tensors.items():
+        save_file({name: state[name] for name in names}, str(directory / file), metadata={"format": "pt"})
+    files = list(split.filename_to_tensors)
+    if split.is_sharded:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())}}
+        index["weight_map"] = dict(sorted(split.tensor_to_filename.items()))
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        files.append(INDEX_NAME)
+    return files
 
 
 def _is_export(directory: Path) -> bool:
@@ -307,6 +349,7 @@ def export(
     bptt: int | None = None,
     data_root: str | None = None,
     device: str = "cpu",
+    max_shard_size: int | str | None = None,
 ) -> Path:
     """Load a SOURCE, measure it on ``splits`` (unless ``results`` are given), and export it.
 
@@ -319,6 +362,7 @@ def export(
         bptt: eval BPTT (default: the training run's).
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         device: where to evaluate.
+        max_shard_size: shards of at most this size (:func:`save_weights`); ``None``: one weights file.
     """
     check_out_dir(out_dir)  # before the minutes of measuring
     loaded = load(source)
@@ -327,4 +371,4 @@ def export(
     # An export re-exported (a bundled or downloaded model) keeps the pictures and samples its card shows.
     origin = Path(loaded.source)
     assets = {name: origin / name for name in ASSET_NAMES if origin.is_dir() and (origin / name).is_file()}
-    return export_model(loaded, out_dir, results, assets=assets)
+    return export_model(loaded, out_dir, results, assets=assets, max_shard_size=max_shard_size)

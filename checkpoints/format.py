@@ -8,7 +8,9 @@
                        "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
                                     "weight_averaged", "config": <the run's LightningCLI config, when found>},
                        "results": [<lm-zoo evaluate results>]}
-    model.safetensors  the weights (tied weights stored once)
+    model.safetensors  the weights (tied weights stored once); or, exported with --max-shard-size, shards
+                       model-00001-of-0000N.safetensors ... and model.safetensors.index.json naming each tensor's
+                       shard, Hugging Face's convention (every shard's sha256 is recorded like the single file's)
     vocab.txt          word/char vocabularies: one "symbol<TAB>training count" per line, in id order
     tokenizer.model    SentencePiece models: the model proto
     README.md          the model card (checkpoints.model_card), whose model-index holds the results
@@ -40,6 +42,7 @@ import base64
 import importlib.metadata
 import inspect
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,10 +80,16 @@ SAMPLE_MIDI_NAME = "sample.mid"  # a music model's sampled piece (checkpoints.bu
 SAMPLE_PNG_NAME = "sample.png"  # the same piece as a piano roll, which the card shows
 # Files an export may ship besides its config, weights, tokenizer and card: copied in by export_model(assets=...).
 ASSET_NAMES = (CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)
-EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, *ASSET_NAMES)
+# Sharded weights, Hugging Face's convention (transformers' save_pretrained, huggingface_hub's
+# split_torch_state_dict_into_shards): model-00001-of-00003.safetensors ..., and an index naming each tensor's shard.
+INDEX_NAME = "model.safetensors.index.json"
+SHARD_PATTERN = "model-*-of-*.safetensors"  # a glob, as the Hub's allow_patterns take it
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+EXPORT_FILES = (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, VOCAB_NAME, SENTENCEPIECE_NAME, CARD_NAME, *ASSET_NAMES)
+EXPORT_PATTERNS = (*EXPORT_FILES, SHARD_PATTERN)  # every file an export may hold, as Hub patterns
 # The files whose sha256 an export's config records under HASHES_KEY (written by `lm-zoo export` and `bundle`), checked
 # whenever the export is loaded: what the model computes with. The card and pictures describe it and may be redrawn.
-HASHED_FILES = (WEIGHTS_NAME, VOCAB_NAME, SENTENCEPIECE_NAME)
+HASHED_FILES = (WEIGHTS_NAME, INDEX_NAME, VOCAB_NAME, SENTENCEPIECE_NAME)  # and every shard
 HASHES_KEY = "sha256"
 # How the weights may be stored; the loaded model computes in float32 either way.
 STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -296,13 +305,18 @@ def pickle_refusal(where: str, pickles: Sequence[str]) -> CheckpointError:
     )
 
 
+def is_export_file(name: str) -> bool:
+    """Whether a file of this name belongs to an export (:data:`EXPORT_FILES`, or a shard of sharded weights)."""
+    return name in EXPORT_FILES or _SHARD_NAME.fullmatch(name) is not None
+
+
 def refuse_pickles(directory: Path, where: str) -> None:
     """Refuse a directory whose weights are pickles instead of safetensors.
 
     Raises:
         CheckpointError: explaining why such files are never loaded.
     """
-    if (directory / WEIGHTS_NAME).is_file():
+    if (directory / WEIGHTS_NAME).is_file() or (directory / INDEX_NAME).is_file():
         return  # the weights are safetensors; any pickle beside them is never read
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -399,22 +413,50 @@ def _read_tokenizer(directory: Path, entry: dict[str, Any], where: str) -> Token
     return tokenizer
 
 
-def _read_weights(path: Path, where: str) -> dict[str, torch.Tensor]:
+def read_weights(directory: Path, where: str) -> dict[str, torch.Tensor]:
+    """The exported weights: ``model.safetensors``, or every shard its ``model.safetensors.index.json`` names.
+
+    Raises:
+        CheckpointError: a weights file or the index is missing, unreadable or inconsistent (naming the file).
+    """
+    if not (directory / INDEX_NAME).is_file():
+        return _read_safetensors(directory / WEIGHTS_NAME, where)
+    try:
+        weight_map = json.loads((directory / INDEX_NAME).read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{where}: {INDEX_NAME} is not a shard index ({clip(str(err))}): {_AGAIN}") from None
+    if not shards or not all(isinstance(s, str) and _SHARD_NAME.fullmatch(s) for s in shards):
+        raise CheckpointError(f"{where}: {INDEX_NAME} names files that are not weight shards: {_AGAIN}")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors = _read_safetensors(directory / shard, where)
+        listed = {name for name, file in weight_map.items() if file == shard}
+        if set(tensors) != listed:
+            raise CheckpointError(f"{where}: {shard} does not hold the tensors {INDEX_NAME} lists for it: {_AGAIN}")
+        state.update(tensors)
+    return state
+
+
+def _read_safetensors(path: Path, where: str) -> dict[str, torch.Tensor]:
     if not path.is_file():
-        raise CheckpointError(f"{where} has no {WEIGHTS_NAME}: download or export the model again")
+        raise CheckpointError(f"{where} has no {path.name}: download or export the model again")
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
-            f"{where}: {WEIGHTS_NAME} is not a readable safetensors file ({clip(reason)}); it may be truncated: "
+            f"{where}: {path.name} is not a readable safetensors file ({clip(reason)}); it may be truncated: "
             "download or export the model again"
         ) from None
 
 
 def export_file_hashes(directory: Path) -> dict[str, str]:
-    """The sha256 of each of :data:`HASHED_FILES` that ``directory`` holds, for its config's :data:`HASHES_KEY`."""
-    return {name: sha256_file(directory / name) for name in HASHED_FILES if (directory / name).is_file()}
+    """The sha256 of each of :data:`HASHED_FILES` and each weight shard that ``directory`` holds, for its config's
+    :data:`HASHES_KEY`."""
+    names = [name for name in HASHED_FILES if (directory / name).is_file()]
+    names += sorted(p.name for p in directory.glob(SHARD_PATTERN) if _SHARD_NAME.fullmatch(p.name))
+    return {name: sha256_file(directory / name) for name in names}
 
 
 def verify_export_files(directory: Path, config: dict[str, Any], where: str) -> None:
@@ -498,7 +540,7 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
         if config["format_version"] == 1:  # the LanguageModel's settings: its training-only ar / tar are dropped
             hparams = {name: value for name, value in hparams.items() if name in NETWORK_OPTIONS}
         model = build_model(hparams, tokenizer, where)
-    load_weights(model, _read_weights(directory / WEIGHTS_NAME, where), where)
+    load_weights(model, read_weights(directory, where), where)
     training = dict(config.get("training") or {})
     data = training.pop("data", {}) or {}
     results = [r for r in config.get("results") or [] if isinstance(r, dict)]

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from checkpoints.format import (
     CARD_NAME,
     CONFIG_NAME,
-    EXPORT_FILES,
+    EXPORT_PATTERNS,
+    INDEX_NAME,
     PICKLE_SUFFIXES,
     WEIGHTS_NAME,
     lm_zoo_version,
@@ -170,7 +171,7 @@ def _cached_snapshot(repo_id: str, revision: str | None, settings: HubSettings) 
             revision=revision,
             cache_dir=settings.cache_dir,
             local_files_only=True,
-            allow_patterns=list(EXPORT_FILES),
+            allow_patterns=list(EXPORT_PATTERNS),
         )
     except (errors.LocalEntryNotFoundError, errors.HFValidationError, OSError):
         return None
@@ -180,10 +181,11 @@ def _cached_snapshot(repo_id: str, revision: str | None, settings: HubSettings) 
 def _check_is_lm_zoo(info: Any, label: str) -> None:
     """Refuse, before downloading anything, a repo that is not an lm-zoo export."""
     names = {sibling.rfilename for sibling in info.siblings or []}
-    if CONFIG_NAME in names and WEIGHTS_NAME in names and info.library_name in (None, "lm-zoo"):
+    weights = WEIGHTS_NAME in names or INDEX_NAME in names
+    if CONFIG_NAME in names and weights and info.library_name in (None, "lm-zoo"):
         return
     pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
-    if WEIGHTS_NAME not in names and pickles:
+    if not weights and pickles:
         raise pickle_refusal(label, pickles)
     library = f" (its library is {info.library_name})" if info.library_name not in (None, "lm-zoo") else ""
     raise CheckpointError(
@@ -227,7 +229,7 @@ def download(
             cache_dir=settings.cache_dir,
             endpoint=settings.endpoint,
             token=settings.token,
-            allow_patterns=list(EXPORT_FILES),  # the export's files only: nothing else is ever fetched
+            allow_patterns=list(EXPORT_PATTERNS),  # the export's files only: nothing else is ever fetched
             library_name="lm-zoo",
             library_version=lm_zoo_version(),
         )
@@ -301,8 +303,8 @@ def publish(
             folder_path=directory,
             revision=revision,
             commit_message=message,
-            allow_patterns=list(EXPORT_FILES),  # never whatever else lies in the directory
-            delete_patterns=list(EXPORT_FILES),  # remote export files not uploaded now are stale
+            allow_patterns=list(EXPORT_PATTERNS),  # never whatever else lies in the directory
+            delete_patterns=list(EXPORT_PATTERNS),  # remote export files not uploaded now are stale
         )
         if tag:
             api.create_tag(repo_id, tag=tag, revision=commit.oid)

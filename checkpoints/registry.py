@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints.format import EXPORT_FILES, first_mismatch
+from checkpoints.format import first_mismatch, is_export_file
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -233,7 +233,7 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
             f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
             f"or damaged; {_RESTORE}"
         )
-    extra = sorted(p.name for p in directory.iterdir() if p.name in EXPORT_FILES and p.name not in entry.files)
+    extra = sorted(p.name for p in directory.iterdir() if is_export_file(p.name) and p.name not in entry.files)
     if extra:
         raise CheckpointError(
             f"{where} holds {extra[0]}, which the registry does not list for {entry.name}: {_RESTORE}"

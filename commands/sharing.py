@@ -4,6 +4,7 @@ back."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 from checkpoints import hub, registered_directory, registry
@@ -27,12 +28,22 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("--bptt", type=int, help="eval BPTT (default: the training run's)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    parser.add_argument(
+        "--max-shard-size",
+        type=shard_size,
+        metavar="SIZE",
+        help="write the weights as shards of at most SIZE (e.g. 2GB, 16MiB; MB and GB are powers of 1000) "
+        "with Hugging Face's model.safetensors.index.json; a tensor larger than SIZE gets a shard of its own "
+        "(default: one model.safetensors)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
     results = [_read_result(path) for path in args.results] if args.results else None
     evaluation = {"batch_size": args.batch_size, "bptt": args.bptt, "data_root": args.data_root, "device": args.device}
-    out = export(args.source, args.out, splits=args.splits, results=results, **evaluation)
+    out = export(
+        args.source, args.out, splits=args.splits, results=results, max_shard_size=args.max_shard_size, **evaluation
+    )
     config = json.loads((out / CONFIG_NAME).read_text())
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
     if args.json:
@@ -45,6 +56,24 @@ def cmd_export(argv: Sequence[str]) -> None:
         else:
             metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
         print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
+
+
+# The Hub writes sizes in powers of 1000 ("5GB"); its parser is private and knows no MiB, which a transfer limit of
+# 16 MiB is written in. So both, here.
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def shard_size(text: str) -> int:
+    """``--max-shard-size``: bytes, or a size with a unit (16MB = 16 x 1000^2 bytes, 16MiB = 16 x 1024^2)."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = found[2].upper() if found else ""
+    if found is None or unit not in _UNITS:
+        raise ConfigError(f"--max-shard-size {text!r}: write a size such as 16MB, 16MiB or 2GB (or bytes)")
+    size = int(float(found[1]) * _UNITS[unit])
+    if size < 1:
+        raise ConfigError(f"--max-shard-size must be at least 1 byte, got {text!r}")
+    return size
 
 
 def _read_result(path: str) -> dict:

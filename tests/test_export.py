@@ -529,3 +529,58 @@ def test_an_export_refused_by_a_full_disk_leaves_the_previous_export_whole(
     monkeypatch.undo()
     assert cli.main(["export", ckpt, "--out", str(exported), "--splits"]) == 0  # and a write that succeeds replaces it
     assert checkpoints.load(exported).model is not None
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_sharded_weights_load_back_identical_and_are_checked_like_one_file(
+    tmp_path: Path, tie: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-shard-size: Hugging Face's model-0000k-of-0000n.safetensors and index; the loaded network computes what
+    the one-file export does, each shard's sha256 is recorded and checked, and exporting again in one file removes
+    the old shards."""
+    from checkpoints.format import INDEX_NAME, read_weights
+
+    tokenizer = build_tokenizer("word", "the cat sat on the mat the dog sat")
+    torch.manual_seed(0)
+    model = RecurrentLM(tokenizer.vocab_size, "lstm", embedding_size=16, hidden_size=16, num_layers=2, tie_weights=tie)
+    loaded = LoadedModel(model.eval(), tokenizer, {"corpus": "somewhere"})
+    one_file = export_model(loaded, tmp_path / "one", results=[])
+    sharded = export_model(loaded, tmp_path / "sharded", results=[], max_shard_size=3000)
+    index = json.loads((sharded / INDEX_NAME).read_text())
+    shards = sorted(p.name for p in sharded.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and not (sharded / WEIGHTS_NAME).exists()
+    assert shards == [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    assert sorted(set(index["weight_map"].values())) == shards
+    state = read_weights(one_file, "one")
+    for shard in shards:  # at most the limit, unless one tensor alone is larger (a shard of its own)
+        names = [name for name, file in index["weight_map"].items() if file == shard]
+        size = sum(state[name].numel() * state[name].element_size() for name in names)
+        assert size <= 3000 or len(names) == 1, (shard, size)
+    assert read_weights(sharded, "sharded").keys() == state.keys()  # a tied tensor stored once, under one name
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for source in (sharded, str(sharded)):
+            network, _ = checkpoints.from_pretrained(source)
+            assert torch.equal(_logits(network, ids), _logits(checkpoints.load(one_file).model, ids))
+            assert (network.decoder.weight is network.embedding.weight) == tie
+    recorded = json.loads((sharded / CONFIG_NAME).read_text())[HASHES_KEY]
+    assert {*shards, INDEX_NAME, VOCAB_NAME} <= set(recorded)
+    damaged = sharded / shards[1]
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    code = cli.main(["evaluate", str(sharded), "--split", "test"])
+    one_line_error(capsys, code, f"{shards[1]} does not match the sha256")
+    export_model(loaded, sharded, results=[])  # again, in one file: the shards and the index go
+    assert sorted(p.name for p in sharded.glob("model*")) == [WEIGHTS_NAME]
+    assert checkpoints.load(sharded).model is not None
+
+
+def test_export_takes_a_shard_size_with_units(tmp_path: Path, run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from commands.sharing import shard_size
+
+    assert shard_size("16MB") == 16_000_000 and shard_size("16MiB") == 16 * 2**20 and shard_size("2048") == 2048
+    assert shard_size("1.5kb") == 1500
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    code = cli.main(["export", ckpt, "--out", str(tmp_path / "x"), "--splits", "--max-shard-size", "16 parsecs"])
+    one_line_error(capsys, code, "--max-shard-size '16 parsecs'", "16MiB")
+    assert cli.main(["export", ckpt, "--out", str(tmp_path / "x"), "--splits", "--max-shard-size", "2KB"]) == 0
+    assert len(list((tmp_path / "x").glob("model-*-of-*.safetensors"))) > 1

@@ -121,6 +121,23 @@ def test_publish_download_and_load(
         assert torch.equal(original.model(ids)[0], downloaded_model.model(ids)[0])
 
 
+def test_sharded_weights_publish_and_download(
+    run: Path, hub: FakeHub, tmp_path: Path, environment: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export in shards (--max-shard-size) goes to the Hub and comes back: the shards and the index are fetched,
+    and the repo id scores what the one-file export scores."""
+    sharded = tmp_path / "sharded"
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    assert cli.main(["export", ckpt, "--out", str(sharded), "--splits", "--max-shard-size", "2KB"]) == 0
+    shards = sorted(p.name for p in sharded.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    _json_out(capsys, "publish", str(sharded), "--repo-id", "carol/sharded", "--json")
+    downloaded = Path(_json_out(capsys, "download", "carol/sharded", "--json")["path"])
+    assert {*shards, "model.safetensors.index.json", CONFIG_NAME} <= {p.name for p in downloaded.iterdir()}
+    by_repo = _json_out(capsys, "evaluate", "carol/sharded", "--json")
+    assert by_repo["ppl"] == _json_out(capsys, "evaluate", str(run / "export"), "--json")["ppl"]
+
+
 def test_publish_to_a_branch_and_replace_stale_files(export: Path, hub: FakeHub, tmp_path: Path) -> None:
     assert cli.main(["publish", str(export), "--repo-id", "carol/tiny"]) == 0
     assert cli.main(["publish", str(export), "--repo-id", "carol/tiny", "--revision", "dev"]) == 0
