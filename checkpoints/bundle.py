@@ -199,6 +199,7 @@ def build(
     max_sample_tokens: int = 60,
     data_root: str | None = None,
     notes: str = "",
+    max_shard_size: int | None = None,
 ) -> registry.RegistryEntry:
     """Build ``pretrained/<name>/`` from a run's checkpoint and write its registry entry.
 
@@ -219,6 +220,8 @@ def build(
         max_sample_tokens: most tokens per sample on the card (a music model's sample is 128 frames).
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         notes: a paragraph for the card (e.g. the target and what budget would reach it).
+        max_shard_size: store the weights as shards of at most this many bytes (a bundle made on a lent GPU comes
+            back in files of limited size); ``None``: one file.
 
     Returns:
         The registry entry, as written to the registry.
@@ -255,7 +258,9 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     curve = render_record(run["curve"], out.parent / f".{name}.{CURVE_NAME}", curve_title(name, run))
     try:
-        _export_measured(source, out, run, curve, dtype, repo_id, revision, max_sample_tokens, data_root)
+        _export_measured(
+            source, out, run, curve, dtype, repo_id, revision, max_sample_tokens, data_root, max_shard_size
+        )
     finally:
         curve.unlink(missing_ok=True)
     entry = _registry_entry(out, name, repo_id, revision, description, run)
@@ -330,6 +335,7 @@ def _export_measured(
     revision: str,
     max_sample_tokens: int,
     data_root: str | None,
+    max_shard_size: int | None = None,
 ) -> None:
     """Export ``source`` into ``out`` with the figures, samples and card of its stored weights.
 
@@ -343,9 +349,10 @@ def _export_measured(
         revision: the registered revision (the card names the model by its short name).
         max_sample_tokens: most tokens per sampled text.
         data_root: where the corpus lives.
+        max_shard_size: shards of at most this many bytes; ``None``: one weights file.
     """
     # Written once to round the weights to their stored precision, then measured as loaded back from disk.
-    export_model(source, out, results=[], dtype=dtype, curve=curve)
+    export_model(source, out, results=[], dtype=dtype, curve=curve, max_shard_size=max_shard_size)
     stored = load_export(out)
     stored = replace(stored, data=source.data, training={**source.training, "run": run})
     results = _results(stored, data_root)
@@ -365,7 +372,15 @@ def _export_measured(
         if Path(str(source.data.get("corpus"))).name == "synthetic-xml":
             run["xml_nesting"] = xml_nesting(stored)
         export_model(
-            stored, out, results, dtype=dtype, curve=out / CURVE_NAME, repo_id=repo_id, assets=assets, revision=revision
+            stored,
+            out,
+            results,
+            dtype=dtype,
+            curve=out / CURVE_NAME,
+            repo_id=repo_id,
+            assets=assets,
+            revision=revision,
+            max_shard_size=max_shard_size,
         )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from checkpoints import registry
 from checkpoints.bundle import REPO_OWNER, build, publish_all, render_again, write_table
 from commands.common import CommandParser
+from commands.sharing import shard_size
 
 
 def cmd_bundle(argv: Sequence[str]) -> None:
@@ -26,6 +27,9 @@ def cmd_bundle(argv: Sequence[str]) -> None:
         "--hardware", help="the machine it was trained on, in words (default: this one's GPU or CPU count)"
     )
     build_parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    build_parser.add_argument(
+        "--max-shard-size", type=shard_size, metavar="SIZE", help="weights in shards of at most SIZE (16MiB, 2GB)"
+    )
     build_parser.add_argument("--repo-id", help=f"its Hub repo (default {REPO_OWNER}/NAME)")
     build_parser.add_argument("--revision", default="v1", help="the tag it is published under (default v1)")
     build_parser.add_argument("--description", default="", help="one line for the registry")
@@ -58,6 +62,7 @@ def cmd_bundle(argv: Sequence[str]) -> None:
             max_sample_tokens=args.max_sample_tokens,
             data_root=args.data_root,
             notes=args.notes,
+            max_shard_size=args.max_shard_size,
         )
         print(json.dumps(entry.to_json(), indent=2))
     elif args.action == "publish":

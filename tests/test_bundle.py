@@ -249,6 +249,24 @@ def test_float16_bundle_is_measured_on_its_stored_weights(
     assert torch.equal(full.half().float(), loaded.model.embedding.weight)
 
 
+def test_a_bundle_in_shards_is_registered_and_served_by_its_name(
+    run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bundle build --max-shard-size``: the registry lists and hashes every shard and the index, the name loads and
+    scores as the one-file bundle does, and a changed shard is named."""
+    entry = _build(run, capsys, "tinyshards", "--max-shard-size", "2KB")
+    directory = bundle_env / "tinyshards"
+    shards = sorted(p.name for p in directory.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and WEIGHTS_NAME not in entry["files"]
+    assert {*shards, "model.safetensors.index.json"} <= set(entry["files"])
+    assert all(sha256_file(directory / f) == h for f, h in entry["files"].items())
+    sharded = _evaluate(capsys, "tinyshards", "--split", "test", "--batch-size", "1")
+    assert sharded["ppl"] == pytest.approx(entry["results"]["test"]["ppl"], rel=1e-6)
+    shard = directory / shards[0]
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    one_line_error(capsys, cli.main(["evaluate", "tinyshards", "--split", "test"]), shards[0])
+
+
 @pytest.fixture
 def hub() -> Iterator[FakeHub]:
     with FakeHub() as server:
