@@ -278,8 +278,9 @@ class StatefulTraining(L.LightningModule):
         loss = getattr(self, "_train_loss", None)
         checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
         device = checked[0].device if checked else self.device
-        # (1 to 3,): the loss, the gradients' sum or norm, and this rank's signal (0: none)
-        values = torch.stack([*checked, torch.tensor(float(self.stop_signal or 0), device=device)])
+        # The signal as a fill on the device, not torch.tensor(value, device=...), which is a copy the host waits for.
+        signal = torch.full((), float(self.stop_signal or 0), device=device)
+        values = torch.stack([*checked, signal])  # (1 to 3,): the loss, the gradients' sum or norm, this rank's signal
         world_size = self._distributed_world_size()
         if world_size > 1:
             # all_gather into a list: all_gather_into_tensor is deprecated in torch 2.13 and its successor,
