@@ -148,11 +148,16 @@ def _recipe(directory: Path, corpus: Path, *callbacks: str, max_steps: int = MAX
     return recipe
 
 
-def _start(recipe: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    """``lm-zoo fit`` on 2 ranks in its own session (rank 1 joins it), stderr captured, stdout to a log."""
+# torchrun starting the 2 ranks on this machine (what the torchrun console script runs), instead of Lightning's launcher
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+
+
+def _start(recipe: Path, env: dict[str, str], *args: str, torchrun: bool = False) -> subprocess.Popen[str]:
+    """``lm-zoo fit`` on 2 ranks in its own session (rank 1 joins it), stderr captured, stdout to a log; the ranks are
+    started by Lightning's launcher, or by torchrun."""
     log = open(recipe.with_suffix(".log"), "a")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
-        [sys.executable, "-m", "cli", "fit", "--config", str(recipe), *args],
+        [sys.executable, *(TORCHRUN if torchrun else ()), "-m", "cli", "fit", "--config", str(recipe), *args],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -378,21 +383,6 @@ def test_a_signal_on_any_rank_stops_every_rank_at_one_step_and_resumes_bit_for_b
     _same_weights_as(uninterrupted, resumed)
 
 
-def _torchrun(recipe: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """``lm-zoo fit`` on 2 ranks started by torchrun on this machine, in a session of its own, stderr captured."""
-    log = open(recipe.with_suffix(".log"), "a")  # noqa: SIM115 (closed with the process)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    return subprocess.Popen(
-        [*launcher, "-m", "cli", "fit", "--config", str(recipe)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
 @pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "raise"])
 def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
@@ -404,7 +394,7 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / f"lost_{how}_{launcher}"
     recipe = _recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks"))
-    process = _start(recipe, env) if launcher == "lightning" else _torchrun(recipe, env)
+    process = _start(recipe, env, torchrun=launcher == "torchrun")
     returncode, stderr = _finish(process)  # fails, killing every process, if a rank is left waiting
     elapsed = time.time() - float((run / "marks" / "struck").read_text())
     print(f"\nrank 1 {'killed' if how == 'SIGKILL' else 'raised'} at step 8 ({launcher}): gone {elapsed:.2f} s later")
