@@ -1,5 +1,5 @@
 """What atomic checkpoint writes cost: Lightning's ``TorchCheckpointIO`` against
-``checkpoints.writing.AtomicCheckpointIO`` on the same checkpoint, side by side, in the same directory.
+``checkpoints.ckpt_write.AtomicCheckpointIO`` on the same checkpoint, side by side, in the same directory.
 
     python benchmarks/checkpoint_write.py                       # Zaremba medium + Adam moments (~240 MB), in ./
     python benchmarks/checkpoint_write.py --dir /scratch/x --repeats 5 --params 50_000_000
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
 
-from checkpoints.writing import AtomicCheckpointIO  # noqa: E402
+from checkpoints.ckpt_write import AtomicCheckpointIO  # noqa: E402
 
 # Zaremba medium: 2 x 650 LSTM, 650-wide embedding and softmax over 10,000 words.
 MEDIUM_PARAMS = 4 * 650 * (650 + 650) * 2 + 2 * 4 * 650 * 2 + 2 * 10_000 * 650 + 10_000

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from datamodules.streams import StreamWindows  # noqa: E402
-from datamodules.text import TextDataModule  # noqa: E402
+from datamodules.data_modules import TextDataModule  # noqa: E402
+from datamodules.windows import StreamWindows  # noqa: E402
 from lightning_modules.evaluation.dynamic import (  # noqa: E402
     DynamicEvaluation,
     adapting,

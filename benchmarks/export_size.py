@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import checkpoints  # noqa: E402
-from checkpoints.export import export_model  # noqa: E402
+from checkpoints.export_write import export_model  # noqa: E402
 
 
 def _medium_checkpoint(directory: Path) -> Path:

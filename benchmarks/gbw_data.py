@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datamodules.corpora import data_root  # noqa: E402
 from datamodules.gbw import count_words, encode_files, load_encoded  # noqa: E402
 from datamodules.multisequence import MultiSequenceWindows  # noqa: E402
-from datamodules.streams import StreamWindows  # noqa: E402
 from datamodules.tokenizers import SentenceTokenizer  # noqa: E402
+from datamodules.windows import StreamWindows  # noqa: E402
 
 
 def write_synthetic(directory: Path, tokens: int, seed: int = 0, shards: int = 4) -> list[Path]:

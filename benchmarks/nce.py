@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import zoo  # noqa: E402
 from datamodules.gbw import GBWDataModule  # noqa: E402
-from datamodules.streams import IGNORE_INDEX  # noqa: E402
+from datamodules.windows import IGNORE_INDEX  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 from lightning_modules.sparse_gradients import clip_grad_norm  # noqa: E402
 from zoo.heads import AdaptiveSoftmaxHead, SoftmaxHead  # noqa: E402

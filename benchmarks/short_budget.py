@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import zoo  # noqa: E402
-from datamodules.text import TextDataModule  # noqa: E402
+from datamodules.data_modules import TextDataModule  # noqa: E402
 from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 

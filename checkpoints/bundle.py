@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from checkpoints import hub, registry
-from checkpoints.ckpt import load_checkpoint
+from checkpoints.ckpt_read import load_checkpoint
 from checkpoints.curves import (
     BPC,
     BPC_TAG,
@@ -51,8 +51,7 @@ from checkpoints.curves import (
     read_run,
     render_record,
 )
-from checkpoints.export import export_model, measure
-from checkpoints.format import (
+from checkpoints.export_read import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
@@ -65,6 +64,7 @@ from checkpoints.format import (
     lm_zoo_version,
     load_export,
 )
+from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
 from datamodules.corpora import sha256_file
 from datamodules.midi import write_midi, write_png

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from checkpoints import hub, load
-from checkpoints.export import export_model, measure
+from checkpoints.export_write import export_model, measure
 from zoo.errors import CheckpointError
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpoints.format import (
+from checkpoints.export_read import (
     CARD_NAME,
     CONFIG_NAME,
     EXPORT_PATTERNS,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from checkpoints.format import CURVE_NAME, is_music_config
+from checkpoints.export_read import CURVE_NAME, is_music_config
 from datamodules.corpora import CORPORA
 from datamodules.piano_rolls import MUSIC_DATASETS
 

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints.format import first_mismatch, is_export_file
+from checkpoints.export_read import first_mismatch, is_export_file
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2

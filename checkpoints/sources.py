@@ -3,7 +3,7 @@ name (its bundled copy under ``pretrained/``, hash-checked, else its pinned Hub 
 
 :func:`from_pretrained` is the door for inference: it reads an export (JSON, safetensors, the tokenizer file) and
 imports neither Lightning nor torchmetrics; only a ``.ckpt`` source, whose settings are the LightningModule's, imports
-the training stack (:mod:`checkpoints.ckpt`).
+the training stack (:mod:`checkpoints.ckpt_read`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from checkpoints import hub, registry
-from checkpoints.format import LoadedModel, load_export
+from checkpoints.export_read import LoadedModel, load_export
 from zoo.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def from_pretrained(
 
 def _load_checkpoint(path: Path) -> LoadedModel:
     # Deferred: a .ckpt holds the LightningModule's settings, so reading it imports Lightning; an export never does.
-    from checkpoints.ckpt import load_checkpoint
+    from checkpoints.ckpt_read import load_checkpoint
 
     return load_checkpoint(path)
 

@@ -33,14 +33,13 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from checkpoints.ckpt import unreadable
-from checkpoints.writing import AtomicCheckpointIO, LastCheckpoint
+from checkpoints.ckpt_read import unreadable
+from checkpoints.ckpt_write import AtomicCheckpointIO, LastCheckpoint
 from commands.recipes import as_given, with_config_files
-from datamodules.base import StreamDataModule
+from datamodules.data_modules import StreamDataModule, TextDataModule
 from datamodules.gbw import GBWDataModule
 from datamodules.music import MusicDataModule
 from datamodules.reverse_copy import ReverseCopyDataModule
-from datamodules.text import TextDataModule
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.faults import DEFAULT_PROCESS_GROUP_TIMEOUT, forget_peers, peer_lost, report_stop, watch_peers
 from lightning_modules.language_model import LanguageModel
@@ -194,7 +193,7 @@ class LMZooCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
-        file is said in one line (:func:`checkpoints.ckpt.unreadable`) instead of ``torch.load``'s traceback."""
+        file is said in one line (:func:`checkpoints.ckpt_read.unreadable`) instead of ``torch.load``'s traceback."""
         try:
             super()._parse_ckpt_path()
         except LMZooError:
@@ -479,7 +478,7 @@ def quiet_known_noise() -> None:
     - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's ``_pytree`` calls an API that PyTorch 2.13
       deprecates; Lightning's to update, nothing for a user to change.
     - ``IterableDataset`` has ``__len__`` ... ``num_workers > 1``: lm-zoo's loaders use no worker processes
-      (``datamodules.base``), so the length is exact.
+      (``datamodules.data_modules``), so the length is exact.
     - Lightning's "Tip" advertising a logging service, logged at every Trainer creation.
     - Lightning's advice to call ``torch.set_float32_matmul_precision`` on a GPU with tensor cores: lm-zoo's
       ``--matmul_precision`` is that setting, and the fit's first line says which is in force.

@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 
 from checkpoints import hub, registered_directory, registry
-from checkpoints.export import export
-from checkpoints.format import CONFIG_NAME
+from checkpoints.export_read import CONFIG_NAME
+from checkpoints.export_write import export
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
 from zoo.errors import ConfigError

@@ -14,14 +14,14 @@ from typing import Any
 _HOMES = {
     "FrameBatch": "datamodules.music",
     "GBWDataModule": "datamodules.gbw",
-    "LMBatch": "datamodules.streams",
+    "LMBatch": "datamodules.windows",
     "MultiSequenceWindows": "datamodules.multisequence",
     "MusicDataModule": "datamodules.music",
     "ReverseCopyDataModule": "datamodules.reverse_copy",
     "StreamData": "datamodules.stream_data",
-    "StreamWindows": "datamodules.streams",
+    "StreamWindows": "datamodules.windows",
     "TextData": "datamodules.text_data",
-    "TextDataModule": "datamodules.text",
+    "TextDataModule": "datamodules.data_modules",
     "Tokenizer": "datamodules.tokenizers",
 }
 __all__ = sorted(_HOMES)

@@ -37,8 +37,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from datamodules.base import StreamDataModule
 from datamodules.corpora import _remember_sha256, _remembered_sha256, cache_root, data_root, sha256_file
+from datamodules.data_modules import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.progress import Progress
 from datamodules.stream_data import SPLITS, atomic_write, cache_key, check_sizes

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from datamodules.streams import IGNORE_INDEX, LMBatch, ResumableStream
+from datamodules.windows import IGNORE_INDEX, LMBatch, ResumableStream
 from zoo.base import Resets
 from zoo.errors import ConfigError
 

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.base import StreamDataModule
 from datamodules.corpora import ensure_files
+from datamodules.data_modules import StreamDataModule
 from datamodules.multisequence import EpochLayout, MultiSequenceWindows
 from datamodules.piano_rolls import PianoRolls, music_dataset, read_pieces
 from datamodules.stream_data import check_sizes
-from datamodules.streams import training_position
+from datamodules.windows import training_position
 from zoo.music import LOWEST_NOTE, NUM_NOTES
 
 

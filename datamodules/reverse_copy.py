@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from datamodules.base import StreamDataModule
+from datamodules.data_modules import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.stream_data import SPLITS, check_sizes
 from datamodules.tokenizers import EOS, UNK, TextUnits, Tokenizer, WordTokenizer

@@ -5,7 +5,7 @@ A subclass provides ``tokenizer``, ``encoded(split)`` (prepares a split, cached 
 batch_size, bptt)`` (the split's windows for this rank); this base turns them into the hooks and loaders a
 ``LightningDataModule`` has. :class:`StreamData` is that class without Lightning, so that scoring a trained model
 (``lm-zoo evaluate``, ``score``) reads its corpus without importing Lightning, which costs more than the scoring of a
-small model; :class:`datamodules.base.StreamDataModule` adds ``LightningDataModule`` for training.
+small model; :class:`datamodules.data_modules.StreamDataModule` adds ``LightningDataModule`` for training.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from datamodules.streams import training_position
+from datamodules.windows import training_position
 from zoo.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
@@ -59,7 +59,7 @@ def cache_key(*parts: Any) -> str:
 
 
 class StreamData:
-    """A corpus read as ordered streams (see :mod:`datamodules.streams`), with a LightningDataModule's hooks."""
+    """A corpus read as ordered streams (see :mod:`datamodules.windows`), with a LightningDataModule's hooks."""
 
     tokenizer: Any
     batch_size: int  # the subclass's sizes and seed, which _window_settings reads
@@ -76,7 +76,8 @@ class StreamData:
 
     def _save_settings(self, frame: Any) -> None:
         """Record the constructor's arguments (``frame``: the subclass's ``__init__``): LightningDataModule's
-        ``save_hyperparameters`` in :class:`~datamodules.base.StreamDataModule`; nothing to record without it."""
+        ``save_hyperparameters`` in :class:`~datamodules.data_modules.StreamDataModule`; nothing to record without
+        it."""
 
     def encoded(self, split: str) -> Any:
         """Prepare ``split`` (tokenise into the cache, or map it back from there)."""

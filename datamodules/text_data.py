@@ -1,5 +1,5 @@
 """Text corpora read as word, character, byte or SentencePiece streams for stateful TBPTT, without Lightning
-(:class:`datamodules.text.TextDataModule` is the same with LightningDataModule, for training)."""
+(:class:`datamodules.data_modules.TextDataModule` is the same with LightningDataModule, for training)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
 from datamodules.stream_data import StreamData, atomic_write, cache_key, check_sizes
-from datamodules.streams import StreamWindows
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
+from datamodules.windows import StreamWindows
 
 
 class TextData(StreamData):

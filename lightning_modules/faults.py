@@ -8,7 +8,7 @@ So each way of ending is made a decision every rank knows:
 - **A signal** (SIGINT, SIGTERM) noted on any rank: each rank's note travels with its loss in the divergence check's
   gather (:meth:`lightning_modules.stateful.StatefulTraining.check_divergence`), so every rank learns at the same step
   that some rank was signalled; all of them write the same ``last.ckpt`` there and stop
-  (:class:`checkpoints.writing.LastCheckpoint`).
+  (:class:`checkpoints.ckpt_write.LastCheckpoint`).
 - **An exception on one rank**: before it leaves, the rank writes what stopped it into the run's rendezvous store
   (:func:`report_stop`), which every rank reaches; the others' next collective then fails, and :func:`peer_lost` turns
   that failure into one line naming the rank and its error.

@@ -4,7 +4,7 @@ itself, embedding -> zoo stack -> output head, a plain ``nn.Module`` in ``zoo/la
 Stateful truncated BPTT (Lightning 2 removed its TBPTT hook): the recurrent state is carried on the module from one
 training window to the next and detached at every window, as pytorch/examples' ``repackage_hidden`` does; each stage
 (train / val / test) has its own state, zeroed at the start of every epoch, so evaluation never inherits training
-context and vice versa. The data must therefore arrive as ordered contiguous streams (``datamodules.streams``).
+context and vice versa. The data must therefore arrive as ordered contiguous streams (``datamodules.windows``).
 
 Where each regulariser acts (training only; evaluation is deterministic)::
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
-from datamodules.streams import IGNORE_INDEX, LMBatch
+from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import State, detach_state, mask_state
@@ -74,7 +74,7 @@ class LanguageModel(StatefulTraining):
 
     Every argument but the four below is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
     head and dropout settings). The checkpoint's weights are the network's under ``model.``; exports keep the network
-    alone (:mod:`checkpoints.export`).
+    alone (:mod:`checkpoints.export_write`).
 
     Args:
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).

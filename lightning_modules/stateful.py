@@ -80,7 +80,7 @@ class StatefulTraining(L.LightningModule):
     # Draws that must be equal on every rank (NCE noise words), from fit's first step on; None outside fit, where
     # draws fall back to the global generator.
     shared_generator: torch.Generator | None = None
-    # A signal noted on this rank (SIGINT, SIGTERM: checkpoints.writing.LastCheckpoint notes it), and the stop every
+    # A signal noted on this rank (SIGINT, SIGTERM: checkpoints.ckpt_write.LastCheckpoint notes it), and the stop every
     # rank agreed on at this step: (the lowest rank that noted one, its signal), from check_divergence's gather.
     stop_signal: int | None = None
     agreed_stop: tuple[int, int] | None = None

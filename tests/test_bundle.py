@@ -32,7 +32,7 @@ from checkpoints.curves import (
     curve_unit,
     render_record,
 )
-from checkpoints.format import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
+from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
 from checkpoints.model_card import render_card
 from datamodules.corpora import sha256_file
 from tests.conftest import one_line_error

@@ -48,8 +48,8 @@ def write_corpus(directory: Path) -> Path:
 
 def tail_targets_per_rank(corpus: Path) -> list[list[int]]:
     """For each rank, how many targets of each of the first ``STEPS`` training windows fall in a tail cluster."""
-    from datamodules.streams import StreamWindows
     from datamodules.text_data import TextData
+    from datamodules.windows import StreamWindows
 
     data = TextData(corpus=str(corpus), batch_size=1, bptt=BPTT)
     assert data.vocab_size == 18 and all(s.startswith("r") for s in data.tokenizer.symbols[CUTOFFS[0] :])

@@ -15,7 +15,7 @@ import torch
 
 import cli
 from datamodules import TextDataModule
-from datamodules.streams import IGNORE_INDEX, LMBatch, StreamWindows
+from datamodules.windows import IGNORE_INDEX, LMBatch, StreamWindows
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,

@@ -23,8 +23,8 @@ import checkpoints
 import cli
 import zoo
 from checkpoints import registry
-from checkpoints.export import export_model
-from checkpoints.format import CONFIG_NAME, HASHES_KEY, VOCAB_NAME, WEIGHTS_NAME, LoadedModel, load_export
+from checkpoints.export_read import CONFIG_NAME, HASHES_KEY, VOCAB_NAME, WEIGHTS_NAME, LoadedModel, load_export
+from checkpoints.export_write import export_model
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, write_word_corpus
@@ -488,8 +488,8 @@ def test_registry_entry_from_an_export(run: Path) -> None:
 def test_a_bundle_exported_again_keeps_the_files_its_card_shows(name: str, tmp_path: Path) -> None:
     """`lm-zoo export` of an export (a bundled or downloaded model) ships its learning curve and, for a music model,
     its sampled piece: the card it writes links them."""
-    from checkpoints.export import export
-    from checkpoints.format import ASSET_NAMES
+    from checkpoints.export_read import ASSET_NAMES
+    from checkpoints.export_write import export
 
     bundle = Path(__file__).resolve().parents[1] / "pretrained" / name
     out = export(bundle, tmp_path / "again", splits=())
@@ -506,7 +506,7 @@ def test_an_export_refused_by_a_full_disk_leaves_the_previous_export_whole(
     """The weights' write fails half-way as a full disk does: one line, the export that was there still loads (byte
     for byte what it was), and no half-written folder is left beside it; a new --out is left empty, loading as
     nothing."""
-    import checkpoints.export as writer
+    import checkpoints.export_write as writer
 
     before = {p.name: p.read_bytes() for p in exported.iterdir()}
 
@@ -538,7 +538,7 @@ def test_sharded_weights_load_back_identical_and_are_checked_like_one_file(
     """--max-shard-size: Hugging Face's model-0000k-of-0000n.safetensors and index; the loaded network computes what
     the one-file export does, each shard's sha256 is recorded and checked, and exporting again in one file removes
     the old shards."""
-    from checkpoints.format import INDEX_NAME, read_weights
+    from checkpoints.export_read import INDEX_NAME, read_weights
 
     tokenizer = build_tokenizer("word", "the cat sat on the mat the dog sat")
     torch.manual_seed(0)

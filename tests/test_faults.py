@@ -18,7 +18,7 @@ import torch
 
 import checkpoints
 import cli
-from checkpoints.writing import AtomicCheckpointIO, temporary_path
+from checkpoints.ckpt_write import AtomicCheckpointIO, temporary_path
 from tests.conftest import one_line_error, write_word_corpus
 from zoo.errors import CheckpointError
 
@@ -79,7 +79,7 @@ OVERWRITE = """
 import io, os, sys, time
 from pathlib import Path
 import torch
-from checkpoints.writing import AtomicCheckpointIO
+from checkpoints.ckpt_write import AtomicCheckpointIO
 
 class HalfThenWait(AtomicCheckpointIO):
     def write_to(self, checkpoint, file):
@@ -219,7 +219,7 @@ def test_last_checkpoint_takes_steps_or_time_not_both(workdir: Path, capsys: pyt
 
 
 def test_last_checkpoint_defaults_to_every_30_minutes(workdir: Path) -> None:
-    from checkpoints.writing import LastCheckpoint
+    from checkpoints.ckpt_write import LastCheckpoint
 
     default = LastCheckpoint()
     assert default._train_time_interval.total_seconds() == 1800 and default._every_n_train_steps == 0

@@ -25,8 +25,8 @@ from datamodules.gbw import (
     match_files,
 )
 from datamodules.multisequence import epoch_layout
-from datamodules.streams import IGNORE_INDEX
 from datamodules.tokenizers import SentenceTokenizer, build_tokenizer
+from datamodules.windows import IGNORE_INDEX
 from lightning_modules import LanguageModel
 from tests.conftest import DATA_ROOT, needs_data, one_line_error
 
@@ -157,7 +157,7 @@ def test_columns_are_balanced_to_within_one_sentence() -> None:
 
 
 def test_a_resumed_run_continues_the_epoch_where_training_stopped() -> None:
-    """The training streams' resuming protocol (datamodules/streams.py): {"epoch": e, "windows": n}."""
+    """The training streams' resuming protocol (datamodules/windows.py): {"epoch": e, "windows": n}."""
     ids, offsets = synthetic_sentences(count=60)
 
     def stream(epoch=None) -> MultiSequenceWindows:
@@ -389,8 +389,8 @@ def test_a_gbw_checkpoint_rebuilds_its_data_module_and_samples_sentences(
 
 
 def test_word_models_keep_temperature_1_and_start_at_eos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from checkpoints.export import export_model
-    from checkpoints.format import LoadedModel
+    from checkpoints.export_read import LoadedModel
+    from checkpoints.export_write import export_model
 
     tokenizer = build_tokenizer("word", "a b c\nb c\n")
     model = LanguageModel(vocab_size=tokenizer.vocab_size, embedding_size=4, hidden_size=4, num_layers=1).eval()

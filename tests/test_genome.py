@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import zoo
+from lightning_modules.search.mutation import TRANSFORMATIONS, _Editable, _transform, mutate
 from zoo.genome import ACTIVATIONS, GENOMES, CellGraph, GenomeError, GenomeLayer, Node, format_genome, parse
-from zoo.mutation import TRANSFORMATIONS, _Editable, _transform, mutate
 
 
 @pytest.mark.parametrize("name", list(GENOMES))

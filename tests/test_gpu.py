@@ -214,7 +214,7 @@ def test_recurrent_regularisers_on_cuda_equal_the_plain_path(name: str, regulari
 
 @pytest.mark.parametrize("head", ["nce", "sampled_softmax"])
 def test_sampled_heads_train_with_sparse_gradients_on_cuda(head: str) -> None:
-    from datamodules.streams import LMBatch
+    from datamodules.windows import LMBatch
     from lightning_modules import LanguageModel
     from lightning_modules.sparse_gradients import clip_grad_norm
 
@@ -280,7 +280,7 @@ def test_mc_dropout_samples_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_the_adaptive_head_on_cuda_equals_cpu() -> None:
-    from datamodules.streams import LMBatch
+    from datamodules.windows import LMBatch
     from lightning_modules import LanguageModel
 
     torch.manual_seed(0)

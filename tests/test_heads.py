@@ -166,7 +166,7 @@ def test_adaptive_training_loss_is_the_evaluation_nats_of_the_predicted_targets(
 
 def test_adaptive_head_in_the_language_model_trains_on_its_exact_nats() -> None:
     """The LanguageModel's training step uses the adaptive loss; with no dropout it is the evaluation's nats."""
-    from datamodules.streams import LMBatch
+    from datamodules.windows import LMBatch
     from lightning_modules import LanguageModel
 
     model = LanguageModel(vocab_size=40, embedding_size=6, hidden_size=16, num_layers=1, head="adaptive")

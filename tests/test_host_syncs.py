@@ -14,7 +14,7 @@ import torch
 
 import zoo
 from benchmarks.host_syncs import HostSyncCounter, count_fit
-from datamodules.streams import LMBatch
+from datamodules.windows import LMBatch
 from lightning_modules.evaluation.mc_dropout import MCDropout, mc_nll
 from lightning_modules.evaluation.perplexity import deterministic_nll
 from zoo.base import FusedLayer, KeepAt, Resets

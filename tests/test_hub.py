@@ -20,7 +20,7 @@ from safetensors.torch import save_model
 
 import checkpoints
 import cli
-from checkpoints.format import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
+from checkpoints.export_read import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from checkpoints.hub import hub_settings
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
@@ -144,8 +144,8 @@ def test_publish_to_a_branch_and_replace_stale_files(export: Path, hub: FakeHub,
     repo = hub.repos["carol/tiny"]
     assert set(repo.branches) == {"main", "dev"}
     # the same model with a byte tokenizer: no vocab.txt, so the repo's vocab.txt goes in the same commit
-    from checkpoints.export import export_model
-    from checkpoints.format import LoadedModel
+    from checkpoints.export_read import LoadedModel
+    from checkpoints.export_write import export_model
     from datamodules.tokenizers import ByteTokenizer
     from lightning_modules import LanguageModel
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from datamodules import TextDataModule
-from datamodules.streams import StreamWindows
+from datamodules.windows import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation.perplexity import evaluate
 from lightning_modules.language_model import TRAINING_OPTIONS

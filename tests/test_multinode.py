@@ -1,7 +1,7 @@
 """Two nodes on loopback: two ``torchrun`` launchers, as two machines would run them, train ``lm-zoo fit`` together
 through a c10d rendezvous on 127.0.0.1, and end bit for bit where two processes on one node end.
 
-What makes the two runs comparable: every rank reads the columns of its *global* rank (datamodules/streams.py), draws
+What makes the two runs comparable: every rank reads the columns of its *global* rank (datamodules/windows.py), draws
 dropout masks seeded by its global rank and keeps its training state under it in the checkpoint, so where a rank
 runs (which node, which local rank) must not change anything. The two-node run is the one that would catch a rank vs
 local-rank mix-up: there both processes are local rank 0. The tiny recipe is tests/test_ddp.py's (dropout, NCE

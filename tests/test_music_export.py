@@ -20,8 +20,7 @@ import checkpoints
 import cli
 from checkpoints import registry
 from checkpoints.bundle import SAMPLE_FRAMES, SAMPLE_SEED, table
-from checkpoints.export import export_model
-from checkpoints.format import (
+from checkpoints.export_read import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
@@ -33,6 +32,7 @@ from checkpoints.format import (
     load_export,
     read_config,
 )
+from checkpoints.export_write import export_model
 from checkpoints.model_card import render_card
 from datamodules.midi import roll_layout
 from datamodules.piano_rolls import MUSIC_DATASETS

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import cli
 from datamodules import TextDataModule
 from datamodules.gbw import GBWDataModule
-from datamodules.streams import LMBatch
+from datamodules.windows import LMBatch
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.perplexity import evaluate
 from tests.conftest import DATA_ROOT, needs_data, one_line_error, quiet_trainer, write_word_corpus

@@ -197,7 +197,7 @@ def test_evaluate_parsing_scores_layers_and_baselines_with_the_same_code(tokeniz
 
 def test_cli_parses_text_and_draws_it(tmp_path, tokenizer):
     from checkpoints import LoadedModel
-    from checkpoints.export import export_model
+    from checkpoints.export_write import export_model
 
     loaded = LoadedModel(tiny_on_lstm(tokenizer), tokenizer, {"corpus": "somewhere"})
     exported = export_model(loaded, tmp_path / "on-lstm", results=[])

@@ -148,7 +148,7 @@ def test_every_head_trains_under_bf16_autocast(head: str) -> None:
     if head in ("nce", "sampled_softmax"):
         model.model.set_noise_distribution(torch.arange(vocab, 0, -1))
     ids = torch.randint(0, vocab, (B, T + 1))
-    from datamodules.streams import LMBatch
+    from datamodules.windows import LMBatch
 
     batch = LMBatch(ids[:, :-1], ids[:, 1:])
     losses = []
@@ -253,7 +253,7 @@ def test_a_loss_scaled_fp16_step_with_nce_and_sparse_gradients() -> None:
     """The 16-mixed route (on a GPU: Lightning's GradScaler): scaled loss, unscaled row-sparse gradients, lm-zoo's
     sparse clipping, the scaler's step. Written with torch's own scaler, since Lightning runs 16-mixed on CPU as bf16
     (and the LSTM's per-step path, since oneDNN has no float16 LSTM)."""
-    from datamodules.streams import LMBatch
+    from datamodules.windows import LMBatch
     from lightning_modules.sparse_gradients import clip_grad_norm
 
     torch.manual_seed(0)

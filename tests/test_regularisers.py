@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from datamodules.streams import IGNORE_INDEX, LMBatch, StreamWindows
+from datamodules.windows import IGNORE_INDEX, LMBatch, StreamWindows
 from lightning_modules import LanguageModel
 from tests.conftest import write_word_corpus
 from zoo.errors import ConfigError

@@ -29,7 +29,7 @@ import torch
 
 import checkpoints
 from datamodules import TextDataModule
-from datamodules.streams import StreamWindows
+from datamodules.windows import StreamWindows
 from lightning_modules.resume import RESUME_KEY
 from tests.conftest import write_word_corpus
 

@@ -13,7 +13,7 @@ import torch
 import cli
 from datamodules import ReverseCopyDataModule
 from datamodules.reverse_copy import MARKER
-from datamodules.streams import IGNORE_INDEX
+from datamodules.windows import IGNORE_INDEX
 from tests.conftest import one_line_error
 
 

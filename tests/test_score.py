@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import cli
-from checkpoints.export import export_model
-from checkpoints.format import LoadedModel
+from checkpoints.export_read import LoadedModel
+from checkpoints.export_write import export_model
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules.evaluation.sentences import score_sentences
 from tests.conftest import one_line_error

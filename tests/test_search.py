@@ -147,7 +147,7 @@ def test_a_listed_cell_with_no_mutant_costs_a_step_not_the_worker(
     parent and the worker died). The real ``mutate`` refuses it; the step says so and the next step goes on."""
     dead_end = format_genome(parse("h: h' = x"))
     worker, scorer = scripted_worker(monkeypatch, store, CHILD, {(dead_end, "arithmetic"): 0.9, (dead_end, "xml"): 0.6})
-    from zoo.mutation import mutate
+    from lightning_modules.search.mutation import mutate
 
     monkeypatch.setattr(evolution, "mutate", mutate)
     for task in TASKS:  # listed above the GRU, as if an older search had put it there
@@ -215,9 +215,9 @@ def test_arithmetic_is_scored_on_its_answers() -> None:
     it reads the whole text at once."""
     import torch
 
-    from datamodules.streams import LMBatch
     from datamodules.synthetic import arithmetic_example
     from datamodules.tokenizers import CharTokenizer
+    from datamodules.windows import LMBatch
     from lightning_modules.search.tasks import Span, validation_accuracy
     from zoo import RecurrentLM
 

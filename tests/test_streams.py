@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.streams import IGNORE_INDEX, StreamWindows, column_spans
+from datamodules.windows import IGNORE_INDEX, StreamWindows, column_spans
 
 START = 0
 

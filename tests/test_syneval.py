@@ -159,7 +159,7 @@ def test_the_unpickler_refuses_any_global():
 def _exported_word_model(directory):
     """A tiny word model over CONDITIONS' words, exported into ``directory``."""
     from checkpoints import LoadedModel
-    from checkpoints.export import export_model
+    from checkpoints.export_write import export_model
 
     tokenizer = tokenizer_for(CONDITIONS)
     model = RecurrentLM(tokenizer.vocab_size, "lstm", 8, 8, 1).eval()
@@ -182,7 +182,7 @@ def test_cli_refuses_a_file_that_is_not_a_template(tmp_path):
 @needs_templates
 def test_cli_scores_a_word_model_and_refuses_a_character_model(tmp_path):
     from checkpoints import LoadedModel
-    from checkpoints.export import export_model
+    from checkpoints.export_write import export_model
     from datamodules.tokenizers import CharTokenizer
 
     exported = _exported_word_model(tmp_path / "word")

@@ -10,7 +10,7 @@ import pytest
 
 import zoo
 from benchmarks.short_budget import ptb, train_briefly
-from datamodules.text import TextDataModule
+from datamodules.data_modules import TextDataModule
 from tests.conftest import DATA_ROOT, needs_data
 
 pytestmark = needs_data("ptb", "ptb.train.txt")

@@ -7,7 +7,7 @@
 
 Use it on its own (``checkpoints.from_pretrained("ptb-lstm-small")`` loads a trained one; ``model.generate(...)``,
 ``model.token_nll``) or through :class:`lightning_modules.LanguageModel`, which wraps it with the training loop. Its
-``state_dict`` is what an export's ``model.safetensors`` holds (:mod:`checkpoints.format`); the submodule names
+``state_dict`` is what an export's ``model.safetensors`` holds (:mod:`checkpoints.export_read`); the submodule names
 ``embedding``, ``rnn``, ``projection`` and ``decoder`` are pytorch/examples' ``word_language_model`` names, kept so
 exports and checkpoints written before this class existed load unchanged.
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     pass
 
 HEADS = ("softmax", "mos", "nce", "sampled_softmax", "adaptive")
-IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.streams uses the same value)
+IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.windows uses the same value)
 
 
 def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import Tensor
 
-from datamodules.streams import IGNORE_INDEX, LMBatch
+from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.temperature import total_nll
 from zoo.base import State, detach_state
 from zoo.errors import ConfigError

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from datamodules.streams import IGNORE_INDEX, LMBatch
+from datamodules.windows import IGNORE_INDEX, LMBatch
 from zoo.base import RecurrentStack, Resets, State, detach_state
 from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes

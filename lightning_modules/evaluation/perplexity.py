@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from datamodules.progress import Progress
-from datamodules.streams import IGNORE_INDEX, LMBatch
 from datamodules.text_data import TextData
+from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
     TuningTrial,

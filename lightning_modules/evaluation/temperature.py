@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from datamodules.streams import IGNORE_INDEX, LMBatch
+from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.mc_dropout import MCDropout, log_mean_exp_nll, replica_windows
 from zoo.base import State, detach_state
 from zoo.errors import ConfigError

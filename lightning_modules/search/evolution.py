@@ -5,10 +5,11 @@ The procedure, as §3.1 describes it:
   evaluated on ``baseline_settings`` hyperparameter settings per task (the paper: every allowable setting);
 - an architecture's score is ``min over tasks of (its best accuracy on the task / the GRU's best)``;
 - each step either re-evaluates a listed architecture on ``settings_per_task`` fresh settings per task (20 in the
-  paper), or mutates a listed one (:mod:`zoo.mutation`) and puts the mutant through the ladder: one random setting of
-  the memorisation task, kept only at ``memorise_threshold`` (95%) accuracy or more (once passed, never again); then
-  per task in turn ``settings_per_task`` settings, going on only while the best exceeds ``task_threshold`` (90%) of
-  the GRU's best; a mutant that passes every task joins the list if its score ranks in the top;
+  paper), or mutates a listed one (:mod:`lightning_modules.search.mutation`) and puts the mutant through the ladder: one
+  random setting of the memorisation task, kept only at ``memorise_threshold`` (95%) accuracy or more (once passed,
+  never again); then per task in turn ``settings_per_task`` settings, going on only while the best exceeds
+  ``task_threshold`` (90%) of the GRU's best; a mutant that passes every task joins the list if its score ranks in
+  the top;
 - no architecture is evaluated twice with one setting on one task;
 - a mutant's settings (§3.3): from a parent evaluated on more than ``parent_history`` (420) settings, 80% from the
   parent's 100 best and 20% at random; otherwise a third at random, a third from the LSTM's and GRU's 100 best, a
@@ -58,11 +59,11 @@ from typing import Any
 import optuna  # the search extra (pip install "lm-zoo[search]")
 import yaml
 
+from lightning_modules.search.mutation import mutate
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from lightning_modules.storages import SilentTrials, beating, grpc_address, has_optuna_heartbeat, open_storage
 from zoo.errors import ConfigError, DataError
 from zoo.genome import GenomeError, format_genome, parse
-from zoo.mutation import mutate
 
 BASELINES = ("lstm", "gru_paper")  # the list's first members; the GRU is every score's yardstick
 STUDY = "architecture-search"

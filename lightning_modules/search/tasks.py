@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import datamodules
-from datamodules.streams import IGNORE_INDEX
+from datamodules.windows import IGNORE_INDEX
 from lightning_modules.schedules import HalveOnPlateau
 from zoo import RecurrentLM, units_for_budget
 from zoo.errors import ConfigError

@@ -30,7 +30,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from checkpoints.ckpt import unreadable
+from checkpoints.ckpt_read import unreadable
 from zoo.errors import CheckpointError, ConfigError, Interrupted
 
 DEFAULT_INTERVAL = timedelta(minutes=30)

@@ -1,5 +1,6 @@
 """The Lightning data module every lm-zoo data module is: :class:`~datamodules.stream_data.StreamData` (the streams,
-their hooks and loaders) with ``LightningDataModule``, which LightningCLI and the Trainer take."""
+their hooks and loaders) with ``LightningDataModule``, which LightningCLI and the Trainer take; and the one for text
+corpora, :class:`~datamodules.text_data.TextData` on it (the others, GBW, music, reverse-copy, sit with their data)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import lightning as L
 
 from datamodules.stream_data import StreamData
+from datamodules.text_data import TextData
 
 
 class StreamDataModule(StreamData, L.LightningDataModule):
@@ -22,3 +24,8 @@ class StreamDataModule(StreamData, L.LightningDataModule):
     def _save_settings(self, frame: Any) -> None:
         # The settings go into every checkpoint (``datamodule_hyper_parameters``), which exports read back.
         self.save_hyperparameters(frame=frame)
+
+
+class TextDataModule(TextData, StreamDataModule):
+    """:class:`~datamodules.text_data.TextData` as a LightningDataModule: what configs name (``class_path:
+    datamodules.TextDataModule``) and LightningCLI builds; its arguments are :class:`TextData`'s."""

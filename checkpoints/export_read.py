@@ -224,7 +224,7 @@ def build_model(settings: dict[str, Any], tokenizer: Tokenizer, where: str) -> R
 
     Args:
         settings: :class:`zoo.RecurrentLM` constructor arguments (a ``.ckpt``'s reader leaves out the
-            ``LanguageModel``'s own, :mod:`checkpoints.ckpt`).
+            ``LanguageModel``'s own, :mod:`checkpoints.ckpt_read`).
         tokenizer: the tokenizer the model is used with.
         where: names the source in error messages.
 

@@ -2,7 +2,7 @@
 
 A ``.ckpt`` on disk is read with ``torch.load(weights_only=True)``: tensors and plain data only, never arbitrary
 pickled objects. Files that come from the Hub or an export directory are never read this way (see
-:mod:`checkpoints.format`).
+:mod:`checkpoints.export_read`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import yaml
 from torch import Tensor
 
-from checkpoints.format import LoadedModel, build_model, build_music_model, load_weights, public_settings
+from checkpoints.export_read import LoadedModel, build_model, build_music_model, load_weights, public_settings
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.language_model import MODEL_PREFIX, TRAINING_OPTIONS
 from lightning_modules.music import TRAINING_OPTIONS as MUSIC_TRAINING_OPTIONS

@@ -1,5 +1,5 @@
-"""Writing the export format (:mod:`checkpoints.format` describes it and reads it back): ``lm-zoo export``, with the
-results measured for the model card."""
+"""Writing the export format (:mod:`checkpoints.export_read` describes it and reads it back): ``lm-zoo export``,
+with the results measured for the model card."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from checkpoints import load
-from checkpoints.format import (
+from checkpoints.export_read import (
     ASSET_NAMES,
     CARD_NAME,
     CONFIG_NAME,
