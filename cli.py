@@ -18,7 +18,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 
-from commands import COMMANDS, LIGHTNING_COMMANDS
+from commands import COMMANDS
 from commands.common import SOURCE_HELP, user_error
 from zoo.allocator import keep_freed_memory
 from zoo.errors import ConfigError, Interrupted
@@ -26,32 +26,14 @@ from zoo.errors import ConfigError, Interrupted
 
 def _usage() -> str:
     lines = ["usage: lm-zoo COMMAND [options]   (lm-zoo COMMAND --help for its options; --debug shows tracebacks)", ""]
-    lines += [f"  {name:<10} {text}" for name, text in {**LIGHTNING_COMMANDS, **COMMANDS}.items()]
+    lines += [f"  {name:<10} {command.summary}" for name, command in COMMANDS.items()]
     lines += ["", f"A SOURCE is {SOURCE_HELP} (lm-zoo models --pretrained)."]
     return "\n".join(lines)
 
 
-# name -> (module, function): imported when the command runs.
-HANDLERS: dict[str, tuple[str, str]] = {
-    "evaluate": ("commands.evaluate", "cmd_evaluate"),
-    "generate": ("commands.generate", "cmd_generate"),
-    "models": ("commands.models", "cmd_models"),
-    "recipes": ("commands.recipes", "cmd_recipes"),
-    "export": ("commands.sharing", "cmd_export"),
-    "publish": ("commands.sharing", "cmd_publish"),
-    "download": ("commands.sharing", "cmd_download"),
-    "parse": ("commands.parse", "cmd_parse"),
-    "syneval": ("commands.syneval", "cmd_syneval"),
-    "score": ("commands.score", "cmd_score"),
-    "tune": ("commands.tune", "cmd_tune"),
-    "search": ("commands.search", "cmd_search"),
-    "bundle": ("commands.bundle", "cmd_bundle"),
-}
-
-
-def handler(command: str) -> Callable[[Sequence[str]], None]:
-    """The function that runs ``command`` (one of :data:`HANDLERS`)."""
-    module, function = HANDLERS[command]
+def handler(command: str) -> Callable[..., None]:
+    """The function that runs ``command`` (one of :data:`commands.COMMANDS`), imported now."""
+    module, _, function = COMMANDS[command].runs.partition(":")
     return getattr(importlib.import_module(module), function)
 
 
@@ -77,24 +59,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_command = argv is None  # lm-zoo's own command line, which Lightning's DDP launcher re-runs per rank
     from_sys_argv = own_command and "--debug" not in sys.argv
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    if not argv or argv[0] in ("-h", "--help"):
+    plain = [a for a in argv if a != "--debug"]
+    if not plain or plain[0] in ("-h", "--help"):
         print(_usage())
         return 0
-    command, rest = argv[0], argv[1:]
-    keep_freed_memory()  # before the first step's allocations: see zoo.allocator
-    try:
-        if command in LIGHTNING_COMMANDS:
-            from commands.lightning import run_lightning
+    command = plain[0]
 
+    def run(args: list[str]) -> None:
+        if command not in COMMANDS:
+            raise ConfigError(f"unknown command {command!r}: use one of {', '.join(COMMANDS)}")
+        if COMMANDS[command].lightning:
             # Given an argv, the fit runs inside this process's other work (a test, a script) and keeps to one device;
             # --debug only removes itself from the process's own command line.
-            run_lightning(None if from_sys_argv else argv, own_command=own_command)
-        elif command in HANDLERS:
-            handler(command)(rest)
+            handler(command)(None if from_sys_argv else args, own_command=own_command)
         else:
-            raise ConfigError(f"unknown command {command!r}: use one of {', '.join([*LIGHTNING_COMMANDS, *HANDLERS])}")
+            handler(command)(args[1:])
+
+    return run_command(run, argv)
+
+
+def run_command(run: Callable[[list[str]], None], argv: Sequence[str]) -> int:
+    """``run(argv)`` with lm-zoo's exits: a user's error as one line and status 2 (``--debug``: the traceback), an
+    interruption as one line with how to resume, a closed pipe quietly; returns the exit status. ``lm-zoo`` and the
+    maintainers' ``python -m release`` both run through it."""
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    keep_freed_memory()  # before the first step's allocations: see zoo.allocator
+    try:
+        run(argv)
         sys.stdout.flush()  # here, where a closed pipe is caught below, rather than at interpreter exit
     except BrokenPipeError:
         # The reader went away (`lm-zoo models | head -3`): stop quietly, as Unix tools do. Python would otherwise

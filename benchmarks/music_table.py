@@ -93,7 +93,7 @@ def cell_config(base: dict[str, Any], row: str, name: str, hidden: int, args: ar
     """The full ``lm-zoo fit`` config of one cell: the base recipe with this row's data and this architecture."""
     import copy
 
-    from commands.tune import set_key
+    from lightning_modules.tuning import set_key
 
     dataset, dropout = ROWS[row]
     architecture, options = ARCHITECTURES[name]

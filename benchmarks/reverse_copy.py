@@ -61,7 +61,8 @@ def parameters(model: dict[str, Any], num_symbols: int, hidden_size: int) -> int
 
 def cell_config(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]:
     """The full ``lm-zoo fit`` config of one cell: the architecture's recipe at this length, sized to the budget."""
-    from commands.tune import full_config, set_key
+    from commands.tune import full_config
+    from lightning_modules.tuning import set_key
 
     config = full_config(CONFIGS[name])
     model = config["model"]["init_args"]

@@ -52,7 +52,7 @@ def tune_cell(
 def trial_counts(study: Any) -> dict[str, int]:
     """What a results file records of a cell's search: the trials that count towards ``lm-zoo tune --trials``
     (``trials_run``) and how each ended, read from the study rather than from the command line."""
-    from commands.tune import counted_trials
+    from lightning_modules.tuning import counted_trials
 
     states = [t.state.name for t in counted_trials(study)]
     return {

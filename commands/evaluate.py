@@ -30,7 +30,7 @@ from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
     """``lm-zoo evaluate SOURCE``: score a split with the full softmax (deterministic, MC dropout or dynamic)."""
-    parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
+    parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--split", choices=("train", "valid", "test"), default="test")

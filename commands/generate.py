@@ -30,7 +30,7 @@ from zoo.errors import ConfigError
 
 def cmd_generate(argv: Sequence[str]) -> None:
     """``lm-zoo generate SOURCE``: sample text, one sample per line."""
-    parser = CommandParser(prog="lm-zoo generate", description=COMMANDS["generate"])
+    parser = CommandParser(prog="lm-zoo generate", description=COMMANDS["generate"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line / sentence)")

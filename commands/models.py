@@ -13,7 +13,7 @@ from commands.common import CommandParser
 
 def cmd_models(argv: Sequence[str]) -> None:
     """``lm-zoo models``: the architectures in the zoo, or (``--pretrained``) the registry of published models."""
-    parser = CommandParser(prog="lm-zoo models", description=COMMANDS["models"])
+    parser = CommandParser(prog="lm-zoo models", description=COMMANDS["models"].summary)
     parser.add_argument("--pretrained", action="store_true", help="the published models ($LM_ZOO_REGISTRY overrides)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

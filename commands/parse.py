@@ -16,7 +16,7 @@ from zoo.errors import ConfigError
 
 def cmd_parse(argv: Sequence[str]) -> None:
     """``lm-zoo parse SOURCE``: trees from an ON-LSTM's master forget gate (Shen et al. 2019 §5.2)."""
-    parser = CommandParser(prog="lm-zoo parse", description=COMMANDS["parse"])
+    parser = CommandParser(prog="lm-zoo parse", description=COMMANDS["parse"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument(

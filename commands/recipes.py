@@ -102,7 +102,7 @@ def summary(path: Path, width: int = 110) -> str:
 
 def cmd_recipes(argv: Sequence[str]) -> None:
     """``lm-zoo recipes``: the shipped recipes, their names for ``--config`` and what each is."""
-    parser = CommandParser(prog="lm-zoo recipes", description=COMMANDS["recipes"])
+    parser = CommandParser(prog="lm-zoo recipes", description=COMMANDS["recipes"].summary)
     parser.add_argument("dataset", nargs="?", help="only this dataset's recipes (ptb, ptb-char, wikitext-2, ...)")
     parser.add_argument("--json", action="store_true", help="print one JSON list of {name, path, summary}")
     args = parser.parse_args(argv)

@@ -105,7 +105,7 @@ def parse_nbest(lines: Iterable[str], file: str) -> Iterator[NbestLine]:
 
 def cmd_score(argv: Sequence[str]) -> None:
     """``lm-zoo score SOURCE FILE``: log p of each line of FILE (a sentence), from the start-of-sentence state."""
-    parser = CommandParser(prog="lm-zoo score", description=COMMANDS["score"])
+    parser = CommandParser(prog="lm-zoo score", description=COMMANDS["score"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("file", nargs="?", default="-", help="one sentence per line (default -: standard input)")
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")

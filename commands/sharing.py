@@ -17,7 +17,7 @@ from zoo.errors import ConfigError
 
 def cmd_export(argv: Sequence[str]) -> None:
     """``lm-zoo export SOURCE --out DIR``: the shareable format, with the results measured for its model card."""
-    parser = CommandParser(prog="lm-zoo export", description=COMMANDS["export"])
+    parser = CommandParser(prog="lm-zoo export", description=COMMANDS["export"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
     splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
@@ -85,7 +85,7 @@ def _read_result(path: str) -> dict:
 
 def cmd_publish(argv: Sequence[str]) -> None:
     """``lm-zoo publish DIR --repo-id owner/name``: create the repo if needed, upload, print the URL."""
-    parser = CommandParser(prog="lm-zoo publish", description=COMMANDS["publish"])
+    parser = CommandParser(prog="lm-zoo publish", description=COMMANDS["publish"].summary)
     parser.add_argument("directory", help="a directory written by lm-zoo export")
     parser.add_argument("--repo-id", required=True, help="owner/name on the Hub (HF_TOKEN: a token with write access)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
@@ -111,7 +111,7 @@ def cmd_publish(argv: Sequence[str]) -> None:
 
 def cmd_download(argv: Sequence[str]) -> None:
     """``lm-zoo download ID``: a repo id or registered short name into the Hugging Face cache; prints the path."""
-    parser = CommandParser(prog="lm-zoo download", description=COMMANDS["download"])
+    parser = CommandParser(prog="lm-zoo download", description=COMMANDS["download"].summary)
     parser.add_argument("model", help="owner/name, or a short name from lm-zoo models --pretrained")
     parser.add_argument("--revision", help="branch, tag or commit (default main, or the registry's pinned revision)")
     parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")

@@ -16,7 +16,7 @@ from zoo.errors import ConfigError
 
 def cmd_syneval(argv: Sequence[str]) -> None:
     """``lm-zoo syneval SOURCE``: Marvin & Linzen's minimal pairs, accuracy per condition (Shen et al. 2019 §5.3)."""
-    parser = CommandParser(prog="lm-zoo syneval", description=COMMANDS["syneval"])
+    parser = CommandParser(prog="lm-zoo syneval", description=COMMANDS["syneval"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument(

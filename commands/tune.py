@@ -1,34 +1,26 @@
-"""``lm-zoo tune``: hyperparameter search with Optuna over a space of dotted LightningCLI keys.
+"""``lm-zoo tune``: hyperparameter search with Optuna (:mod:`lightning_modules.tuning`, the driver) over a space
+of dotted LightningCLI keys.
 
-Melis et al. 2020 (Appendix A) tune with Google Vizier's batched Gaussian-process bandits over the ranges of their
-Table 4 (``configs/tune/melis-table4.yaml``); Optuna is the open equivalent: a sampler (TPE), a pruner that stops
-trials whose validation loss lags the median of earlier trials at the same step, and a storage (in memory, or any
-SQLAlchemy URL, or ``grpc://HOST:PORT`` for an ``lm-zoo search serve``) through which several processes -- on one
-machine (``--jobs``) or many (the same ``--storage`` and ``--study-name`` on each) -- share one study.
-
-Each trial is ``lm-zoo fit`` run in this process, on one device (:func:`commands.lightning.in_process_devices`: a
-multi-device launcher would re-run the tune command itself), on a copy of the full config (what ``--print_config``
-prints, so every key has a value) with the sampled values set, under ``<workdir>/trial_<n>/``. In-process because a
-fresh interpreter per trial pays the torch / Lightning import again (seconds, which is most of a small trial); parallel
-trials are separate processes instead of Optuna's ``n_jobs`` threads, which would share torch's global RNG (and
-``seed_everything``) and the GIL; on a machine with several GPUs each process trains on its own
-(:func:`worker_environment`). The trial's value is the best validation ``--metric`` of its checks (lamb reports
-its ``best_xe`` to the tuner the same way).
+Each trial is ``lm-zoo fit`` run in this process, on one device (a multi-device launcher would re-run the tune
+command itself: :func:`lightning_modules.training.in_process_devices`), on a copy of the full config (what
+``--print_config`` prints, so every key has a value) with the sampled values set, under ``<workdir>/trial_<n>/``.
+In-process because a fresh interpreter per trial pays the torch / Lightning import again (seconds, which is most of a
+small trial); parallel trials (``--jobs``) are separate processes instead of Optuna's ``n_jobs`` threads, which would
+share torch's global RNG (and ``seed_everything``) and the GIL; on a machine with several GPUs each process trains on
+its own (:func:`lightning_modules.tuning.worker_environment`). Several machines share a study through the same
+``--storage`` and ``--study-name``.
 
 ``--trials N`` is the study's total: the trials it holds that tried their setting to an outcome (complete, pruned or
-diverged; see :func:`counted_trials`), so the same command run again on the same storage runs only the trials still
-missing -- none once the study has N -- and a larger N runs the difference. The best trial's config is written as a
-complete YAML for ``lm-zoo fit --config``.
+diverged; see :func:`lightning_modules.tuning.counted_trials`), so the same command run again on the same storage runs
+only the trials still missing -- none once the study has N -- and a larger N runs the difference. The best trial's
+config is written as a complete YAML for ``lm-zoo fit --config``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import difflib
 import io
-import math
 import os
 import subprocess
 import sys
@@ -36,87 +28,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import optuna  # the tune extra (pip install "lm-zoo[tune]")
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
 from commands.common import CommandParser, user_error
-from commands.lightning import in_process_devices, run_lightning
+from commands.fit import run_lightning
 from commands.recipes import config_file
-from lightning_modules.storages import open_storage
+from lightning_modules.training import in_process_devices
+from lightning_modules.tuning import (
+    Objective,
+    StopAtTotal,
+    check_key,
+    config_values,
+    counted_trials,
+    create_study,
+    load_space,
+    reseed_resumed,
+    short,
+    worker_environment,
+)
 from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
-
-SPACE_TYPES = ("float", "loguniform", "int", "categorical")
-SPACE_FIELDS = {"type", "low", "high", "choices", "step"}
-
-
-# ------------------------------------------------------------------------------------------------- the space
-def load_space(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read and check a space file: ``dotted.key: {type: float|loguniform|int|categorical, low, high | choices}``.
-
-    Raises:
-        ConfigError: one line naming the file or entry and what is wrong with it.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--space {path}: no such file (a YAML mapping of dotted config keys to ranges)")
-    try:
-        space = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--space {path}: not valid YAML ({' '.join(str(err).split())})") from None
-    if not isinstance(space, dict) or not space:
-        raise ConfigError(
-            f"--space {path}: expected a mapping of dotted config keys to ranges, e.g. "
-            "'optimizer.init_args.lr: {type: loguniform, low: 0.001, high: 0.004}'"
-        )
-    for key, entry in space.items():
-        check_entry(str(key), entry, path)
-    return {str(key): entry for key, entry in space.items()}
-
-
-def check_entry(key: str, entry: Any, path: Path) -> None:
-    """One space entry's type and range (see :func:`load_space`)."""
-    where = f"--space {path}: {key}"
-    if not isinstance(entry, dict) or "type" not in entry:
-        raise ConfigError(f"{where}: expected {{type: {'|'.join(SPACE_TYPES)}, ...}}, got {entry!r}")
-    kind = entry["type"]
-    if kind not in SPACE_TYPES:
-        raise ConfigError(f"{where}: unknown type {kind!r} (use {', '.join(SPACE_TYPES)})")
-    unknown = set(entry) - SPACE_FIELDS
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: type, low, high, choices, step)"
-        )
-    if kind == "categorical":
-        choices = entry.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise ConfigError(f"{where}: a categorical entry needs a non-empty list 'choices'")
-        if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
-            raise ConfigError(f"{where}: choices must be numbers, strings, booleans or null, got {choices!r}")
-        return
-    low, high = entry.get("low"), entry.get("high")
-    numbers = (int,) if kind == "int" else (int, float)
-    if not all(isinstance(v, numbers) and not isinstance(v, bool) for v in (low, high)):
-        what = "integers" if kind == "int" else "numbers"
-        raise ConfigError(f"{where}: low and high must be {what}, got low={low!r}, high={high!r}")
-    if not low < high:
-        raise ConfigError(f"{where}: low must be below high, got low={low}, high={high}")
-    if kind == "loguniform" and low <= 0:
-        raise ConfigError(f"{where}: a loguniform range needs low > 0, got {low}")
-
-
-def suggest(trial: Any, key: str, entry: dict[str, Any]) -> Any:
-    """Ask the Optuna trial for a value of ``key`` from its range."""
-    kind = entry["type"]
-    if kind == "categorical":
-        return trial.suggest_categorical(key, entry["choices"])
-    if kind == "int":
-        return trial.suggest_int(key, entry["low"], entry["high"], step=entry.get("step", 1))
-    if kind == "loguniform":
-        return trial.suggest_float(key, float(entry["low"]), float(entry["high"]), log=True)
-    return trial.suggest_float(key, float(entry["low"]), float(entry["high"]), step=entry.get("step"))
 
 
 # ------------------------------------------------------------------------------------------ configs by key
@@ -134,186 +67,18 @@ def full_config(config: str | Path) -> dict[str, Any]:
     return yaml.safe_load(out.getvalue())
 
 
-def check_key(config: dict[str, Any], key: str) -> None:
-    """``key`` names a setting of ``config``: every part but the last exists, and the last exists too unless its
-    parent is a free-form mapping (such as ``model.init_args.cell_options``), which the model checks itself."""
-    parts = key.split(".")
-    node: Any = config
-    for depth, part in enumerate(parts):
-        path = ".".join(parts[:depth]) or "the top level"
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-            continue
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-            continue
-        last = depth == len(parts) - 1
-        free_form = node is None or (isinstance(node, dict) and "class_path" not in node)
-        if last and depth >= 2 and parts[depth - 1] not in ("init_args", "trainer") and free_form:
-            return
-        names = list(node) if isinstance(node, dict) else []
-        near = difflib.get_close_matches(part, names, n=1)
-        hint = f" (did you mean {'.'.join([*parts[:depth], near[0]])}?)" if near else ""
-        raise ConfigError(f"--space key {key}: the config has no {part!r} under {path}{hint}")
-
-
-def set_key(config: dict[str, Any], key: str, value: Any) -> None:
-    """Set a dotted key in a nested config, creating a free-form mapping on the way (``check_key`` ran first)."""
-    parts = key.split(".")
-    node: Any = config
-    for part in parts[:-1]:
-        if isinstance(node, list):
-            node = node[int(part)]
-            continue
-        if node.get(part) is None:
-            node[part] = {}
-        node = node[part]
-    if isinstance(node, list):
-        node[int(parts[-1])] = value
-    else:
-        node[parts[-1]] = value
-
-
-def config_values(config: dict[str, Any], space: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
-    """The config's own value of every key of the space (``--first-trial-from-config``), each inside its range."""
-    values = {}
-    for key, entry in space.items():
-        node: Any = config
-        for part in key.split("."):
-            node = node[int(part)] if isinstance(node, list) else (node or {}).get(part)
-        inside = (
-            node in entry["choices"]
-            if entry["type"] == "categorical"
-            else isinstance(node, (int, float)) and entry["low"] <= node <= entry["high"]
-        )
-        if not inside:
-            raise ConfigError(
-                f"--first-trial-from-config: {where} sets {key} to {node!r}, outside the space's range; "
-                "change the config or the space"
-            )
-        values[key] = node
-    return values
-
-
-# ------------------------------------------------------------------------------------------------ the trials
-class ReportToOptuna(Callback):
-    """Reports the monitored loss to the Optuna trial after every validation check and stops a pruned trial.
-
-    optuna-integration's ``PyTorchLightningPruningCallback`` does the same but is a separate package pinned to
-    Lightning's versions, and raises ``TrialPruned`` inside Lightning's loop; stopping with ``should_stop`` lets the
-    run end normally (loggers and checkpoints closed), and the objective raises ``TrialPruned`` after ``fit``.
-    """
-
-    def __init__(self, trial: Any, metric: str) -> None:
-        self.trial, self.metric = trial, metric
-        self.values: list[float] = []
-        self.pruned_at: int | None = None
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
-        value = trainer.callback_metrics.get(self.metric)
-        if value is None:
-            logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
-            raise ConfigError(f"--metric {self.metric}: validation logged {logged}")
-        self.values.append(float(value))
-        self.trial.report(float(value), trainer.global_step)
-        if self.trial.should_prune():
-            self.pruned_at = trainer.global_step
-            trainer.should_stop = True
-
-
 def run_fit(config: Path, callbacks: list[Callback]) -> None:
-    """``lm-zoo fit --config config`` in this process, with extra callbacks that the config cannot name."""
-    run_lightning(["fit", "--config", str(config)], callbacks)
-
-
-class Objective:
-    """One trial: the base config with the sampled values, fitted under ``workdir/trial_<n>``."""
-
-    def __init__(
-        self,
-        base: dict[str, Any],
-        space: dict[str, dict[str, Any]],
-        workdir: Path,
-        metric: str,
-        maximize: bool,
-        progress: bool = False,
-    ) -> None:
-        self.base, self.space, self.workdir, self.metric, self.maximize = base, space, workdir, metric, maximize
-        self.progress = progress  # each trial's fit shows its progress (the bar, or lines in a log)
-        self.error: LMZooError | None = None  # a trial's settings that cannot work: the study stops, main says why
-
-    def trial_config(self, params: dict[str, Any], root: Path | None) -> dict[str, Any]:
-        """The base config with ``params`` set; with ``root``, a trial's quiet run writing under ``root``."""
-        config = copy.deepcopy(self.base)
-        for key, value in params.items():
-            set_key(config, key, value)
-        if root is not None:
-            trainer = config.setdefault("trainer", {})
-            trainer.update(
-                {"default_root_dir": str(root), "enable_progress_bar": self.progress, "enable_model_summary": False}
-            )
-            if isinstance(config.get("checkpoint"), dict):
-                config["checkpoint"]["dirpath"] = str(root / "checkpoints")
-        return config
-
-    def __call__(self, trial: Any) -> float:
-        params = {key: suggest(trial, key, entry) for key, entry in self.space.items()}
-        root = self.workdir / f"trial_{trial.number}"
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / "config.yaml"
-        path.write_text(yaml.safe_dump(self.trial_config(params, root), sort_keys=False))
-        trial.set_user_attr("config", str(path))
-        trial.set_user_attr("pid", os.getpid())
-        report = ReportToOptuna(trial, self.metric)
-        try:
-            run_fit(path, [report])
-        except TrainingDivergedError as err:  # the study goes on: optimize(catch=...) records the trial as failed
-            trial.set_user_attr("diverged", str(err))
+    """``lm-zoo fit --config config`` in this process, with extra callbacks that the config cannot name; a user's error
+    (one jsonargparse wraps, too) is raised as lm-zoo's own, which the trial reports in one line."""
+    try:
+        run_lightning(["fit", "--config", str(config)], callbacks)
+    except LMZooError:
+        raise
+    except Exception as err:
+        ours = user_error(err)
+        if ours is None:
             raise
-        except Exception as err:  # e.g. a value the model refuses (wrapped in jsonargparse's error): name the trial
-            ours = user_error(err)
-            if ours is None:
-                raise
-            values = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
-            # Raised, it would be logged by Optuna with two tracebacks before lm-zoo's line; kept, the trial fails
-            # with one log line (its value is NaN), the study stops, and `optimize` below raises it.
-            self.error = ConfigError(f"trial {trial.number} ({values}): {ours}; fix the space or the config")
-            trial.set_user_attr("error", str(self.error))
-            trial.study.stop()
-            return math.nan
-        if report.pruned_at is not None:
-            raise optuna.TrialPruned(f"{self.metric} {report.values[-1]:.4f} at step {report.pruned_at}")
-        if not report.values:
-            raise ConfigError(f"the config ran no validation, so there is no {self.metric} to tune on")
-        return max(report.values) if self.maximize else min(report.values)  # the best check, as lamb reports
-
-
-# ------------------------------------------------------------------------------------------ the study's total
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-
-
-def counted_trials(study: Any) -> list[Any]:
-    """The trials that count towards ``--trials``: those that tried their setting to an outcome -- complete, pruned,
-    or failed because the training diverged (a setting tried, as Optuna's ``n_trials`` counts it). A trial that
-    failed otherwise (a crash, or settings the config could not take: see :class:`Objective`) or was left RUNNING by a
-    killed process says nothing about its setting, so a rerun runs another in its place."""
-    finished = study.get_trials(deepcopy=False, states=FINISHED)
-    return [t for t in finished if t.state != optuna.trial.TrialState.FAIL or "diverged" in t.user_attrs]
-
-
-class StopAtTotal:
-    """Stops a process's ``optimize`` once the study holds ``total`` counted trials: Optuna's ``MaxTrialsCallback``
-    with :func:`counted_trials` for its count (its filter is by state only). The shares of :func:`cmd_tune` already sum
-    to the missing trials; this matters when other machines run trials of the same study at the same time."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-
-    def __call__(self, study: Any, trial: Any) -> None:
-        if len(counted_trials(study)) >= self.total:
-            study.stop()
+        raise ours from err
 
 
 # --------------------------------------------------------------------------------------------------- command
@@ -394,29 +159,22 @@ def cmd_tune(argv: Sequence[str]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     storage = args.storage or (f"sqlite:///{(workdir / 'study.db').resolve()}" if args.jobs > 1 else None)
     # The main process's trials show their progress; --jobs helpers, which share its terminal, stay quiet.
-    objective = Objective(base, space, workdir, args.metric, args.direction == "maximize", progress=not args.worker)
+    objective = Objective(
+        base, space, workdir, args.metric, args.direction == "maximize", run_fit, progress=not args.worker
+    )
     if not args.worker:
         # Parse one trial's config before any training, so that a key or value LightningCLI rejects fails now.
         check_trial_config(objective, space, workdir)
-    pruner = (
-        optuna.pruners.MedianPruner(args.pruner_startup_trials, args.pruner_warmup_steps)
-        if args.pruner == "median"
-        else optuna.pruners.NopPruner()
+    study = create_study(
+        storage,
+        study_name,
+        args.direction,
+        args.seed,
+        args.pruner,
+        args.pruner_startup_trials,
+        args.pruner_warmup_steps,
     )
-    study = optuna.create_study(
-        storage=open_storage(storage) if storage else None,  # grpc:// and journal .log files too
-        study_name=study_name,
-        direction=args.direction,
-        sampler=optuna.samplers.TPESampler(seed=args.seed),
-        pruner=pruner,
-        load_if_exists=True,
-    )
-    seed = args.seed
-    if seed is not None and not args.worker and study.trials:
-        # A rerun that adds trials to a study: a sampler seeded as in the first run would draw that run's settings
-        # again. Offset by the trials the study holds (a number the storage fixes, so the rerun is reproducible too).
-        seed += len(study.trials)
-        study.sampler = optuna.samplers.TPESampler(seed=seed)
+    seed = args.seed if args.worker else reseed_resumed(study, args.seed)
     if args.first_trial_from_config and not args.worker and not study.trials:
         study.enqueue_trial(config_values(base, space, args.config))
     enough = StopAtTotal(args.trials)
@@ -474,7 +232,7 @@ def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], w
         except SystemExit as stop:  # --print_config's normal end
             if stop.code not in (0, None):
                 raise
-        except ConfigError as err:  # the parser's one line (commands.lightning.LMZooArgumentParser)
+        except ConfigError as err:  # the parser's one line (commands.fit.LMZooArgumentParser)
             raise ConfigError(f"--space {', '.join(space)}: LightningCLI rejects the values ({err})") from None
     path.unlink()
 
@@ -517,26 +275,6 @@ def worker_command(
     return [sys.executable, "-m", "cli", "tune", *kept, *tail]
 
 
-def worker_environment(index: int, gpus: int, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of ``--jobs`` helper ``index`` (1, 2, ...; this process is 0): on a machine with several GPUs,
-    ``CUDA_VISIBLE_DEVICES`` shows it one of them, in turn.
-
-    A trial trains on one device, which Lightning takes to be the first visible GPU: without this every process would
-    train on that one while the others idle. An index past the GPUs wraps around (processes share a GPU then).
-
-    Args:
-        index: the helper's number; 0 is the main process, which keeps the first visible GPU.
-        gpus: the GPUs torch sees (``torch.cuda.device_count()``).
-        environ: the environment to start from (default: this process's).
-    """
-    env = dict(os.environ if environ is None else environ)
-    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    visible = visible or [str(n) for n in range(gpus)]
-    if gpus > 1 and len(visible) > 1:
-        env["CUDA_VISIBLE_DEVICES"] = visible[index % min(gpus, len(visible))]
-    return env
-
-
 def print_summary(study: Any, done_before: set[int], metric: str) -> None:
     """One line per trial this run finished: number, state, value, its last reported step, its values."""
     for trial in study.trials:
@@ -544,12 +282,8 @@ def print_summary(study: Any, done_before: set[int], metric: str) -> None:
             continue
         value = "-" if trial.value is None else f"{trial.value:.4f}"
         step = max(trial.intermediate_values, default=None)
-        params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        params = ", ".join(f"{k}={short(v)}" for k, v in trial.params.items())
         print(f"trial {trial.number:>3} {trial.state.name.lower():<8} {metric} {value:>8}  last step {step}  {params}")
-
-
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else str(value)
 
 
 def write_best(out: Path, objective: Objective, best: Any, args: argparse.Namespace, study_name: str) -> None:
@@ -558,7 +292,7 @@ def write_best(out: Path, objective: Objective, best: Any, args: argparse.Namesp
     header = [
         f"# lm-zoo tune --config {args.config} --space {args.space}: the best of study {study_name!r}",
         f"# trial {best.number}: best {args.metric} {best.value:.6g} over its validation checks",
-        *(f"#   {key}: {_short(value)}" for key, value in best.params.items()),
+        *(f"#   {key}: {short(value)}" for key, value in best.params.items()),
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False))

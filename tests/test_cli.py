@@ -16,7 +16,7 @@ import torch
 
 import cli
 from commands.common import device_argument
-from commands.lightning import continue_logging_in
+from lightning_modules.training import continue_logging_in
 from tests.conftest import one_line_error, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def trained(workdir: Path) -> Path:
 def test_top_level_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in [*cli.LIGHTNING_COMMANDS, *cli.HANDLERS]:
+    for command in cli.COMMANDS:
         assert f"  {command} " in out
 
 

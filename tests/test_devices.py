@@ -26,7 +26,8 @@ import yaml
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 import cli
-from commands.lightning import describe_devices, in_process_devices, requested_devices, run_lightning
+from commands.fit import run_lightning
+from lightning_modules.training import describe_devices, in_process_devices, requested_devices
 from tests.conftest import one_line_error, write_word_corpus
 from zoo.errors import ConfigError
 from zoo.settings import matmul_precision_in_force, set_matmul_precision

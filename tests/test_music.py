@@ -315,7 +315,7 @@ def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in
     # epoch shorter than the first skipped its validation and a longer one validated before its end.
     import lightning as L
 
-    from commands.lightning import run_lightning
+    from commands.fit import run_lightning
 
     monkeypatch.setenv("LM_ZOO_DATA", str(DATA_ROOT))
     data = MusicDataModule("jsb-chorales", batch_size=8, bptt=16, data_root=str(DATA_ROOT))
@@ -355,8 +355,9 @@ def test_the_table_2_script_builds_configs_lightning_accepts_with_the_recipe_ins
 
     import yaml
 
-    from commands.lightning import run_lightning
-    from commands.tune import check_key, config_values, full_config
+    from commands.fit import run_lightning
+    from commands.tune import full_config
+    from lightning_modules.tuning import check_key, config_values
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("music_table", root / "benchmarks" / "music_table.py")

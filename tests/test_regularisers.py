@@ -217,7 +217,7 @@ def test_embedding_init_range_leaves_the_recurrent_weights_at_pytorch_defaults()
 
 
 def test_weight_decay_comes_from_the_yaml_optimizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from commands.lightning import LMZooCLI
+    from commands.fit import LMZooCLI
     from datamodules import TextDataModule
 
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))

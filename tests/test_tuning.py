@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import cli
-from commands.tune import load_space
+from lightning_modules.tuning import load_space
 from tests.conftest import one_line_error, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +219,8 @@ def test_shipped_table_4_space_fits_the_mogrifier_config() -> None:
     text = (ROOT / "configs" / "tune" / "melis-table4.yaml").read_text()
     assert re.search(r"Table 4", text)
     # Every key names a setting of the paper's PTB config.
-    from commands.tune import check_key, full_config
+    from commands.tune import full_config
+    from lightning_modules.tuning import check_key
 
     base = full_config(ROOT / "configs" / "ptb" / "mogrifier.yaml")
     for key in space:
@@ -249,9 +250,11 @@ def test_helper_processes_get_their_share_of_the_cores() -> None:
 
 
 def test_trials_of_the_main_process_show_progress_helpers_do_not(tmp_path: Path) -> None:
-    from commands.tune import Objective
+    from commands.tune import run_fit
+    from lightning_modules.tuning import Objective
 
     base = {"trainer": {"max_epochs": 1}}
     for progress in (True, False):
-        config = Objective(base, {}, tmp_path, "val_loss", False, progress=progress).trial_config({}, tmp_path / "t")
+        objective = Objective(base, {}, tmp_path, "val_loss", False, run_fit, progress=progress)
+        config = objective.trial_config({}, tmp_path / "t")
         assert config["trainer"]["enable_progress_bar"] is progress
