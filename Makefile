@@ -29,7 +29,7 @@ verify-pretrained: setup
 	$(BIN)/python -m pytest -q -m verify_pretrained
 
 docs: setup
-	$(BIN)/lm-zoo bundle table
+	$(BIN)/python -m release table
 	$(BIN)/python benchmarks/render.py
 
 demo: setup
@@ -37,7 +37,7 @@ demo: setup
 	$(BIN)/lm-zoo fit --config configs/synthetic/xml-lstm.yaml
 	$(BIN)/lm-zoo evaluate $(DEMO)/checkpoints/best.ckpt --split test
 	$(BIN)/lm-zoo generate $(DEMO)/checkpoints/best.ckpt --num-samples 5 --temperature 0.7 --seed 1
-	@$(BIN)/python -c "import checkpoints; from checkpoints.bundle import xml_nesting; \
+	@$(BIN)/python -c "import checkpoints; from release.bundle import xml_nesting; \
 	r = xml_nesting(checkpoints.load('$(DEMO)/checkpoints/best.ckpt')); \
 	print(f\"closing tags that close the innermost open tag: {r['fraction']:.0%} of {r['closing_tags']} in {r['samples']} sampled documents\")"
 	@echo "and a word model lm-zoo ships (pretrained/ptb-lstm-small, trained on Penn Treebank):"
@@ -45,7 +45,7 @@ demo: setup
 
 # Maintainers: every bundled model (pretrained/) to its registered Hub repo id, tagged with its revision. Needs HF_TOKEN.
 publish-pretrained: setup
-	$(BIN)/lm-zoo bundle publish
+	$(BIN)/python -m release publish
 
 clean:
 	rm -rf $(VENV) runs

@@ -84,7 +84,7 @@ EOF
 }
 
 # The XML task's GPU recipe for its few minutes (issue 32: >= 95% of sampled closing tags nest), the card's nesting
-# measure split by span, and the run packed for `lm-zoo bundle build` at home. XML_CONFIG names another recipe (its
+# measure split by span, and the run packed for `python -m release build` at home. XML_CONFIG names another recipe (its
 # default_root_dir must be runs/synthetic/<its name>).
 if want xml; then
     config=${XML_CONFIG:-configs/synthetic/xml-lstm-gpu.yaml}

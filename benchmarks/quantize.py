@@ -9,7 +9,7 @@ results file (``--out``, or ``benchmarks/results/quantize_int8-<time>.json``)::
     LM_ZOO_DATA=../shared/data python benchmarks/quantize.py --models ptb-lstm-small --sample-tokens 500
 
 ``--register`` also writes each model's ``int8`` test figure into the registry (its ``int8_results``, which ``make
-verify-pretrained`` re-measures), as a rebuilt bundle (``lm-zoo bundle build``) leaves them out.
+verify-pretrained`` re-measures), as a rebuilt bundle (``python -m release build``) leaves them out.
 """
 
 from __future__ import annotations

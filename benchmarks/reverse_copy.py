@@ -145,7 +145,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def plot(results: dict[str, dict[str, Any]], out: Path) -> Path:
     """Figure 4's shape: test cross-entropy against length, one line per architecture."""
-    from checkpoints.curves import render_panels
+    from release.curves import render_panels
 
     series = [
         (

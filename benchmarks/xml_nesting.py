@@ -2,7 +2,7 @@
 tag being closed was opened.
 
 ``synthetic-xml-lstm``'s card gives one fraction (the closing tags of 100 sampled documents that close the innermost
-open tag, :func:`checkpoints.bundle.xml_nesting`). This script samples the same documents (the same seed, count and
+open tag, :func:`release.bundle.xml_nesting`). This script samples the same documents (the same seed, count and
 length) and splits that fraction by the characters between the opening tag's end and the closing tag's start: 0 (the
 tag closed right after it was opened, so the name to copy was the last thing written), under 30, under 100, and
 more (one or more whole elements between, so the name had to be kept while others were opened and closed), and a
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     path = output.output_path(args, NAME)
 
     from checkpoints import LMZooError, load
-    from checkpoints.bundle import SAMPLE_SEED, XML_MAX_TOKENS, XML_SAMPLES
     from datamodules.synthetic import xml_document
+    from release.bundle import SAMPLE_SEED, XML_MAX_TOKENS, XML_SAMPLES
 
     try:
         loaded = load(args.source)

@@ -15,7 +15,7 @@
     tokenizer.model    SentencePiece models: the model proto
     README.md          the model card (checkpoints.model_card), whose model-index holds the results
     learning_curve.png, sample.mid, sample.png   optional: the run's learning curve and, for a music model, a sampled
-                       piece (checkpoints.bundle writes them; the card shows them)
+                       piece (release.bundle writes them; the card shows them)
 
 ``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
 settings are copied from ``RecurrentLM.config`` as they are: options added to it later travel without any change here.
@@ -75,8 +75,8 @@ WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"
 SENTENCEPIECE_NAME = "tokenizer.model"
 CARD_NAME = "README.md"
-CURVE_NAME = "learning_curve.png"  # the run's learning curve, when the export was built from one (checkpoints.bundle)
-SAMPLE_MIDI_NAME = "sample.mid"  # a music model's sampled piece (checkpoints.bundle), to listen to
+CURVE_NAME = "learning_curve.png"  # the run's learning curve, when the export was built from one (release.bundle)
+SAMPLE_MIDI_NAME = "sample.mid"  # a music model's sampled piece (release.bundle), to listen to
 SAMPLE_PNG_NAME = "sample.png"  # the same piece as a piano roll, which the card shows
 # Files an export may ship besides its config, weights, tokenizer and card: copied in by export_model(assets=...).
 ASSET_NAMES = (CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)

@@ -171,7 +171,7 @@ def _run_section(
     results: list[dict[str, Any]] | None = None,
     unit: str = "token",
 ) -> list[str]:
-    """How the model was made (``checkpoints.bundle`` records it): command, provenance, speed, the run's length and
+    """How the model was made (``release.bundle`` records it): command, provenance, speed, the run's length and
     the exported checkpoint's place in it, the curve, notes and samples.
 
     ``unit`` names what a step reads batch size x BPTT of: tokens, or a music model's frames (which the run's
@@ -234,7 +234,7 @@ def _run_section(
 
 
 def _music_sample_section(sample: dict[str, Any] | None) -> list[str]:
-    """A music model's sampled piece (``checkpoints.bundle.music_sample``): the piano roll shown, the MIDI linked."""
+    """A music model's sampled piece (``release.bundle.music_sample``): the piano roll shown, the MIDI linked."""
     if not sample:
         return []
     beats = float(sample.get("frame_beats") or 1.0)
@@ -308,7 +308,7 @@ class _CardContent:
         summary: the paragraph under the title.
         results_table: the Markdown table of the results (header, separator, rows); empty when there is none.
         results_note: the paragraph under the table: how the figures were measured.
-        run: ``training.run`` as ``checkpoints.bundle`` records it, or ``None``.
+        run: ``training.run`` as ``release.bundle`` records it, or ``None``.
         unit: what a step reads batch size x BPTT of (``token`` or ``frame``).
         generate_options: the options of the usage snippet's ``lm-zoo generate`` line.
         python: the usage snippet's lines after ``from checkpoints import from_pretrained``.
@@ -334,7 +334,7 @@ class _CardContent:
 
 
 def _registered_name(config: dict[str, Any], revision: str | None) -> str | None:
-    """The short name of a bundled model (``checkpoints.bundle`` records it), when the card is rendered for its
+    """The short name of a bundled model (``release.bundle`` records it), when the card is rendered for its
     registered Hub revision; ``None`` for any other export."""
     run = config.get("training", {}).get("run") or {}
     return str(run["name"]) if revision and run.get("name") else None
@@ -382,7 +382,7 @@ def _usage(
             f"lm-zoo repository it loads the copy shipped in `pretrained/{name}/`, checked against the registry's "
             "sha256 of every file, with no network; where lm-zoo is installed without that folder, it downloads the "
             f"registry's pinned revision from the Hugging Face Hub and checks it the same way. The registry gives "
-            f"`{repo_id}` at revision `{revision}` as the model's Hub location (where `lm-zoo bundle publish` puts "
+            f"`{repo_id}` at revision `{revision}` as the model's Hub location (where `python -m release publish` puts "
             "it). "
             "A Hub id (a name with a `/`) is always loaded from the Hub, from its `main` branch unless `--revision` "
             "names another, and never from the bundled copy.",
@@ -474,7 +474,7 @@ def render_card(config: dict[str, Any], repo_id: str | None = None, revision: st
     Args:
         config: the export's ``config.json`` contents.
         repo_id: the Hub repo it is published as (the usage examples name it); ``None`` names the directory.
-        revision: the registry's pinned revision of a bundled model (``checkpoints.bundle``): the usage examples
+        revision: the registry's pinned revision of a bundled model (``release.bundle``): the usage examples
             then name its short name, and the Hub repo only as the registry's place for it.
     """
     if is_music_config(config):

@@ -6,7 +6,7 @@
       "format_version": 2,
       "models": {
         "ptb-lstm-small": {
-          "repo_id": "lm-zoo/ptb-lstm-small",        # where `lm-zoo bundle publish` puts it on the Hub
+          "repo_id": "lm-zoo/ptb-lstm-small",        # where `python -m release publish` puts it on the Hub
           "revision": "v1",                          # a tag, so the numbers below stay true
           "dataset": "ptb",
           "architecture": "lstm",
@@ -40,8 +40,8 @@ applies and was measured (``benchmarks/quantize.py``).
 ``checkpoints.from_pretrained(NAME)`` accept a short name. A model
 with ``files`` is served from its bundled export ``pretrained/<name>/`` (``$LM_ZOO_PRETRAINED`` overrides the folder)
 when that exists and every hash matches, and from the Hub otherwise, where the downloaded files must match the same
-hashes. Format-1 registries (no ``files``) still load. ``lm-zoo bundle`` writes the bundle and its entry
-(:mod:`checkpoints.bundle`).
+hashes. Format-1 registries (no ``files``) still load. ``python -m release`` writes the bundle and its entry
+(:mod:`release.bundle`).
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) ->
     """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``.
 
     Per split it keeps the result at eval batch size 1 when there is one (the papers' convention), else the first;
-    and as ``check_results`` the test result at the largest eval batch size measured (``lm-zoo bundle build``
+    and as ``check_results`` the test result at the largest eval batch size measured (``python -m release build``
     measures batch 1 and the run's own), which the test suite re-measures. A music model's keeps its NLL per frame and
     the frames it was measured on.
     """
@@ -317,7 +317,7 @@ def write_entry(entry: RegistryEntry, path: str | Path | None = None) -> None:
 
 def update_files(name: str, files: dict[str, str], size_bytes: int, path: str | Path | None = None) -> None:
     """Record a bundle's changed files in the registry: its entry's ``files`` (sha256 per file) and ``size_bytes``,
-    nothing else, read and written back at once (a re-rendered card: :func:`checkpoints.bundle.render_again`).
+    nothing else, read and written back at once (a re-rendered card: :func:`release.bundle.render_again`).
 
     Raises:
         ConfigError: the registry is malformed or has no entry ``name``.

@@ -1,6 +1,7 @@
-"""Bundled pretrained models end to end on a tiny run: ``lm-zoo bundle build`` (export, measure the stored weights,
+"""Bundled pretrained models end to end on a tiny run: ``python -m release build`` (export, measure the stored weights,
 curve, samples, card, hashes, registry entry), loading a registered name from the bundle, a damaged bundle refused,
-float16 storage, and ``lm-zoo bundle publish`` to the loopback Hub, downloaded into a fresh cache without the bundle."""
+float16 storage, and ``python -m release publish`` to the loopback Hub, downloaded into a fresh cache without the
+bundle."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from safetensors import safe_open
 
 import checkpoints
 import cli
-from checkpoints import bundle, registry
-from checkpoints.curves import (
+from checkpoints import registry
+from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
+from checkpoints.model_card import render_card
+from datamodules.corpora import sha256_file
+from release import bundle
+from release.command import main as release_main
+from release.curves import (
     BPC,
     BPC_TAG,
     MARK_COLOUR,
@@ -32,9 +38,6 @@ from checkpoints.curves import (
     curve_unit,
     render_record,
 )
-from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
-from checkpoints.model_card import render_card
-from datamodules.corpora import sha256_file
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
 from tests.test_export import train_run
@@ -61,8 +64,8 @@ def bundle_env(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
 
 def _build(run: Path, capsys: pytest.CaptureFixture[str], name: str = "tiny", *extra: str) -> dict:
     capsys.readouterr()
-    argv = ["bundle", "build", name, "--ckpt", str(run / "checkpoints" / "best.ckpt"), "--config", "run.yaml"]
-    assert cli.main([*argv, "--logs", str(run / "lightning_logs" / "version_0"), "--commit", "abc123", *extra]) == 0
+    argv = ["build", name, "--ckpt", str(run / "checkpoints" / "best.ckpt"), "--config", "run.yaml"]
+    assert release_main([*argv, "--logs", str(run / "lightning_logs" / "version_0"), "--commit", "abc123", *extra]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -141,8 +144,8 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
 def test_a_card_is_rendered_again_from_its_edited_notes(
     run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`lm-zoo bundle card`: the notes in config.json edited, the card and curve drawn again without the run's events,
-    and only the changed files' sha256 and the bundle's size rewritten in the registry."""
+    """`python -m release card`: the notes in config.json edited, the card and curve drawn again without the run's
+    events, and only the changed files' sha256 and the bundle's size rewritten in the registry."""
     entry = _build(run, capsys)
     directory = bundle_env / "tiny"
     path = Path(registry.registry_path())
@@ -154,7 +157,7 @@ def test_a_card_is_rendered_again_from_its_edited_notes(
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     (directory / CURVE_NAME).unlink()  # drawn again from the points config.json keeps
     capsys.readouterr()
-    assert cli.main(["bundle", "card", "tiny"]) == 0
+    assert release_main(["card", "tiny"]) == 0
     assert capsys.readouterr().out == f"tiny: {CARD_NAME}, {CONFIG_NAME}\n"  # the curve came out the same
     assert "Trained to test the card." in (directory / CARD_NAME).read_text()
     after = json.loads(path.read_text())["models"]["tiny"]
@@ -164,7 +167,7 @@ def test_a_card_is_rendered_again_from_its_edited_notes(
     assert registry.bundled(registry.load_registry()["tiny"]) == directory  # every hash holds
     # A damaged file is never registered: the weights changed, the card is not rendered again.
     (directory / WEIGHTS_NAME).write_bytes(b"x" + (directory / WEIGHTS_NAME).read_bytes()[1:])
-    one_line_error(capsys, cli.main(["bundle", "card", "tiny"]), f"{WEIGHTS_NAME} does not match the sha256")
+    one_line_error(capsys, release_main(["card", "tiny"]), f"{WEIGHTS_NAME} does not match the sha256")
 
 
 def test_a_character_model_curve_is_in_bits_per_character() -> None:
@@ -285,7 +288,7 @@ def test_publish_every_bundled_model_then_download_without_the_bundle(
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     capsys.readouterr()
-    assert cli.main(["bundle", "publish"]) == 0
+    assert release_main(["publish"]) == 0
     assert capsys.readouterr().out.startswith("tiny: ")
     repo = hub.repos["lm-zoo/tiny"]
     assert set(repo.commits[repo.tags["v1"]]) - {".gitattributes"} == set(entry["files"])  # the Hub adds it
@@ -311,7 +314,7 @@ def test_wall_time_leaves_out_the_pause_of_a_run_resumed_into_the_same_log_direc
     file's span, not the directory's (which would count the hours between the two runs)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from checkpoints.curves import read_run
+    from release.curves import read_run
 
     for start, steps in ((1_000.0, range(0, 5)), (9_000.0, range(5, 10))):  # 8,000 s apart, 40 s of training each
         writer = SummaryWriter(str(tmp_path), filename_suffix=f".{int(start)}")

@@ -19,7 +19,6 @@ from huggingface_hub import ModelCard
 import checkpoints
 import cli
 from checkpoints import registry
-from checkpoints.bundle import SAMPLE_FRAMES, SAMPLE_SEED, table
 from checkpoints.export_read import (
     CARD_NAME,
     CONFIG_NAME,
@@ -37,6 +36,8 @@ from checkpoints.model_card import render_card
 from datamodules.midi import roll_layout
 from datamodules.piano_rolls import MUSIC_DATASETS
 from lightning_modules import LanguageModel
+from release.bundle import SAMPLE_FRAMES, SAMPLE_SEED, table
+from release.command import main as release_main
 from tests.conftest import DATA_ROOT, needs_data, one_line_error
 from tests.hub_server import FakeHub
 from tests.test_music import roll_from_midi
@@ -237,16 +238,16 @@ def test_shipped_text_bundles_read_and_render_as_before() -> None:
 # ------------------------------------------------------------------------------------------ the bundle, the registry
 @pytest.fixture(scope="module")
 def bundle(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``lm-zoo bundle build`` of the run (float16) into a registry and bundle folder of the module's own."""
+    """``python -m release build`` of the run (float16) into a registry and bundle folder of the module's own."""
     root = tmp_path_factory.mktemp("music-bundle")
     (root / "registry.json").write_text(json.dumps({"format_version": 2, "models": {}}))
-    argv = ["bundle", "build", NAME, "--ckpt", str(run / "checkpoints" / "best.ckpt"), "--config", "jsb.yaml"]
+    argv = ["build", NAME, "--ckpt", str(run / "checkpoints" / "best.ckpt"), "--config", "jsb.yaml"]
     argv += ["--logs", str(run / "lightning_logs" / "version_0"), "--commit", "abc123", "--dtype", "float16"]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("LM_ZOO_DATA", str(DATA_ROOT))
         env.setenv("LM_ZOO_REGISTRY", str(root / "registry.json"))
         env.setenv("LM_ZOO_PRETRAINED", str(root / "pretrained"))
-        assert cli.main(argv) == 0
+        assert release_main(argv) == 0
     return root
 
 
@@ -353,7 +354,7 @@ def test_publish_and_download_a_music_bundle(
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     entry = registry.load_registry()[NAME]
     capsys.readouterr()
-    assert cli.main(["bundle", "publish"]) == 0  # checks afterwards that the bundle's hashes still hold
+    assert release_main(["publish"]) == 0  # checks afterwards that the bundle's hashes still hold
     repo = hub.repos[f"lm-zoo/{NAME}"]
     assert set(repo.commits[repo.tags["v1"]]) - {".gitattributes"} == set(entry.files)
     # A user without the bundle: the registry's pinned revision from the Hub, sample files included and hash-checked.

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 import checkpoints
 import cli
 from checkpoints import registry
-from checkpoints.bundle import publish_all, table, xml_nesting
 from lightning_modules import LanguageModel, MusicModel
+from release.bundle import publish_all, table, xml_nesting
 from tests.conftest import needs_data
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
@@ -63,7 +63,7 @@ def _assert_same_figure(expected: dict, measured: dict) -> None:
 def test_the_registry_ships_models_and_the_readme_shows_them() -> None:
     assert ENTRIES, "checkpoints/registry.json lists no pretrained model"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert table(ENTRIES) in readme, "README's pretrained table is stale: run lm-zoo bundle table"
+    assert table(ENTRIES) in readme, "README's pretrained table is stale: run python -m release table"
     bundled = {p.name for p in (ROOT / "pretrained").iterdir() if p.is_dir()}
     assert bundled == set(ENTRIES), "every bundle is registered and every registered model is bundled"
 
@@ -85,7 +85,7 @@ def test_registered_check_figure_reproduces(name: str, capsys: pytest.CaptureFix
     """The test figure at the recipe's eval batch size: the same weights, files and code path as the registered
     batch-1 figure (which ``make verify-pretrained`` re-measures), in a fraction of the time."""
     check = ENTRIES[name].check_results.get("test")
-    assert check is not None, f"{name} records no check_results.test: lm-zoo bundle build records one"
+    assert check is not None, f"{name} records no check_results.test: python -m release build records one"
     expected, measured = _test_figure(capsys, name, check)
     _assert_same_figure(expected, measured)
 

@@ -1,20 +1,28 @@
-"""``lm-zoo bundle build|publish|table|card``: maintainers' commands for the models shipped under ``pretrained/``."""
+"""``python -m release build|publish|table|card``: maintainers' commands for the models shipped under ``pretrained/``,
+with ``lm-zoo``'s one-line errors (:func:`cli.run_command`)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from checkpoints import registry
-from checkpoints.bundle import REPO_OWNER, build, publish_all, render_again, write_table
+from cli import run_command
 from commands.common import CommandParser
 from commands.sharing import shard_size
+from release.bundle import REPO_OWNER, build, publish_all, render_again, write_table
 
 
-def cmd_bundle(argv: Sequence[str]) -> None:
-    """``lm-zoo bundle build|publish|table|card``."""
-    parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m release ARGV``; returns the exit status."""
+    return run_command(release, list(sys.argv[1:] if argv is None else argv))
+
+
+def release(argv: Sequence[str]) -> None:
+    """Parse ``argv`` and run its action."""
+    parser = CommandParser(prog="python -m release", description="maintainers: the bundled pretrained models")
     commands = parser.add_subparsers(dest="action", required=True)
     build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
     build_parser.add_argument("name")
