@@ -459,11 +459,17 @@ def export_file_hashes(directory: Path) -> dict[str, str]:
     return {name: sha256_file(directory / name) for name in names}
 
 
-def verify_export_files(directory: Path, config: dict[str, Any], where: str) -> None:
+def verify_export_files(
+    directory: Path, config: dict[str, Any], where: str, verified: dict[str, str] | None = None
+) -> None:
     """Check the weight and tokenizer files against the sha256 the config records, naming the first that differs.
 
     An export written before lm-zoo recorded them still loads, with a one-line note on stderr that it cannot be
     verified.
+
+    Args:
+        verified: files already checked in this load to have these sha256 (a registered model's, against the
+            registry): a file whose recorded sha256 is the one checked is not read and hashed again.
 
     Raises:
         CheckpointError: a recorded file is missing or its bytes changed.
@@ -478,7 +484,8 @@ def verify_export_files(directory: Path, config: dict[str, Any], where: str) -> 
         return
     if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
         raise CheckpointError(f'{where}: {CONFIG_NAME}\'s "{HASHES_KEY}" is not a map of file names to sha256')
-    found = first_mismatch(directory, recorded)
+    unchecked = {name: sha256 for name, sha256 in recorded.items() if (verified or {}).get(name) != sha256}
+    found = first_mismatch(directory, unchecked)
     if found is not None:
         name, missing = found
         if missing:
@@ -504,7 +511,9 @@ def first_mismatch(directory: Path, hashes: dict[str, str]) -> tuple[str, bool] 
 _AGAIN = "download or export the model again"
 
 
-def load_export(directory: str | Path, source: str | None = None) -> LoadedModel:
+def load_export(
+    directory: str | Path, source: str | None = None, verified: dict[str, str] | None = None
+) -> LoadedModel:
     """Load an export directory: JSON, safetensors and the tokenizer files only, never a pickle.
 
     A music export (``"head": "bernoulli"``) gives a :class:`zoo.music.PianoRollLM` and no tokenizer.
@@ -512,6 +521,8 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
     Args:
         directory: the directory (an ``lm-zoo export`` output, or a downloaded Hub snapshot).
         source: how to name it in messages and ``LoadedModel.source`` (e.g. the repo id); default the path.
+        verified: the sha256 of files this load has checked already (:func:`verify_export_files`), so that each
+            file is read and hashed once.
 
     Raises:
         CheckpointError: it is not an export, a file is missing, corrupt or not the one its config's sha256 names,
@@ -524,7 +535,7 @@ def load_export(directory: str | Path, source: str | None = None) -> LoadedModel
         raise CheckpointError(f"{where} is not a directory: pass a directory written by `lm-zoo export`")
     refuse_pickles(directory, where)
     config = read_config(directory, where)
-    verify_export_files(directory, config, where)
+    verify_export_files(directory, config, where, verified)
     hparams = config["model"]
     architecture = hparams.get("architecture")
     if architecture not in zoo.names():

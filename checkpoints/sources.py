@@ -133,4 +133,7 @@ def load_registered(
     bundle served it, else the Hub repo and revision."""
     directory = registered_directory(entry, revision, endpoint=endpoint)
     bundled = directory == registry.bundle_root() / entry.name
-    return load_export(directory, source=entry.name if bundled else f"{entry.repo_id}@{revision or entry.revision}")
+    # registered_directory checked the pinned revision's files against the registry: not hashed a second time.
+    verified = entry.files if revision in (None, entry.revision) else None
+    source = entry.name if bundled else f"{entry.repo_id}@{revision or entry.revision}"
+    return load_export(directory, source=source, verified=verified)

@@ -188,6 +188,23 @@ def test_the_reference_covers_these_models() -> None:
         )
 
 
+def test_loading_a_registered_model_reads_and_hashes_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry's check of the bundle covers the export's own record of its weights and tokenizer: a load reads
+    each file for its sha256 once, and a changed file is still refused (test_bundle's damaged-bundle test)."""
+    import checkpoints.export_read
+
+    hashed: list[str] = []
+    real = checkpoints.export_read.sha256_file
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(checkpoints.export_read, "sha256_file", counting)
+    checkpoints.load("ptb-lstm-small")
+    assert sorted(hashed) == sorted(ENTRIES["ptb-lstm-small"].files)
+
+
 @pytest.mark.parametrize("name", PLAIN_LSTMS)
 def test_a_loaded_lstm_computes_what_its_stored_weights_say(name: str) -> None:
     config, weights = _stored(name)
