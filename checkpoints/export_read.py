@@ -149,7 +149,7 @@ class LoadedModel:
             settings["data_root"] = data_root
         datamodule = data_class(**settings)
         if self.tokenizer is not None:
-            datamodule.load_state_dict({"tokenizer": self.tokenizer.state_dict()})
+            datamodule.use_tokenizer(self.tokenizer)
         return datamodule
 
     def sample(

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
@@ -397,14 +397,12 @@ class GBWDataModule(StreamDataModule):
         atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
         return tokenizer
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's vocabulary (the splits are encoded with it) and, when resuming, its stream position."""
-        tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Encode the splits with ``tokenizer``'s vocabulary (a checkpoint's or a loaded model's own)."""
         if not isinstance(tokenizer, SentenceTokenizer):
             raise DataError(f"a GBW model needs a sentence tokenizer, the checkpoint has a {tokenizer.kind!r} one")
         self._tokenizer, self._tokenizer_key = tokenizer, None
         self._encoded.clear()
-        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------------------------------ the splits
     def encoded(self, split: str) -> EncodedSplit:

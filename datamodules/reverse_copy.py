@@ -21,7 +21,6 @@ splits are generated in memory from ``seed`` (numpy, a few seconds for the paper
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -184,15 +183,14 @@ class ReverseCopyDataModule(StreamDataModule):
         """Scored tokens of ``split`` (the reversed halves)."""
         return self.encoded(split).units
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another vocabulary size; keep its stream position when resuming."""
-        stored = Tokenizer.from_state_dict(state_dict["tokenizer"])
-        if stored.state_dict() != self.tokenizer.state_dict():
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """The task's symbols are its settings' (``num_symbols``): a checkpoint's or a model's tokenizer must be the
+        same, and is refused otherwise."""
+        if tokenizer.state_dict() != self.tokenizer.state_dict():
             raise DataError(
-                f"the checkpoint's vocabulary has {stored.vocab_size} ids, this task's {self.vocab_size}: "
+                f"the checkpoint's vocabulary has {tokenizer.vocab_size} ids, this task's {self.vocab_size}: "
                 "set data.num_symbols to the checkpoint's"
             )
-        super().load_state_dict(state_dict)
 
     def stream(self, split: str, batch_size: int | None = None, bptt: int | None = None) -> MultiSequenceWindows:
         """The windows of ``split`` for this rank: a new example order every training epoch, fixed otherwise."""

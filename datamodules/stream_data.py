@@ -21,8 +21,9 @@ from typing import IO, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from datamodules.tokenizers import Tokenizer
 from datamodules.windows import training_position
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 
 SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
@@ -131,8 +132,20 @@ class StreamData:
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the checkpoint's stream position for the next training loader (subclasses restore the tokenizer)."""
+        """Use the checkpoint's tokenizer (:meth:`use_tokenizer`) and keep its stream position for the next training
+        loader."""
+        if "tokenizer" in state_dict:
+            self.use_tokenizer(Tokenizer.from_state_dict(state_dict["tokenizer"]))
         self._train_position = state_dict.get("train_position")
+
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Encode the splits with ``tokenizer`` (a checkpoint's or a loaded model's own) instead of building one from
+        the training split; the object itself is kept, not a copy.
+
+        Raises:
+            DataError: this data cannot be read with that tokenizer.
+        """
+        raise DataError(f"{type(self).__name__} reads no tokens: it cannot use a {tokenizer.kind!r} tokenizer")
 
     def _loader(self, split: str) -> DataLoader:
         # batch_size=None: the dataset yields whole windows; one process keeps the columns in order. A generator of its

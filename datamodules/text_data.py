@@ -116,12 +116,11 @@ class TextData(StreamData):
         atomic_write(path, lambda f: f.write(json.dumps(tokenizer.state_dict()).encode()))
         return tokenizer
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's tokenizer (splits are re-encoded with it) and, when resuming, its stream position."""
-        self._tokenizer = Tokenizer.from_state_dict(state_dict["tokenizer"])
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Encode the splits with ``tokenizer`` (a checkpoint's or a loaded model's own): they are encoded again."""
+        self._tokenizer = tokenizer
         self._ids.clear()
         self._units.clear()
-        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------------------------------- the splits
     def encoded(self, split: str) -> np.ndarray:

@@ -205,6 +205,13 @@ def test_loading_a_registered_model_reads_and_hashes_each_file_once(monkeypatch:
     assert sorted(hashed) == sorted(ENTRIES["ptb-lstm-small"].files)
 
 
+def test_a_loaded_models_data_module_uses_its_tokenizer_object() -> None:
+    """The data a loaded model is scored on is encoded by the model's own tokenizer, handed over as it is (not
+    serialised and rebuilt)."""
+    loaded = checkpoints.load("ptb-lstm-small")
+    assert loaded.datamodule().tokenizer is loaded.tokenizer
+
+
 @pytest.mark.parametrize("name", PLAIN_LSTMS)
 def test_a_loaded_lstm_computes_what_its_stored_weights_say(name: str) -> None:
     config, weights = _stored(name)
