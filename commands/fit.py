@@ -303,11 +303,12 @@ def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own
     quiet_known_noise()
     given = list(sys.argv[1:] if argv is None else argv)
     args = [*given[:1], *with_config_files(given[1:])]  # a shipped recipe's name becomes its file
-    check_config_files(args[1:])
     callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         run_cli(argv, args, given, callbacks, own_command)
     except Exception as error:
+        if isinstance(error, ConfigError) and YAML_TEXT in str(error):
+            check_config_files(args[1:])  # which file, in words: the YAML read again only on this error's path
         # A multi-process run: a collective that failed because another rank stopped becomes one line naming it; any
         # other error of this rank is written where the other ranks will read it (lightning_modules/faults.py).
         lost = peer_lost(error)
@@ -339,6 +340,9 @@ def run_cli(
             trainer_defaults={"callbacks": list(callbacks)} if callbacks else None,
             in_process=not (argv is None if own_command is None else own_command),
         )
+
+
+YAML_TEXT = '"<unicode string>"'  # where jsonargparse says a YAML error is, having read the file's text itself
 
 
 def check_config_files(args: Sequence[str]) -> None:

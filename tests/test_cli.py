@@ -283,6 +283,23 @@ def test_bad_config_files_get_one_line(workdir: Path, capsys: pytest.CaptureFixt
     one_line_error(capsys, cli.main(["fit", "--config=open.yaml"]), "open.yaml, line 3", "not valid YAML")
 
 
+def test_a_good_config_is_read_by_jsonargparse_alone(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lm-zoo reads a config's YAML itself only to say where a broken one is broken, never before a good one runs."""
+    import commands.fit
+
+    read: list[str] = []
+    monkeypatch.setattr(commands.fit, "check_config_files", lambda args: read.append(" ".join(args)))
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "a"))
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--config", str(config), "--print_config"])
+    assert read == []
+    (workdir / "tab.yaml").write_text("trainer:\n\tmax_epochs: 1\n")
+    cli.main(["fit", "--config", "tab.yaml"])
+    assert read == ["--config tab.yaml"]
+
+
 def test_a_shipped_recipe_is_named_without_a_clone(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--config ptb/smoke``, and the README's ``configs/ptb/smoke.yaml`` from a directory that has no such file,
     name the shipped recipe; a file of that path in the working directory is the user's own and wins."""
