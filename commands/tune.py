@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import optuna  # the tune extra (pip install "lm-zoo[tune]")
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
@@ -39,17 +38,18 @@ from commands.recipes import config_file
 from lightning_modules.training import in_process_devices
 from lightning_modules.tuning import (
     Objective,
-    StopAtTotal,
+    best_trial,
     check_key,
     config_values,
     counted_trials,
     create_study,
     load_space,
+    optimize,
     reseed_resumed,
     short,
     worker_environment,
 )
-from zoo.errors import ConfigError, LMZooError, TrainingDivergedError
+from zoo.errors import ConfigError, LMZooError
 
 
 # ------------------------------------------------------------------------------------------ configs by key
@@ -144,27 +144,7 @@ def cmd_tune(argv: Sequence[str]) -> None:
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
     if threads:
         torch.set_num_threads(threads)
-    space = load_space(args.space)
-    base = full_config(args.config)
-    for key in space:
-        check_key(base, key)
-    trainer = base.get("trainer") or {}
-    try:  # before any training; a trial would stop at the same check
-        in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
-    except ConfigError as err:
-        raise ConfigError(f"--config {args.config}: {err}; --jobs N runs trials side by side instead") from None
-    study_name = args.study_name or f"{Path(args.config).stem}-{Path(args.space).stem}"
-    root = (base.get("trainer") or {}).get("default_root_dir") or "runs"
-    workdir = Path(args.workdir or Path(root) / "tune" / study_name)
-    workdir.mkdir(parents=True, exist_ok=True)
-    storage = args.storage or (f"sqlite:///{(workdir / 'study.db').resolve()}" if args.jobs > 1 else None)
-    # The main process's trials show their progress; --jobs helpers, which share its terminal, stay quiet.
-    objective = Objective(
-        base, space, workdir, args.metric, args.direction == "maximize", run_fit, progress=not args.worker
-    )
-    if not args.worker:
-        # Parse one trial's config before any training, so that a key or value LightningCLI rejects fails now.
-        check_trial_config(objective, space, workdir)
+    objective, study_name, storage = prepare(args)
     study = create_study(
         storage,
         study_name,
@@ -174,17 +154,12 @@ def cmd_tune(argv: Sequence[str]) -> None:
         args.pruner_startup_trials,
         args.pruner_warmup_steps,
     )
-    seed = args.seed if args.worker else reseed_resumed(study, args.seed)
-    if args.first_trial_from_config and not args.worker and not study.trials:
-        study.enqueue_trial(config_values(base, space, args.config))
-    enough = StopAtTotal(args.trials)
     if args.worker:
-        study.optimize(
-            objective, n_trials=args.share, catch=(TrainingDivergedError,), gc_after_trial=True, callbacks=[enough]
-        )
-        if objective.error is not None:
-            raise objective.error
+        optimize(study, objective, args.share, args.trials)
         return
+    seed = reseed_resumed(study, args.seed)
+    if args.first_trial_from_config and not study.trials:
+        study.enqueue_trial(config_values(objective.base, objective.space, args.config))
     done_before = {t.number for t in study.trials if t.state.is_finished()}
     held = len(counted_trials(study))
     missing = max(0, args.trials - held)
@@ -202,23 +177,42 @@ def cmd_tune(argv: Sequence[str]) -> None:
     ]
     try:
         if shares[0] > 0:
-            study.optimize(
-                objective, n_trials=shares[0], catch=(TrainingDivergedError,), gc_after_trial=True, callbacks=[enough]
-            )
+            optimize(study, objective, shares[0], args.trials)
     finally:
         failed = [helper.args for helper in helpers if helper.wait() != 0]
-    if objective.error is not None:
-        raise objective.error
     if failed:
         raise ConfigError(f"{len(failed)} of the --jobs helper processes failed (their output says why)")
     print_summary(study, done_before, args.metric)
-    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not finished:
-        raise ConfigError("no trial finished (all were pruned or diverged, see above): no best config to write")
-    best = study.best_trial
-    out = Path(args.out or workdir / "best.yaml")
+    best = best_trial(study)
+    out = Path(args.out or objective.workdir / "best.yaml")
     write_best(out, objective, best, args, study_name)
     print(f"best: trial {best.number}, {args.metric} {best.value:.4f}; config written to {out}")
+
+
+def prepare(args: argparse.Namespace) -> tuple[Objective, str, str | None]:
+    """The trials' objective over the config and space checked (keys, devices, one trial's config parsed), the
+    study's name and its storage (a process's own sqlite file under the workdir when ``--jobs`` share it)."""
+    space = load_space(args.space)
+    base = full_config(args.config)
+    for key in space:
+        check_key(base, key)
+    trainer = base.get("trainer") or {}
+    try:  # before any training; a trial would stop at the same check
+        in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
+    except ConfigError as err:
+        raise ConfigError(f"--config {args.config}: {err}; --jobs N runs trials side by side instead") from None
+    study_name = args.study_name or f"{Path(args.config).stem}-{Path(args.space).stem}"
+    workdir = Path(args.workdir or Path(trainer.get("default_root_dir") or "runs") / "tune" / study_name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    storage = args.storage or (f"sqlite:///{(workdir / 'study.db').resolve()}" if args.jobs > 1 else None)
+    # The main process's trials show their progress; --jobs helpers, which share its terminal, stay quiet.
+    objective = Objective(
+        base, space, workdir, args.metric, args.direction == "maximize", run_fit, progress=not args.worker
+    )
+    if not args.worker:
+        # Parse one trial's config before any training, so that a key or value LightningCLI rejects fails now.
+        check_trial_config(objective, space, workdir)
+    return objective, study_name, storage
 
 
 def check_trial_config(objective: Objective, space: dict[str, dict[str, Any]], workdir: Path) -> None:

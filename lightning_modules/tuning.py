@@ -341,3 +341,28 @@ def reseed_resumed(study: Any, seed: int | None) -> int | None:
     seed += len(study.trials)
     study.sampler = optuna.samplers.TPESampler(seed=seed)
     return seed
+
+
+def optimize(study: Any, objective: Objective, trials: int, total: int) -> None:
+    """Run ``trials`` trials of ``study`` in this process, stopping early once the study holds ``total`` counted
+    trials (other processes add theirs); a diverged trial is recorded as failed and the study goes on.
+
+    Raises:
+        LMZooError: a trial's settings could not work (:class:`Objective` stopped the study on it).
+    """
+    study.optimize(
+        objective, n_trials=trials, catch=(TrainingDivergedError,), gc_after_trial=True, callbacks=[StopAtTotal(total)]
+    )
+    if objective.error is not None:
+        raise objective.error
+
+
+def best_trial(study: Any) -> Any:
+    """The study's best complete trial.
+
+    Raises:
+        ConfigError: no trial completed (all were pruned or diverged).
+    """
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        raise ConfigError("no trial finished (all were pruned or diverged, see above): no best config to write")
+    return study.best_trial
