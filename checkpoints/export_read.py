@@ -485,27 +485,29 @@ def verify_export_files(
     if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
         raise CheckpointError(f'{where}: {CONFIG_NAME}\'s "{HASHES_KEY}" is not a map of file names to sha256')
     unchecked = {name: sha256 for name, sha256 in recorded.items() if (verified or {}).get(name) != sha256}
-    found = first_mismatch(directory, unchecked)
-    if found is not None:
-        name, missing = found
-        if missing:
-            raise CheckpointError(f"{where} has no {name}, whose sha256 its {CONFIG_NAME} records: {_AGAIN}")
-        raise CheckpointError(
-            f"{where}/{name} does not match the sha256 its {CONFIG_NAME} records: the file was changed or damaged; "
-            f"{_AGAIN}"
-        )
+    check_hashes(directory, unchecked, where, f"its {CONFIG_NAME} records", _AGAIN)
 
 
-def first_mismatch(directory: Path, hashes: dict[str, str]) -> tuple[str, bool] | None:
-    """The first of ``hashes``' files (by name) that ``directory`` lacks or holds with another sha256, and whether it
-    is missing; ``None`` when every file matches. The export's own record and the registry's are checked by it."""
+def check_hashes(directory: Path, hashes: dict[str, str], where: str, lister: str, remedy: str) -> None:
+    """Check that ``directory`` holds each of ``hashes``' files with its sha256 (the export's own record, or the
+    registry's), naming the first (by name) that is missing or differs.
+
+    Args:
+        where: the directory as messages name it.
+        lister: who lists the files and their sha256 (``its config.json records``).
+        remedy: what to do about a mismatch.
+
+    Raises:
+        CheckpointError: a file is missing or its bytes changed.
+    """
     for name, expected in sorted(hashes.items()):
         path = directory / name
         if not path.is_file():
-            return name, True
+            raise CheckpointError(f"{where} has no {name}, whose sha256 {lister}: {remedy}")
         if sha256_file(path) != expected:
-            return name, False
-    return None
+            raise CheckpointError(
+                f"{where}/{name} does not match the sha256 {lister}: the file was changed or damaged; {remedy}"
+            )
 
 
 _AGAIN = "download or export the model again"

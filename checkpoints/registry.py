@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints.export_read import first_mismatch, is_export_file
+from checkpoints.export_read import check_hashes, is_export_file
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -224,15 +224,7 @@ def verify_files(entry: RegistryEntry, directory: Path, where: str) -> None:
         CheckpointError: naming the first file that is missing, extra (an export file the registry does not list) or
             different, and what to do.
     """
-    found = first_mismatch(directory, entry.files)
-    if found is not None:
-        file, missing = found
-        if missing:
-            raise CheckpointError(f"{where} has no {file}, which the registry lists for {entry.name}: {_RESTORE}")
-        raise CheckpointError(
-            f"{where}/{file} does not match the sha256 the registry lists for {entry.name}: the file was changed "
-            f"or damaged; {_RESTORE}"
-        )
+    check_hashes(directory, entry.files, where, f"the registry lists for {entry.name}", _RESTORE)
     extra = sorted(p.name for p in directory.iterdir() if is_export_file(p.name) and p.name not in entry.files)
     if extra:
         raise CheckpointError(

@@ -231,7 +231,7 @@ def test_a_changed_byte_is_refused_naming_the_file(
         one_line_error(capsys, cli.main(argv), f"{WEIGHTS_NAME} does not match the sha256", "restore it")
     weights.write_bytes(original)
     (bundle_env / "tiny" / "vocab.txt").unlink()
-    one_line_error(capsys, cli.main(["evaluate", "tiny"]), "has no vocab.txt, which the registry lists")
+    one_line_error(capsys, cli.main(["evaluate", "tiny"]), "has no vocab.txt, whose sha256 the registry lists")
 
 
 def test_float16_bundle_is_measured_on_its_stored_weights(
