@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def _lstm_update(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:

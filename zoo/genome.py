@@ -38,8 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 INPUT = "input"
 LINEARS = {"lin0": 0.0, "lin1": 1.0, "lin0.9": 0.9, "lin1.1": 1.1}  # Linear(a): the name -> a

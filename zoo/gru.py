@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, FusedLayer, RecurrentStack, State, lerp
+from zoo.base import CellLayer, FusedLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class GRULayer(FusedLayer):

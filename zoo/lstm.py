@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def lstm_update(gates: Tensor, c: Tensor, cap_input_gate: bool = False) -> State:

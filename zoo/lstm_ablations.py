@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class _ThreeGateLSTMLayer(CellLayer):

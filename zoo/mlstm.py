@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, State
+from zoo.base import RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
 from zoo.lstm import LSTMLayer
 from zoo.mogrifier import lstm_update
+from zoo.state import State
 
 
 class MLSTMLayer(LSTMLayer):

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo import native
-from zoo.base import RecurrentStack, State
+from zoo.base import RecurrentStack
 from zoo.errors import clip
 from zoo.kernels import (
     RecurrentMatmul,
@@ -61,6 +61,7 @@ from zoo.kernels import (
     window_linear,
 )
 from zoo.lstm import LSTMLayer, lstm_update
+from zoo.state import State
 
 
 class MogrifierLayer(LSTMLayer):

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State, lerp
+from zoo.base import CellLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class _MUTLayer(CellLayer):

@@ -45,9 +45,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def cumax(z: Tensor, dim: int = -1) -> Tensor:

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class TanhRNNLayer(FusedLayer):

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, State, lerp
+from zoo.base import RecurrentStack, lerp
 from zoo.errors import ConfigError
 from zoo.lstm import LSTMLayer
+from zoo.state import State
 
 
 def round_straight_through(x: Tensor) -> Tensor:
