@@ -6,7 +6,7 @@ The zoo contract (``../shared/DESIGN.md``): ``forward(x: (B, T, I), state=None, 
   :mod:`zoo.state`'s.
 * Adding a cell: subclass :class:`CellLayer`, put everything that does not depend on the state in
   :meth:`~CellLayer.hoist` (one matmul over the whole window) and the recurrence in :meth:`~CellLayer.step`; then
-  subclass :class:`RecurrentStack` to build a list of those layers.
+  subclass :class:`RecurrentStack`, passing it that layer class and the cell's own options (its docstring shows how).
 
 Regularisers that act inside the recurrence live here, so that every architecture has them:
 
@@ -35,7 +35,8 @@ that their backward, which autocast does not cover, sees the same dtypes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,9 +48,6 @@ from torch.func import functional_call
 from zoo.errors import ConfigError
 from zoo.kernels import plain_kernels
 from zoo.state import KeepAt, Resets, Segments, State, mask_state
-
-#: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
-STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range", "sum_layer_outputs")
 
 
 def lerp(start: Tensor, end: Tensor, weight: Tensor) -> Tensor:
@@ -307,8 +305,19 @@ class FusedLayer(CellLayer):
 class RecurrentStack(nn.Module):
     """A stack of recurrent layers with the zoo's forward contract and the recurrent regularisers.
 
+    Every architecture builds its stack here, one way: a subclass whose ``__init__`` takes the sizes, its own options
+    and ``**stack_options``, and passes its layer class (with its options bound by :func:`functools.partial`) on::
+
+        super().__init__(partial(LSTMLayer, fused=fused), input_size, hidden_size, num_layers, **stack_options)
+
+    Initialisation that must survive ``init_range`` (a forget-gate bias: :meth:`set_forget_bias`) comes after that
+    call. The keyword-only arguments below are the options every architecture takes (:data:`STACK_OPTIONS`).
+
     Args:
-        layers: the layers, bottom first; all with the same state layout.
+        layer: builds one layer from its ``(input_size, hidden_size)``; called once per layer, bottom first.
+        input_size: size of each input vector (the first layer's input; the others read ``hidden_size``).
+        hidden_size: units per layer.
+        num_layers: stacked layers.
         dropout: dropout on each layer's output except the last.
         locked_dropout: use one ``dropout`` mask per sequence (shared over time) instead of one per element.
         state_dropout: Melis et al.'s recurrent dropout on ``h_{t-1}``, one mask per sequence and window.
@@ -317,12 +326,16 @@ class RecurrentStack(nn.Module):
             subclasses apply their own initialisation (e.g. the forget bias) after this.
         sum_layer_outputs: the stack's output is the sum of every layer's output (before the dropout between
             layers) instead of the last layer's: lamb's ``lstm_skip_connection`` (``SkipMultiRNNCell``), which the
-            Mogrifier paper's released configurations use. Needs layers of one width.
+            Mogrifier paper's released configurations use.
     """
 
     def __init__(
         self,
-        layers: Sequence[RecurrentLayer],
+        layer: Callable[[int, int], RecurrentLayer],
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        *,
         dropout: float = 0.0,
         locked_dropout: bool = False,
         state_dropout: float = 0.0,
@@ -334,11 +347,10 @@ class RecurrentStack(nn.Module):
         for name, rate in [("dropout", dropout), ("state_dropout", state_dropout), ("weight_drop", weight_drop)]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate}")
-        if sum_layer_outputs and len({layer.hidden_size for layer in layers}) > 1:
-            widths = [layer.hidden_size for layer in layers]
-            raise ValueError(f"sum_layer_outputs adds the layers' outputs, which needs one width; these are {widths}")
         self.sum_layer_outputs = sum_layer_outputs
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(
+            layer(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)
+        )
         self.dropout = dropout
         self.locked_dropout = locked_dropout
         self.state_dropout = state_dropout
@@ -505,3 +517,10 @@ class RecurrentStack(nn.Module):
         per_layer = [layer.statistics() for layer in self.layers]
         keys = {key for stats in per_layer for key in stats}
         return {key: torch.stack([s[key] for s in per_layer if key in s]).mean() for key in sorted(keys)}
+
+
+#: Options every architecture takes beside its own: :class:`RecurrentStack`'s keyword-only arguments, which each
+#: architecture passes on as ``**stack_options``.
+STACK_OPTIONS = tuple(
+    name for name, p in inspect.signature(RecurrentStack.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
+)
