@@ -161,7 +161,7 @@ def _lm_zoo_network_loop(
     import torch
     import torch.nn.functional as F
 
-    from zoo.base import detach_state
+    from zoo.state import detach_state
 
     model, lr, clip = lm_zoo_network(vocab_size, width)
     model.train()

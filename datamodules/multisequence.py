@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from datamodules.windows import IGNORE_INDEX, LMBatch, ResumableStream
-from zoo.base import Resets
 from zoo.errors import ConfigError
+from zoo.state import Resets
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class MultiSequenceWindows(ResumableStream):
     # ------------------------------------------------------------------------------------------------ windows
     def window(self, layout: EpochLayout, index: int) -> LMBatch:
         """Window ``index`` of an epoch: ``(B, T)`` inputs, targets and resets for this rank's columns, the resets
-        also as a :class:`zoo.base.Resets`."""
+        also as a :class:`zoo.state.Resets`."""
         columns = slice(self.rank * self._batch_size, (self.rank + 1) * self._batch_size)
         start, length = layout.column_start[columns], layout.column_length[columns]  # (B,)
         t0 = index * self.bptt

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from zoo.base import Resets
 from zoo.errors import ConfigError
+from zoo.state import Resets
 
 IGNORE_INDEX = -100
 
@@ -51,7 +51,7 @@ class LMBatch(NamedTuple):
         inputs: ``(B, T)`` token ids.
         targets: ``(B, T)`` next-token ids; ``-100`` where nothing is predicted.
         reset: ``(B, T)`` bool or ``None``; ``True`` zeroes stream b's recurrent state before step t.
-        resets: ``reset`` with where its resets fall, worked out on the host (:class:`zoo.base.Resets`), so that a
+        resets: ``reset`` with where its resets fall, worked out on the host (:class:`zoo.state.Resets`), so that a
             step on a GPU never waits to learn it; the window builders add it (``datamodules.multisequence``). ``None``:
             the model works it out from ``reset``.
     """

@@ -32,11 +32,11 @@ from torch import Tensor
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
-from zoo.base import State, detach_state, mask_state
 from zoo.errors import CheckpointError, ConfigError
 from zoo.heads import AdaptiveSoftmaxHead
 from zoo.language_model import RecurrentLM
 from zoo.nce import NCEHead
+from zoo.state import State, detach_state, mask_state
 
 NO_NOISE = (
     "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "

@@ -20,9 +20,9 @@ from torch import Tensor
 from datamodules.music import FrameBatch
 from lightning_modules.language_model import copy_weights
 from lightning_modules.stateful import StatefulTraining
-from zoo.base import detach_state
 from zoo.errors import ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
+from zoo.state import detach_state
 
 TRAINING_OPTIONS = ("divergence_threshold",)  # this module's own; every other argument is the network's
 NETWORK_OPTIONS = tuple(inspect.signature(PianoRollLM).parameters)  # num_notes is this module's vocab_size

@@ -36,8 +36,8 @@ from lightning_modules.resume import (
     set_generator_state,
     set_rng_states,
 )
-from zoo.base import State
 from zoo.errors import CheckpointError, TrainingDivergedError
+from zoo.state import State
 
 STAGES = ("train", "val", "test")
 

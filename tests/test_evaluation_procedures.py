@@ -35,8 +35,8 @@ from lightning_modules.evaluation.mc_dropout import (
 from lightning_modules.evaluation.perplexity import deterministic_nll, evaluate
 from lightning_modules.evaluation.temperature import collect_features, golden_section_search, total_nll
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
-from zoo.base import detach_state
 from zoo.language_model import RecurrentLM
+from zoo.state import detach_state
 
 DROPOUTS = {"input_dropout": 0.3, "inter_layer_dropout": 0.25, "output_dropout": 0.35}
 

@@ -1,16 +1,12 @@
-"""What every recurrent stack in the zoo shares: the state format, resets, the per-step loop and the regularisers.
+"""What every recurrent stack in the zoo shares: the layer and stack classes, the per-step loop and the regularisers.
 
 The zoo contract (``../shared/DESIGN.md``): ``forward(x: (B, T, I), state=None, reset=None) -> (y: (B, T, H), state)``.
 
-* A stack is a :class:`RecurrentStack` of :class:`RecurrentLayer` s. A *state* is a tuple of tensors, each shaped
-  ``(num_layers, B, ...)`` (for the LSTM: ``(h, c)``, the layout of ``nn.LSTM``'s ``hx``). ``None`` means zeros.
-  Callers treat it as opaque apart from :func:`detach_state`.
-* ``reset[b, t] = True`` zeroes stream b's state *before* step t. A reset at ``t = 0`` is applied to the incoming state;
-  a reset later in the window needs more than one fused call, since cuDNN cannot zero a state mid-sequence: on CUDA the
-  window's sentence segments run as one packed sequence (:meth:`FusedLayer._segments`), elsewhere the per-step loop.
+* A stack is a :class:`RecurrentStack` of :class:`RecurrentLayer` s; the state format and what a reset does are
+  :mod:`zoo.state`'s.
 * Adding a cell: subclass :class:`CellLayer`, put everything that does not depend on the state in
   :meth:`~CellLayer.hoist` (one matmul over the whole window) and the recurrence in :meth:`~CellLayer.step`; then
-  subclass :class:`RecurrentStack` to build a list of those layers.
+  subclass :class:`RecurrentStack`, passing it that layer class and the cell's own options (its docstring shows how).
 
 Regularisers that act inside the recurrence live here, so that every architecture has them:
 
@@ -39,10 +35,10 @@ that their backward, which autocast does not cover, sees the same dtypes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+import inspect
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +47,7 @@ from torch.func import functional_call
 
 from zoo.errors import ConfigError
 from zoo.kernels import plain_kernels
-
-State = tuple[Tensor, ...]
-
-#: Options every architecture takes (handled by :class:`RecurrentStack`), beside its own.
-STACK_OPTIONS = ("dropout", "locked_dropout", "state_dropout", "weight_drop", "init_range", "sum_layer_outputs")
+from zoo.state import KeepAt, Resets, Segments, State, mask_state
 
 
 def lerp(start: Tensor, end: Tensor, weight: Tensor) -> Tensor:
@@ -63,23 +55,6 @@ def lerp(start: Tensor, end: Tensor, weight: Tensor) -> Tensor:
     a candidate come out in bf16/fp16 while the carried state stays float32, and ``torch.lerp`` takes one dtype."""
     dtype = torch.promote_types(torch.promote_types(start.dtype, end.dtype), weight.dtype)
     return torch.lerp(start.to(dtype), end.to(dtype), weight.to(dtype))
-
-
-def detach_state(state: State | None) -> State | None:
-    """Cut the autograd graph at a window boundary (truncated BPTT) while keeping the values."""
-    if state is None:
-        return None
-    return tuple(s.detach() for s in state)
-
-
-def mask_state(state: State, keep: Tensor) -> State:
-    """Zero the streams where ``keep`` is 0.
-
-    Args:
-        state: tensors shaped ``(L, B, ...)``.
-        keep: ``(B,)`` float mask, 1 to keep a stream's state, 0 to reset it.
-    """
-    return tuple(s * keep.view(1, -1, *([1] * (s.dim() - 2))) for s in state)
 
 
 def _mask_layer_state(state: State, keep: Tensor) -> State:
@@ -90,122 +65,6 @@ def _mask_layer_state(state: State, keep: Tensor) -> State:
 def sequence_dropout_mask(like: Tensor, p: float) -> Tensor:
     """An inverted-dropout mask shaped like ``like`` (``(B, H)``), to be reused at every step of a window."""
     return torch.bernoulli(torch.full_like(like, 1 - p)) / (1 - p)
-
-
-def _moved(tensor: Tensor, device: torch.device | str, non_blocking: bool | None) -> Tensor:
-    """``tensor.to(device)``; ``non_blocking=None`` copies from the CPU asynchronously (CUDA stages pageable memory
-    before returning, so nothing waits for the device: Lightning passes ``non_blocking`` to tensors only) and to the
-    CPU synchronously (an asynchronous copy to the host could be read before it lands)."""
-    return tensor.to(device, non_blocking=tensor.device.type == "cpu" if non_blocking is None else non_blocking)
-
-
-@dataclass(frozen=True)
-class Segments:
-    """A window cut at its resets into sentence segments, laid out as one ``PackedSequence`` for
-    :meth:`FusedLayer._segments`.
-
-    Each stream's window is cut where it resets; every piece is a sequence of its own, the first starting from the
-    stream's carried state and the others from zeros. The packed layout puts the pieces longest first, step by step
-    (time-major), so packed row ``row_start[j] + rank[piece]`` holds step ``j`` of a piece: since every step of the
-    window is in exactly one piece, packing is a permutation of the window's ``B * T`` steps, and so is unpacking.
-    Built on the host (:meth:`from_reset`), then moved with the batch.
-
-    Attributes:
-        step_of_row: ``(B*T,)`` long, the flat step ``b * T + t`` at each packed row (gathers the packed input).
-        row_of_step: ``(B*T,)`` long, the packed row of each flat step (gathers the output back).
-        batch_sizes: pieces still running at each step, the ``PackedSequence``'s: host data, Python ints.
-        first: ``(P,)`` bool, pieces in packed order that begin the window (they start from the carried state).
-        owner: ``(P,)`` long, each piece's stream.
-        last: ``(B,)`` long, each stream's last piece (whose final state is the stream's).
-    """
-
-    step_of_row: Tensor
-    row_of_step: Tensor
-    batch_sizes: tuple[int, ...]
-    first: Tensor
-    owner: Tensor
-    last: Tensor
-
-    _tensor_fields: ClassVar[tuple[str, ...]] = ("step_of_row", "row_of_step", "first", "owner", "last")
-
-    @classmethod
-    def from_reset(cls, reset: Tensor) -> Segments:
-        """The segments of a window from its ``(B, T)`` bool reset mask, computed where the mask is (the host)."""
-        batch, steps = reset.shape
-        cut = reset.clone()
-        cut[:, 0] = True  # every stream's window starts a piece, from the state it carries in
-        cut = cut.flatten()  # (B*T,)
-        starts = cut.nonzero().squeeze(1)  # (P,) flat step of each piece's first step, stream by stream
-        lengths = torch.diff(starts, append=starts.new_tensor([batch * steps]))  # (P,)
-        piece = cut.cumsum(0) - 1  # (B*T,) the piece of each step
-        offset = torch.arange(batch * steps) - starts[piece]  # (B*T,) the step's position in its piece
-        order = torch.sort(lengths, descending=True, stable=True).indices  # (P,) pieces, longest first
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(len(order))  # (P,) each piece's place in the packed order
-        running = lengths[order].unsqueeze(0) > torch.arange(int(lengths.max())).unsqueeze(1)  # (L, P)
-        batch_sizes = running.sum(1)  # (L,)
-        row_start = batch_sizes.cumsum(0) - batch_sizes  # (L,) the first packed row of each step
-        row_of_step = row_start[offset] + rank[piece]  # (B*T,)
-        step_of_row = torch.empty_like(row_of_step)
-        step_of_row[row_of_step] = torch.arange(batch * steps)
-        streams_pieces = cut.view(batch, steps).sum(1)  # (B,)
-        return cls(
-            step_of_row=step_of_row,
-            row_of_step=row_of_step,
-            batch_sizes=tuple(batch_sizes.tolist()),
-            first=starts[order] % steps == 0,
-            owner=starts[order] // steps,
-            last=rank[streams_pieces.cumsum(0) - 1],
-        )
-
-    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Segments:
-        """The index tensors on ``device`` (``batch_sizes`` stay host ints); see :func:`_moved` for ``non_blocking``."""
-        moved = {name: _moved(getattr(self, name), device, non_blocking) for name in self._tensor_fields}
-        return replace(self, **moved)
-
-
-@dataclass(frozen=True)
-class Resets:
-    """A window's ``(B, T)`` reset mask with where its resets fall, worked out on the host.
-
-    Learning where a reset falls from a mask on a GPU makes the host wait for the device (``nonzero``, ``.tolist()``),
-    once per window and again per layer for packed segments. :meth:`from_mask` does it while the mask is still on the
-    host (where the data module builds the window: ``datamodules.multisequence``), and :meth:`to` moves the result
-    with the batch (Lightning moves any object with a ``to`` method). A stack's ``forward`` takes one wherever it
-    takes a mask.
-
-    Attributes:
-        mask: ``(B, T)`` bool, ``True`` zeroes stream b's state before step t.
-        steps: the steps ``t > 0`` at which some stream resets (host data, Python ints).
-        segments: the window's :class:`Segments`, or ``None`` when no stream resets after step 0.
-    """
-
-    mask: Tensor
-    steps: tuple[int, ...]
-    segments: Segments | None
-
-    @classmethod
-    def from_mask(cls, reset: Tensor) -> Resets:
-        """Work out where ``reset``'s resets fall. A mask on the CPU costs no synchronisation; one on a GPU is copied
-        to the host once (the result's tensors go back asynchronously)."""
-        host = reset.cpu()  # (B, T); the mask itself on the CPU
-        steps = tuple((host[:, 1:].any(0).nonzero().flatten() + 1).tolist())
-        segments = Segments.from_reset(host).to(reset.device) if steps else None
-        return cls(reset, steps, segments)
-
-    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Resets:
-        """The mask and segments on ``device``; see :func:`_moved` for ``non_blocking``."""
-        segments = None if self.segments is None else self.segments.to(device, non_blocking)
-        return Resets(_moved(self.mask, device, non_blocking), self.steps, segments)
-
-
-class KeepAt(dict[int, Tensor]):
-    """step ``t > 0`` -> ``(B,)`` keep-mask, for the steps where some stream resets: what every layer reads; with the
-    window's :class:`Segments` (or ``None``) for a layer that runs it as packed segments."""
-
-    def __init__(self, keep: dict[int, Tensor], segments: Segments | None) -> None:
-        super().__init__(keep)
-        self.segments = segments
 
 
 class RecurrentLayer(nn.Module):
@@ -446,8 +305,19 @@ class FusedLayer(CellLayer):
 class RecurrentStack(nn.Module):
     """A stack of recurrent layers with the zoo's forward contract and the recurrent regularisers.
 
+    Every architecture builds its stack here, one way: a subclass whose ``__init__`` takes the sizes, its own options
+    and ``**stack_options``, and passes its layer class (with its options bound by :func:`functools.partial`) on::
+
+        super().__init__(partial(LSTMLayer, fused=fused), input_size, hidden_size, num_layers, **stack_options)
+
+    Initialisation that must survive ``init_range`` (a forget-gate bias: :meth:`set_forget_bias`) comes after that
+    call. The keyword-only arguments below are the options every architecture takes (:data:`STACK_OPTIONS`).
+
     Args:
-        layers: the layers, bottom first; all with the same state layout.
+        layer: builds one layer from its ``(input_size, hidden_size)``; called once per layer, bottom first.
+        input_size: size of each input vector (the first layer's input; the others read ``hidden_size``).
+        hidden_size: units per layer.
+        num_layers: stacked layers.
         dropout: dropout on each layer's output except the last.
         locked_dropout: use one ``dropout`` mask per sequence (shared over time) instead of one per element.
         state_dropout: Melis et al.'s recurrent dropout on ``h_{t-1}``, one mask per sequence and window.
@@ -456,12 +326,16 @@ class RecurrentStack(nn.Module):
             subclasses apply their own initialisation (e.g. the forget bias) after this.
         sum_layer_outputs: the stack's output is the sum of every layer's output (before the dropout between
             layers) instead of the last layer's: lamb's ``lstm_skip_connection`` (``SkipMultiRNNCell``), which the
-            Mogrifier paper's released configurations use. Needs layers of one width.
+            Mogrifier paper's released configurations use.
     """
 
     def __init__(
         self,
-        layers: Sequence[RecurrentLayer],
+        layer: Callable[[int, int], RecurrentLayer],
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        *,
         dropout: float = 0.0,
         locked_dropout: bool = False,
         state_dropout: float = 0.0,
@@ -473,11 +347,10 @@ class RecurrentStack(nn.Module):
         for name, rate in [("dropout", dropout), ("state_dropout", state_dropout), ("weight_drop", weight_drop)]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate}")
-        if sum_layer_outputs and len({layer.hidden_size for layer in layers}) > 1:
-            widths = [layer.hidden_size for layer in layers]
-            raise ValueError(f"sum_layer_outputs adds the layers' outputs, which needs one width; these are {widths}")
         self.sum_layer_outputs = sum_layer_outputs
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(
+            layer(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)
+        )
         self.dropout = dropout
         self.locked_dropout = locked_dropout
         self.state_dropout = state_dropout
@@ -644,3 +517,10 @@ class RecurrentStack(nn.Module):
         per_layer = [layer.statistics() for layer in self.layers]
         keys = {key for stats in per_layer for key in stats}
         return {key: torch.stack([s[key] for s in per_layer if key in s]).mean() for key in sorted(keys)}
+
+
+#: Options every architecture takes beside its own: :class:`RecurrentStack`'s keyword-only arguments, which each
+#: architecture passes on as ``**stack_options``.
+STACK_OPTIONS = tuple(
+    name for name, p in inspect.signature(RecurrentStack.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
+)

@@ -24,14 +24,16 @@ cell (including ``F_2``'s weight on ``h^{F1}``, the link that carries the fast s
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def _lstm_update(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -128,15 +130,14 @@ class FSRNNLayer(CellLayer):
 class FSRNN(RecurrentStack):
     """A stack of Fast-Slow LSTM blocks (usually one: the block is already two levels deep).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    ``hidden_size`` is the width of every fast cell (the output's); block ``l > 0`` reads block ``l - 1``'s output
+    ``h^{Fk}``; ``state_dropout`` masks ``h^{Fk}_{t-1}`` where it enters ``F_1``.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units of every fast cell (the output width).
-        num_layers: stacked FS-RNN blocks; block ``l > 0`` reads block ``l - 1``'s output ``h^{Fk}``.
         fast_cells: ``k``, the number of fast cells (at least 2).
         slow_size: units of the slow cell; ``None`` means ``hidden_size``.
         forget_bias: initial forget-gate bias of every cell; ``None`` leaves the uniform init.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`). ``state_dropout`` masks ``h^{Fk}_{t-1}`` where it enters ``F_1``.
 
     Raises:
         ConfigError: ``fast_cells < 2`` or a size below 1.
@@ -159,11 +160,8 @@ class FSRNN(RecurrentStack):
         slow_size = hidden_size if slow_size is None else slow_size
         if slow_size < 1:
             raise ConfigError(f"fs_rnn: slow_size must be positive, got {slow_size}")
-        layers = [
-            FSRNNLayer(input_size if i == 0 else hidden_size, hidden_size, slow_size, fast_cells)
-            for i in range(num_layers)
-        ]
-        super().__init__(layers, **stack_options)
+        layer = partial(FSRNNLayer, slow_size=slow_size, fast_cells=fast_cells)
+        super().__init__(layer, input_size, hidden_size, num_layers, **stack_options)
         self.fast_cells = fast_cells
         self.slow_size = slow_size
-        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
+        self.set_forget_bias(forget_bias)

@@ -33,13 +33,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 INPUT = "input"
 LINEARS = {"lin0": 0.0, "lin1": 1.0, "lin0.9": 0.9, "lin1.1": 1.1}  # Linear(a): the name -> a
@@ -479,23 +481,20 @@ def _apply(op: str, args: list[Tensor]) -> Tensor:
 class Genome(RecurrentStack):
     """A stack of layers running one cell genome (Jozefowicz et al. 2015 §3.2).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    ``hidden_size`` is the width of every node but x; ``state_dropout`` acts on the first state, ``weight_drop`` on the
+    Linears that read the state, and after ``init_range`` each Linear(a) gets its ``a`` on the diagonal again.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer (the width of every node but x).
-        num_layers: stacked layers.
         genome: a genome string (module docstring) or the name of one of :data:`GENOMES`.
-        **stack_options: dropout, locked_dropout, state_dropout (on the first state), weight_drop (on the Linears that
-            read the state), init_range, sum_layer_outputs (see :class:`~zoo.base.RecurrentStack`). After
-            ``init_range``, each Linear(a) gets its ``a`` on the diagonal again.
     """
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, genome: str = "lstm", **stack_options: Any
     ) -> None:
         graph = parse(genome)
-        layers = [GenomeLayer(input_size if i == 0 else hidden_size, hidden_size, graph) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
+        super().__init__(partial(GenomeLayer, graph=graph), input_size, hidden_size, num_layers, **stack_options)
         if stack_options.get("init_range") is not None:
-            for layer in layers:
+            for layer in self.layers:
                 layer.add_diagonals()
         self.genome = format_genome(graph)

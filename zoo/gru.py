@@ -22,13 +22,15 @@ sequence (``r`` must be known before ``W_hh (r * h)``), where the cuDNN form nee
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, FusedLayer, RecurrentStack, State, lerp
+from zoo.base import CellLayer, FusedLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class GRULayer(FusedLayer):
@@ -55,20 +57,16 @@ class GRULayer(FusedLayer):
 class GRU(RecurrentStack):
     """A stack of GRU layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         fused: use the fused kernel when it computes the same function.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
     """
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, fused: bool = True, **stack_options: Any
     ) -> None:
-        layers = [GRULayer(input_size if i == 0 else hidden_size, hidden_size, fused) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
+        super().__init__(partial(GRULayer, fused=fused), input_size, hidden_size, num_layers, **stack_options)
 
 
 class GRUPaperLayer(CellLayer):
@@ -113,14 +111,8 @@ class GRUPaperLayer(CellLayer):
 class GRUPaper(RecurrentStack):
     """A stack of paper-form GRU layers (Jozefowicz et al. 2015 §2.3; reset gate before the matmul), always per step.
 
-    Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
-        layers = [GRUPaperLayer(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
+        super().__init__(GRUPaperLayer, input_size, hidden_size, num_layers, **stack_options)

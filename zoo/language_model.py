@@ -25,10 +25,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.architectures import build
-from zoo.base import State, sequence_dropout_mask
+from zoo.base import sequence_dropout_mask
 from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
 from zoo.nce import SAMPLERS, NCEHead
+from zoo.state import State
 
 if TYPE_CHECKING:
     pass

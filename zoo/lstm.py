@@ -17,13 +17,15 @@ Forget-gate bias: Jozefowicz et al. 2015 §2.2 recommend b_f = 1 ("LSTM-b"). PyT
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def lstm_update(gates: Tensor, c: Tensor, cap_input_gate: bool = False) -> State:
@@ -74,15 +76,12 @@ class LSTMLayer(FusedLayer):
 class LSTM(RecurrentStack):
     """A stack of LSTM layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         forget_bias: effective initial forget-gate bias; ``None`` leaves the bias as initialised.
         fused: use the fused kernel when it computes the same function (``False`` always loops, for testing).
         cap_input_gate: ``c' = f * c + min(1 - f, i) * g`` (lamb's option; the per-step loop computes it).
-        **stack_options: the options every stack takes (:class:`~zoo.base.RecurrentStack`: dropout, locked_dropout,
-            state_dropout, weight_drop, init_range). The forget bias is applied after ``init_range``.
     """
 
     def __init__(
@@ -95,9 +94,6 @@ class LSTM(RecurrentStack):
         cap_input_gate: bool = False,
         **stack_options: Any,
     ) -> None:
-        layers = [
-            LSTMLayer(input_size if i == 0 else hidden_size, hidden_size, fused, cap_input_gate)
-            for i in range(num_layers)
-        ]
-        super().__init__(layers, **stack_options)
-        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
+        layer = partial(LSTMLayer, fused=fused, cap_input_gate=cap_input_gate)
+        super().__init__(layer, input_size, hidden_size, num_layers, **stack_options)
+        self.set_forget_bias(forget_bias)

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class _ThreeGateLSTMLayer(CellLayer):
@@ -113,26 +114,19 @@ class LSTMNoOutputLayer(_ThreeGateLSTMLayer):
         return torch.tanh(c), c
 
 
-def _layers(cls: type[_ThreeGateLSTMLayer], input_size: int, hidden_size: int, num_layers: int) -> list[CellLayer]:
-    return [cls(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)]
-
-
 class LSTMNoForget(RecurrentStack):
     """A stack of LSTM-f layers (no forget gate). There is no ``forget_bias`` option: there is no forget gate.
 
-    Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
-        super().__init__(_layers(LSTMNoForgetLayer, input_size, hidden_size, num_layers), **stack_options)
+        super().__init__(LSTMNoForgetLayer, input_size, hidden_size, num_layers, **stack_options)
 
 
 class _WithForgetGate(RecurrentStack):
+    """LSTM-i and LSTM-o keep the forget gate: one stack around either's layer, with the LSTM's ``forget_bias``."""
+
     layer_class: type[_ThreeGateLSTMLayer]
 
     def __init__(
@@ -143,21 +137,17 @@ class _WithForgetGate(RecurrentStack):
         forget_bias: float | None = 1.0,
         **stack_options: Any,
     ) -> None:
-        layers = _layers(self.layer_class, input_size, hidden_size, num_layers)
-        super().__init__(layers, **stack_options)
-        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
+        super().__init__(self.layer_class, input_size, hidden_size, num_layers, **stack_options)
+        self.set_forget_bias(forget_bias)
 
 
 class LSTMNoInput(_WithForgetGate):
     """A stack of LSTM-i layers (no input gate).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         forget_bias: initial forget-gate bias (1 as in LSTM-b); ``None`` leaves the bias as initialised.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`). The forget bias is applied after ``init_range``.
     """
 
     layer_class = LSTMNoInputLayer
@@ -166,13 +156,10 @@ class LSTMNoInput(_WithForgetGate):
 class LSTMNoOutput(_WithForgetGate):
     """A stack of LSTM-o layers (no output gate).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         forget_bias: initial forget-gate bias (1 as in LSTM-b); ``None`` leaves the bias as initialised.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`). The forget bias is applied after ``init_range``.
     """
 
     layer_class = LSTMNoOutputLayer

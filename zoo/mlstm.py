@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, State
+from zoo.base import RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
 from zoo.lstm import LSTMLayer
 from zoo.mogrifier import lstm_update
+from zoo.state import State
 
 
 class MLSTMLayer(LSTMLayer):
@@ -63,13 +64,11 @@ class MLSTMLayer(LSTMLayer):
 class MLSTM(RecurrentStack):
     """A stack of mLSTM layers (Krause et al. 2016; Melis et al. 2020 §4.2).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    ``hidden_size`` is also the width of ``h_m``; weight drop acts on ``W^{mh}`` and the LSTM's ``W^{*m}``.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer (also the width of ``h_m``).
-        num_layers: stacked layers.
         forget_bias: effective initial forget-gate bias (counted once, see :mod:`zoo.lstm`); ``None`` keeps the init.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range
-            (:class:`~zoo.base.RecurrentStack`). Weight drop acts on ``W^{mh}`` and the LSTM's ``W^{*m}``.
     """
 
     def __init__(
@@ -80,6 +79,5 @@ class MLSTM(RecurrentStack):
         forget_bias: float | None = 1.0,
         **stack_options: Any,
     ) -> None:
-        layers = [MLSTMLayer(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
-        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
+        super().__init__(MLSTMLayer, input_size, hidden_size, num_layers, **stack_options)
+        self.set_forget_bias(forget_bias)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo import native
-from zoo.base import RecurrentStack, State
+from zoo.base import RecurrentStack
 from zoo.errors import clip
 from zoo.kernels import (
     RecurrentMatmul,
@@ -61,6 +61,7 @@ from zoo.kernels import (
     window_linear,
 )
 from zoo.lstm import LSTMLayer, lstm_update
+from zoo.state import State
 
 
 class MogrifierLayer(LSTMLayer):
@@ -619,10 +620,10 @@ def _uniform(rows: int, cols: int) -> nn.Parameter:
 class Mogrifier(RecurrentStack):
     """A stack of Mogrifier LSTM layers (Melis et al. 2020).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    Weight drop acts on the LSTM's ``W_h``.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         rounds: mogrifier rounds ``r`` (the paper tunes 0..6 and finds 5 or 6 best); 0 is the plain LSTM.
         rank: rank ``k`` of ``Q^i``, ``R^i`` (best 40..90 in the paper); ``k <= 0`` means full rank.
         zigzag: ``False`` for the §4.1 no-zigzag ablation.
@@ -630,8 +631,6 @@ class Mogrifier(RecurrentStack):
         forget_bias: effective initial forget-gate bias (counted once, see :mod:`zoo.lstm`); ``None`` keeps the init.
         fused: with ``rounds == 0``, use ``nn.LSTM``'s kernel when it computes the same function.
         cap_input_gate: ``c' = f * c + min(1 - f, i) * j`` (lamb's option, off by default: the paper's equations).
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range
-            (:class:`~zoo.base.RecurrentStack`). Weight drop acts on the LSTM's ``W_h``.
     """
 
     def __init__(
@@ -648,12 +647,9 @@ class Mogrifier(RecurrentStack):
         cap_input_gate: bool = False,
         **stack_options: Any,
     ) -> None:
-        layers = [
-            MogrifierLayer(
-                input_size if i == 0 else hidden_size, hidden_size, rounds, rank, zigzag, round_bias, fused,
-                cap_input_gate,
-            )
-            for i in range(num_layers)
-        ]  # fmt: skip
-        super().__init__(layers, **stack_options)
-        self.set_forget_bias(forget_bias)  # after init_range, which the base applied
+        layer = functools.partial(
+            MogrifierLayer, rounds=rounds, rank=rank, zigzag=zigzag, round_bias=round_bias, fused=fused,
+            cap_input_gate=cap_input_gate,
+        )  # fmt: skip
+        super().__init__(layer, input_size, hidden_size, num_layers, **stack_options)
+        self.set_forget_bias(forget_bias)

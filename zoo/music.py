@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.architectures import build
-from zoo.base import State
 from zoo.errors import ConfigError
+from zoo.state import State
 
 NUM_NOTES = 88  # piano keys A0 .. C8
 LOWEST_NOTE = 21  # MIDI number of A0: column j of a frame is MIDI note 21 + j

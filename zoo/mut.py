@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State, lerp
+from zoo.base import CellLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class _MUTLayer(CellLayer):
@@ -157,53 +158,35 @@ class MUT3Layer(_MUTLayer):
         return (lerp(h, candidate, z),)  # candidate * z + h * (1 - z)
 
 
-class _MUTStack(RecurrentStack):
-    layer_class: type[_MUTLayer]
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
-        layers = [self.layer_class(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
-
-
-class MUT1(_MUTStack):
+class MUT1(RecurrentStack):
     """A stack of MUT1 layers (Jozefowicz et al. 2015 §4).
 
-    Args:
-        input_size: size of each input vector; when it differs from ``hidden_size`` the first layer learns a
-            projection for its ``tanh(x)`` term (see the module docstring).
-        hidden_size: units per layer.
-        num_layers: stacked layers.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    When ``input_size`` differs from ``hidden_size`` the first layer learns a projection for its ``tanh(x)`` term (see
+    the module docstring).
     """
 
-    layer_class = MUT1Layer
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
+        super().__init__(MUT1Layer, input_size, hidden_size, num_layers, **stack_options)
 
 
-class MUT2(_MUTStack):
+class MUT2(RecurrentStack):
     """A stack of MUT2 layers (Jozefowicz et al. 2015 §4).
 
-    Args:
-        input_size: size of each input vector; when it differs from ``hidden_size`` the first layer learns a
-            projection for the ``x`` of its reset gate (see the module docstring).
-        hidden_size: units per layer.
-        num_layers: stacked layers.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    When ``input_size`` differs from ``hidden_size`` the first layer learns a projection for the ``x`` of its reset
+    gate (see the module docstring).
     """
 
-    layer_class = MUT2Layer
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
+        super().__init__(MUT2Layer, input_size, hidden_size, num_layers, **stack_options)
 
 
-class MUT3(_MUTStack):
+class MUT3(RecurrentStack):
     """A stack of MUT3 layers (Jozefowicz et al. 2015 §4).
 
-    Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
     """
 
-    layer_class = MUT3Layer
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
+        super().__init__(MUT3Layer, input_size, hidden_size, num_layers, **stack_options)

@@ -39,15 +39,17 @@ sets one (every weight keeps the uniform init).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, State
+from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 def cumax(z: Tensor, dim: int = -1) -> Tensor:
@@ -157,15 +159,13 @@ class ONLSTMLayer(CellLayer):
 class ONLSTM(RecurrentStack):
     """A stack of ON-LSTM layers (always the per-step loop: there is no fused kernel for it).
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    ``hidden_size`` is a multiple of ``chunk_size``; ``weight_drop`` covers the whole recurrent matrix, master-gate rows
+    included, as the authors' ``LinearDropConnect`` does.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: neurons per layer, divisible by ``chunk_size``.
-        num_layers: stacked layers.
         chunk_size: ``C``, neurons per master-gate unit. ``None``: the paper's 10 when it divides ``hidden_size``
             (and leaves at least two chunks), otherwise :func:`default_chunk_size`'s largest divisor below 10.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`); ``weight_drop`` covers the whole recurrent matrix, master-gate rows
-            included, as the authors' ``LinearDropConnect`` does.
     """
 
     def __init__(
@@ -178,10 +178,9 @@ class ONLSTM(RecurrentStack):
     ) -> None:
         if chunk_size is None:
             chunk_size = default_chunk_size(hidden_size)
-        layers = [
-            ONLSTMLayer(input_size if i == 0 else hidden_size, hidden_size, chunk_size) for i in range(num_layers)
-        ]
-        super().__init__(layers, **stack_options)
+        super().__init__(
+            partial(ONLSTMLayer, chunk_size=chunk_size), input_size, hidden_size, num_layers, **stack_options
+        )
         self.chunk_size = chunk_size
 
     def split_points(self) -> Tensor:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack, State
+from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.state import State
 
 
 class TanhRNNLayer(FusedLayer):
@@ -29,17 +31,13 @@ class TanhRNNLayer(FusedLayer):
 class TanhRNN(RecurrentStack):
     """A stack of tanh RNN layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         fused: use the fused kernel when it computes the same function.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`).
     """
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, fused: bool = True, **stack_options: Any
     ) -> None:
-        layers = [TanhRNNLayer(input_size if i == 0 else hidden_size, hidden_size, fused) for i in range(num_layers)]
-        super().__init__(layers, **stack_options)
+        super().__init__(partial(TanhRNNLayer, fused=fused), input_size, hidden_size, num_layers, **stack_options)

@@ -26,14 +26,16 @@ stream, or a ``reset``) mean ``ũ = 1``, so a reset stream behaves exactly like 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, State, lerp
+from zoo.base import RecurrentStack, lerp
 from zoo.errors import ConfigError
 from zoo.lstm import LSTMLayer
+from zoo.state import State
 
 
 def round_straight_through(x: Tensor) -> Tensor:
@@ -119,15 +121,13 @@ class SkipLSTMLayer(LSTMLayer):
 class SkipLSTM(RecurrentStack):
     """A stack of Skip LSTM layers, each with its own update gate.
 
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    ``update_bias`` and ``forget_bias`` are applied after ``init_range``.
+
     Args:
-        input_size: size of each input vector.
-        hidden_size: units per layer.
-        num_layers: stacked layers.
         budget_weight: ``λ``, the weight of the budget loss ``λ · Σ_t u_t`` (per layer; 0 turns it off).
         update_bias: initial bias ``b_p`` of the update gate (the authors' default 1.0).
         forget_bias: effective initial forget-gate bias of the LSTM (as the zoo ``lstm``); ``None`` keeps the init.
-        **stack_options: dropout, locked_dropout, state_dropout, weight_drop, init_range (see
-            :class:`~zoo.base.RecurrentStack`); ``update_bias`` and ``forget_bias`` are applied after ``init_range``.
     """
 
     def __init__(
@@ -142,14 +142,12 @@ class SkipLSTM(RecurrentStack):
     ) -> None:
         if budget_weight < 0:
             raise ConfigError(f"skip_lstm: budget_weight must be >= 0, got {budget_weight}")
-        layers = [
-            SkipLSTMLayer(input_size if i == 0 else hidden_size, hidden_size, update_bias) for i in range(num_layers)
-        ]
-        super().__init__(layers, **stack_options)
+        super().__init__(
+            partial(SkipLSTMLayer, update_bias=update_bias), input_size, hidden_size, num_layers, **stack_options
+        )
         self.budget_weight = budget_weight
-        for layer in layers:
+        for layer in self.layers:
             layer.budget_weight = budget_weight
             with torch.no_grad():
                 layer.update_gate.bias.fill_(update_bias)
-            if forget_bias is not None:
-                layer.set_forget_bias(forget_bias)
+        self.set_forget_bias(forget_bias)

@@ -36,9 +36,9 @@ from torch import Tensor
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.temperature import total_nll
-from zoo.base import State, detach_state
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
+from zoo.state import State, detach_state
 
 #: Table 6 of the Mogrifier paper: log-spaced tuning ranges, and the highest ``max_time_steps`` (word / character).
 TABLE6_RANGES = {"learning_rate": (1e-6, 1e-3), "decay_rate": (1e-6, 1e-2), "epsilon": (1e-8, 1e-2)}

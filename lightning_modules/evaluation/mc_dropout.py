@@ -32,10 +32,11 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from zoo.base import RecurrentStack, Resets, State, detach_state
+from zoo.base import RecurrentStack
 from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM
+from zoo.state import Resets, State, detach_state
 
 #: Every dropout rate in the model, by the module that holds it; these modules switch their dropout on with
 #: ``self.training``. (tests/test_evaluation_procedures.py checks that no module has a ``*drop*`` rate missing here.)

@@ -55,9 +55,9 @@ from lightning_modules.evaluation.temperature import (
     golden_section_search,
     total_nll,
 )
-from zoo.base import State, detach_state
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
+from zoo.state import State, detach_state
 
 AUTO = "auto"
 

@@ -25,9 +25,9 @@ from torch import Tensor
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.mc_dropout import MCDropout, log_mean_exp_nll, replica_windows
-from zoo.base import State, detach_state
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
+from zoo.state import State, detach_state
 
 #: Bracket of the search (the issue's choice; LAMB searches [0.8, 1]).
 TEMPERATURE_RANGE = (0.5, 2.0)
