@@ -93,6 +93,21 @@ def cmd_serve(argv: Sequence[str]) -> None:
     print(f"search serve: stopped; {len(server.failed)} silent trial(s) failed", flush=True)
 
 
+def cmd_report(argv: Sequence[str]) -> None:
+    """``lm-zoo search report``: the search's statistics and its list of best cells."""
+    parser = CommandParser(prog="lm-zoo search report", description="the search's statistics and list")
+    parser.add_argument("--storage", required=True, help=f"the workers' --storage: {STORAGE_HELP}")
+    parser.add_argument(
+        "--config", type=config_file, help="the search config (its tasks and thresholds; default: the store's)"
+    )
+    parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    store = SearchStore(args.storage, create=False)
+    result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
+    print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
+
+
 def cmd_search(argv: Sequence[str]) -> None:
     """``lm-zoo search`` (run workers), ``lm-zoo search report`` and ``lm-zoo search serve``."""
     argv = list(argv)
@@ -101,17 +116,7 @@ def cmd_search(argv: Sequence[str]) -> None:
         cmd_serve(argv[1:])
         return
     if argv[:1] == ["report"]:
-        parser = CommandParser(prog="lm-zoo search report", description="the search's statistics and list")
-        parser.add_argument("--storage", required=True, help=f"the workers' --storage: {STORAGE_HELP}")
-        parser.add_argument(
-            "--config", type=config_file, help="the search config (its tasks and thresholds; default: the store's)"
-        )
-        parser.add_argument("--top", type=int, default=10, help="list rows to print (--json: up to 100)")
-        parser.add_argument("--json", action="store_true")
-        args = parser.parse_args(argv[1:])
-        store = SearchStore(args.storage, create=False)
-        result = report(store, load_config(args.config) if args.config else None, top=max(args.top, 100))
-        print(json.dumps(result, indent=1, default=str) if args.json else format_report(result, args.top))
+        cmd_report(argv[1:])
         return
     parser = CommandParser(
         prog="lm-zoo search",
