@@ -66,7 +66,7 @@ from checkpoints.export_read import (
 )
 from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
-from datamodules.corpora import sha256_file
+from datamodules.corpora import REPORTED_SPLITS, sha256_file
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from datamodules.synthetic import xml_closing_tags_matched
@@ -135,11 +135,11 @@ def _results(loaded: LoadedModel, data_root: str | None) -> list[dict[str, Any]]
     So is a music model, each of whose pieces starts from a zero state (at the data module's eval batch size).
     """
     if loaded.is_music:
-        return measure(loaded, ("valid", "test"), None, None, data_root)
+        return measure(loaded, REPORTED_SPLITS, None, None, data_root)
     own = int(loaded.data.get("eval_batch_size") or 1)
     sentences = loaded.tokenizer.bos_id != loaded.tokenizer.eos_id
     batch_sizes = [own] if sentences else sorted({1, own})
-    return [result for size in batch_sizes for result in measure(loaded, ("valid", "test"), size, None, data_root)]
+    return [result for size in batch_sizes for result in measure(loaded, REPORTED_SPLITS, size, None, data_root)]
 
 
 def music_sample(loaded: LoadedModel, directory: Path) -> dict[str, Any]:

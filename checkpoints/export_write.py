@@ -38,6 +38,7 @@ from checkpoints.export_read import (
     read_config,
 )
 from checkpoints.model_card import render_card
+from datamodules.corpora import REPORTED_SPLITS
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.evaluation.music import evaluate_music
 from lightning_modules.evaluation.perplexity import evaluate
@@ -343,7 +344,7 @@ def export(
     source: str | Path,
     out_dir: str | Path,
     *,
-    splits: Sequence[str] = ("valid", "test"),
+    splits: Sequence[str] = REPORTED_SPLITS,
     results: Sequence[dict[str, Any]] | None = None,
     batch_size: int | None = None,
     bptt: int | None = None,

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.export_read import first_mismatch, is_export_file
+from datamodules.corpora import SPLITS
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -120,7 +121,7 @@ def _check_results(results: Any, where: str) -> dict[str, dict[str, float | int]
     if not isinstance(results, dict):
         raise ConfigError(f"{where}: results must be an object of split -> result")
     for split, result in results.items():
-        if split not in ("train", "valid", "test") or not isinstance(result, dict):
+        if split not in SPLITS or not isinstance(result, dict):
             raise ConfigError(f"{where}: results[{split!r}] must be a train/valid/test result object")
         unknown = set(result) - _RESULT_KEYS
         if unknown:

@@ -20,6 +20,7 @@ from commands.common import (
     option,
     quantize_model,
 )
+from datamodules.corpora import SPLITS
 from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
 from lightning_modules.evaluation.music import describe_music, evaluate_music
@@ -33,7 +34,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"])
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
-    parser.add_argument("--split", choices=("train", "valid", "test"), default="test")
+    parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--batch-size", type=int, help="parallel streams (default: the training run's eval batch size)")
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")

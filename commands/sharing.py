@@ -11,7 +11,8 @@ from checkpoints import hub, registered_directory, registry
 from checkpoints.export_read import CONFIG_NAME
 from checkpoints.export_write import export
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
+from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from datamodules.corpora import REPORTED_SPLITS, SPLITS
 from zoo.errors import ConfigError
 
 
@@ -21,7 +22,7 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
     splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
-    parser.add_argument("--splits", nargs="*", default=["valid", "test"], choices=SPLITS, help=splits_help)
+    parser.add_argument("--splits", nargs="*", default=list(REPORTED_SPLITS), choices=SPLITS, help=splits_help)
     results_help = "use `lm-zoo evaluate --json` outputs saved in these files instead of evaluating"
     parser.add_argument("--results", nargs="+", metavar="JSON", help=results_help)
     parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
