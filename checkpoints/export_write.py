@@ -22,13 +22,11 @@ from checkpoints.export_read import (
     CONFIG_NAME,
     CURVE_NAME,
     FORMAT,
-    FORMAT_VERSION,
+    FORMAT_VERSIONS,
     HASHES_KEY,
     INDEX_NAME,
-    MUSIC_HEAD,
     SENTENCEPIECE_NAME,
     STORED_DTYPES,
-    TEXT_FORMAT_VERSION,
     VOCAB_NAME,
     WEIGHTS_NAME,
     LoadedModel,
@@ -39,6 +37,7 @@ from checkpoints.export_read import (
 )
 from checkpoints.model_card import render_card
 from datamodules.corpora import REPORTED_SPLITS
+from datamodules.kinds import MUSIC, kind_of_result
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.evaluation.music import evaluate_music
 from lightning_modules.evaluation.perplexity import evaluate
@@ -89,18 +88,13 @@ def _write_tokenizer(tokenizer: Tokenizer, out: Path) -> dict[str, Any]:
     return entry
 
 
-def is_music_result(result: dict[str, Any]) -> bool:
-    """Whether ``result`` is a music model's (NLL per frame) rather than a text model's (perplexity / bpc)."""
-    return "nll_per_step" in result
-
-
 def result_record(result: dict[str, Any]) -> dict[str, Any]:
     """An ``lm-zoo evaluate`` result as exports keep it (no local paths), a text model's or a music model's.
 
     Raises:
         CheckpointError: the result lacks what a model card must state.
     """
-    music = is_music_result(result)
+    music = kind_of_result(result) is MUSIC
     figures = ("nll_per_step",) if music else ("loss", "ppl")
     missing = [k for k in ("split", *figures, "eval_batch_size", "bptt") if k not in result]
     if missing:
@@ -113,11 +107,11 @@ def result_record(result: dict[str, Any]) -> dict[str, Any]:
 
 def _check_result_kinds(loaded: LoadedModel, results: Sequence[dict[str, Any]]) -> None:
     """Refuse a text model's result for a music model, or the other way round (they would mislabel the card)."""
-    stray = next((r for r in results if is_music_result(r) != loaded.is_music), None)
+    stray = next((r for r in results if kind_of_result(r) is not loaded.kind), None)
     if stray is not None:
-        kind, other = ("music", "perplexity / bpc") if loaded.is_music else ("text", "NLL per frame")
         raise CheckpointError(
-            f"{loaded.source} is a {kind} model but a result to export is a {other} one (split "
+            f"{loaded.source} is a {loaded.kind.name} model but a result to export is a "
+            f"{kind_of_result(stray).metric_words} one (split "
             f"{stray.get('split')!r}): pass the `lm-zoo evaluate --json` output of this model"
         )
 
@@ -135,17 +129,16 @@ def build_config(
             a text model), or a setting is not JSON-like.
     """
     settings = loaded.model.config
-    music = loaded.is_music
     _check_result_kinds(loaded, results)
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
     config = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION if music else TEXT_FORMAT_VERSION,
+        "format_version": FORMAT_VERSIONS[loaded.kind],
         "lm_zoo_version": lm_zoo_version(),
         "architecture": settings["architecture"],
         # A summary: "model" holds every option, a text model's head included; a piano-roll model has one output,
         # a Bernoulli per note, and this names it.
-        "head": MUSIC_HEAD if music else settings["head"],
+        "head": loaded.kind.head or settings["head"],
         "model": settings,
         "num_parameters": loaded.model.num_parameters(),
         "dtype": dtype,
@@ -317,7 +310,7 @@ def measure(
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
-    score = evaluate_music if loaded.is_music else evaluate
+    score = evaluate_music if loaded.kind is MUSIC else evaluate
     return [result_record(score(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from checkpoints.export_read import CURVE_NAME, is_music_config
+from checkpoints.export_read import CURVE_NAME
 from datamodules.corpora import CORPORA
+from datamodules.kinds import BPC, MUSIC, PPL, TEXT, WORD_PPL, kind_of_config, result_figures
 from datamodules.piano_rolls import MUSIC_DATASETS
 
 if TYPE_CHECKING:
@@ -34,15 +35,17 @@ MUSIC_TASK = ("polyphonic-music-modelling", "Polyphonic music modelling (piano r
 MUSIC_TAGS = ["music", "piano-roll", "polyphonic-music"]
 
 
+# A text figure's model-index metric type and its label on the card.
+_FIGURE_NAMES = {
+    PPL: ("perplexity", "perplexity"),
+    BPC: ("bpc", "bits per character"),
+    WORD_PPL: ("word_perplexity", "per-word perplexity"),
+}
+
+
 def _metrics(result: dict[str, Any]) -> list[tuple[str, str, float]]:
-    """(type, label, value) of what a result reports: bpc at the character level, perplexity otherwise."""
-    char_level = "bpc" in result and result.get("tokenizer") != "sentencepiece"
-    metrics = [] if char_level else [("perplexity", "perplexity", result["ppl"])]
-    if "bpc" in result:
-        metrics.append(("bpc", "bits per character", result["bpc"]))
-    if "word_ppl" in result:
-        metrics.append(("word_perplexity", "per-word perplexity", result["word_ppl"]))
-    return metrics
+    """(type, label, value) of what a result reports (:func:`datamodules.kinds.text_figures`)."""
+    return [(*_FIGURE_NAMES[figure], result[figure]) for figure in result_figures(result)]
 
 
 def procedure(result: dict[str, Any]) -> str:
@@ -149,7 +152,7 @@ def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[
             f"frames.{unmarked}{kept}"
         )
     # The curve's validations ran at the run's eval batch size: its result is the one to translate.
-    chars = [r for r in results if "bpc" in r and r.get("tokenizer") != "sentencepiece" and r["split"] == "valid"]
+    chars = [r for r in results if result_figures(r)[:1] == (BPC,) and r["split"] == "valid"]
     own = [r for r in chars if r["eval_batch_size"] == data.get("eval_batch_size")]
     char = (own or chars or [None])[0]
     if char is None:
@@ -460,7 +463,7 @@ def _results_note(config: dict[str, Any]) -> str:
             f"{measured} Each sentence is scored on its own, from a zero state, so the eval batch size does not "
             "change the figures; it and the BPTT length are given all the same."
         )
-    char_level = any("bpc" in r and r.get("tokenizer") != "sentencepiece" for r in config.get("results", []))
+    char_level = any(result_figures(r)[:1] == (BPC,) for r in config.get("results", []))
     figure = "Bits per character depend" if char_level else "Perplexity depends"
     return (
         f"{measured} {figure} on the eval batch size (each stream starts without context) and the BPTT length, so "
@@ -469,7 +472,7 @@ def _results_note(config: dict[str, Any]) -> str:
 
 
 def render_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
-    """The model card of an export.
+    """The model card of an export, a text or a music model's (:func:`render_text_card`, :func:`render_music_card`).
 
     Args:
         config: the export's ``config.json`` contents.
@@ -477,8 +480,12 @@ def render_card(config: dict[str, Any], repo_id: str | None = None, revision: st
         revision: the registry's pinned revision of a bundled model (``checkpoints.bundle``): the usage examples
             then name its short name, and the Hub repo only as the registry's place for it.
     """
-    if is_music_config(config):
-        return render_music_card(config, repo_id, revision)
+    return _RENDERERS[kind_of_config(config)](config, repo_id, revision)
+
+
+def render_text_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
+    """The model card of a text model's export: perplexity or bits per character, samples, the tokenizer (the
+    arguments are :func:`render_card`'s)."""
     model, tokenizer = config["model"], config["tokenizer"]
     training = config.get("training", {})
     corpus = _corpus(config)
@@ -608,3 +615,6 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None, revisi
         "unpickled.",
     )
     return _assemble(config, repo_id, revision, content)
+
+
+_RENDERERS = {TEXT: render_text_card, MUSIC: render_music_card}

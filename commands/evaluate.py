@@ -21,6 +21,7 @@ from commands.common import (
     quantize_model,
 )
 from datamodules.corpora import SPLITS
+from datamodules.kinds import MUSIC, PROCEDURES
 from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
 from lightning_modules.evaluation.music import describe_music, evaluate_music
@@ -59,7 +60,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     quantize_model(loaded, args.quantize, args.device)
     set_matmul_precision(args.matmul_precision)  # for the whole command: temperature search and dynamic steps too
     datamodule = loaded.datamodule(args.corpus, args.data_root)
-    if loaded.is_music:
+    if loaded.kind is MUSIC:
         _evaluate_music(args, loaded, datamodule, procedure)
         return
     options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
@@ -77,10 +78,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:
     """``lm-zoo evaluate`` of a piano-roll model: NLL per frame (the procedures are for softmax models)."""
     if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
-        raise ConfigError(
-            f"{loaded.source} is a music model, scored as it is: --temperature, --long-context, --mc-samples and "
-            "--dynamic apply to text models; drop them"
-        )
+        loaded.kind.refuse(PROCEDURES, loaded.source)
     result = evaluate_music(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
     result["source"] = loaded.source
     result["matmul_precision"] = args.matmul_precision

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.kinds import BPC, TEXT, WORD_PPL
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.windows import IGNORE_INDEX, LMBatch
@@ -422,9 +423,10 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[
         encoded = datamodule.encoded(split)
         ids = np.asarray(getattr(encoded, "ids", encoded))
         result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
-    if datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece":
+    figures = TEXT.figures(datamodule.level == "char", datamodule.tokenizer.kind)
+    if BPC in figures:
         result["bpc"] = nats / units.chars / math.log(2)
-    if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
+    if WORD_PPL in figures:  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     return result
 
