@@ -72,7 +72,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(with_precision(describe(result, char_level=datamodule.level == "char"), args.matmul_precision))
+    print(with_precision(describe(result), args.matmul_precision))
 
 
 def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:

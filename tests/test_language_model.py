@@ -161,6 +161,24 @@ def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatc
     assert float(metrics["val_ppl"]) == pytest.approx(math.exp(float(metrics["val_loss"])), rel=1e-5)
 
 
+def test_training_logs_the_figures_evaluate_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule (datamodules.kinds.text_figures): a SentencePiece model's validation logs bits per character, as
+    `lm-zoo evaluate` reports them, over the same windows; a word model's logs none, as evaluate reports none."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = write_word_corpus(tmp_path, "2")
+    for tokenizer, options in (("sentencepiece", {"vocab_size": 300}), ("word", None)):
+        dm = TextDataModule(
+            str(corpus), batch_size=4, bptt=8, eval_batch_size=2, tokenizer=tokenizer, tokenizer_options=options
+        )
+        model = _tiny_model(vocab=dm.vocab_size)
+        trainer = quiet_trainer()
+        trainer.validate(model, dm, verbose=False)
+        result = evaluate(model.model, dm, "valid")
+        assert ("val_bpc" in trainer.callback_metrics) == ("bpc" in result) == (tokenizer == "sentencepiece")
+        if "bpc" in result:
+            assert float(trainer.callback_metrics["val_bpc"]) == pytest.approx(result["bpc"], rel=1e-5)
+
+
 def test_the_lightning_module_takes_every_network_argument_with_the_same_default() -> None:
     network = inspect.signature(RecurrentLM).parameters
     module = inspect.signature(LanguageModel).parameters

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.kinds import BPC, TEXT, WORD_PPL
+from datamodules.kinds import BPC, TEXT, WORD_PPL, result_figures
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.windows import IGNORE_INDEX, LMBatch
@@ -431,11 +431,12 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[
     return result
 
 
-def describe(result: dict[str, Any], char_level: bool) -> str:
-    """The human-readable line of ``lm-zoo evaluate``: the metric, then every setting it depends on."""
+def describe(result: dict[str, Any]) -> str:
+    """The human-readable line of ``lm-zoo evaluate``: the figure its card quotes first, then every setting it
+    depends on."""
 
     def metric(r: dict[str, Any]) -> str:
-        return f"bpc {r['bpc']:.4f}" if char_level and "bpc" in r else f"ppl {r['ppl']:.2f}"
+        return f"bpc {r['bpc']:.4f}" if result_figures(r)[0] == BPC else f"ppl {r['ppl']:.2f}"
 
     settings = [f"eval batch size {result['eval_batch_size']}", f"bptt {result['bptt']}"]
     if result.get("long_context"):
