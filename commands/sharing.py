@@ -13,6 +13,7 @@ from checkpoints.export_write import export
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
 from datamodules.corpora import REPORTED_SPLITS, SPLITS
+from lightning_modules.evaluation.results import result_from_json
 from zoo.errors import ConfigError
 
 
@@ -51,12 +52,8 @@ def cmd_export(argv: Sequence[str]) -> None:
         print(json.dumps({"out": str(out), "files": files, "results": config["results"]}))
         return
     print(f"{out}: " + ", ".join(f"{name} ({size:,} bytes)" for name, size in files.items()))
-    for result in config["results"]:
-        if "nll_per_step" in result:  # a music model: nats per frame
-            metric = f"NLL per step {result['nll_per_step']:.4f}"
-        else:
-            metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
-        print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
+    for result in map(result_from_json, config["results"]):
+        print(f"  {result.split}: {result.headline()} (eval batch size {result.eval_batch_size}, bptt {result.bptt})")
 
 
 # The Hub writes sizes in powers of 1000 ("5GB"); its parser is private and knows no MiB, which a transfer limit of
