@@ -170,10 +170,10 @@ def run_cell(row: str, name: str, base: dict[str, Any], args: argparse.Namespace
         "best_trial": best.number,
         "best_params": best.params,
         "valid_nll": best.value,
-        "test_nll": result["nll_per_step"],
-        "test_frames": result["frames"],
+        "test_nll": result.nll_per_step,
+        "test_frames": result.frames,
         "paper": paper,
-        "difference": result["nll_per_step"] - paper,
+        "difference": result.nll_per_step - paper,
         "tune_seconds": round(seconds, 1),
         "checkpoint": relative(checkpoint),
     }

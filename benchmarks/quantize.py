@@ -42,10 +42,10 @@ def _scoring(model: torch.nn.Module, loaded: Any) -> dict[str, float]:
     start = time.perf_counter()
     result = evaluate(model, loaded.datamodule(None, None), "test", 1, None, "cpu")
     seconds = time.perf_counter() - start
-    tokens = result["tokens"]
+    tokens = result.tokens
     return {
-        "ppl": result["ppl"],
-        "bptt": result["bptt"],
+        "ppl": result.ppl,
+        "bptt": result.bptt,
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,

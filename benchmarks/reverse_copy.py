@@ -113,8 +113,8 @@ def run_cell(name: str, length: int, args: argparse.Namespace) -> dict[str, Any]
         "best_trial": best.number,
         "best_params": best.params,
         "valid_loss": best.value,
-        "test_loss": result["loss"],
-        "test_tokens": result["tokens"],
+        "test_loss": result.loss,
+        "test_tokens": result.tokens,
         "tune_seconds": round(seconds, 1),
         "checkpoint": relative(checkpoint),
     }

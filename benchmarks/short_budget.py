@@ -59,7 +59,7 @@ def train_briefly(
         embedding_init_range=0.1,  # N(0, 1) word vectors (nn.Embedding's default) give huge initial logits when tied
         cell_options=cell_options,
     )
-    before = evaluate(model.model, datamodule, "valid")["ppl"]
+    before = evaluate(model.model, datamodule, "valid").ppl
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.0, 0.999))
     model.train()
     model.on_train_epoch_start()  # a fresh carried state
@@ -76,7 +76,7 @@ def train_briefly(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
     seconds = time.perf_counter() - start
-    after = evaluate(model.model, datamodule, "valid")["ppl"]
+    after = evaluate(model.model, datamodule, "valid").ppl
     return {
         "architecture": architecture,
         "parameters": sum(p.numel() for p in model.model.rnn.parameters()),

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from checkpoints import hub, load
 from checkpoints.export_write import export_model, measure
+from datamodules.corpora import REPORTED_SPLITS
 from zoo.errors import CheckpointError
 
 
@@ -65,7 +66,7 @@ class PublishBest(Callback):
         self.revision = revision
         self.tag = tag
         self.endpoint = endpoint
-        self.eval_splits = ["valid", "test"] if eval_splits is None else list(eval_splits)
+        self.eval_splits = list(REPORTED_SPLITS if eval_splits is None else eval_splits)
         self.eval_batch_size = eval_batch_size
         self.eval_bptt = eval_bptt
         self.exported: Path | None = None

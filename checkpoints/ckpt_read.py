@@ -15,6 +15,7 @@ import yaml
 from torch import Tensor
 
 from checkpoints.export_read import LoadedModel, build_model, build_music_model, load_weights, public_settings
+from datamodules.kinds import MUSIC, TEXT
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.language_model import MODEL_PREFIX, TRAINING_OPTIONS
 from lightning_modules.music import TRAINING_OPTIONS as MUSIC_TRAINING_OPTIONS
@@ -146,10 +147,11 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
     ckpt = _read_ckpt(path)
     if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise CheckpointError(f"{path} holds no model weights and settings: pass a .ckpt written by `lm-zoo fit`")
-    music = any(isinstance(value, dict) and isinstance(value.get("music"), dict) for value in ckpt.values())
-    tokenizer = None if music else _find_tokenizer(ckpt, path)
+    # A MusicDataModule's state holds its "music" settings; a text data module's its tokenizer.
+    kind = MUSIC if any(isinstance(v, dict) and isinstance(v.get("music"), dict) for v in ckpt.values()) else TEXT
+    tokenizer = _find_tokenizer(ckpt, path) if kind.has_tokenizer else None
     settings = public_settings(ckpt["hyper_parameters"])
-    if music:
+    if kind is MUSIC:
         network = {name: value for name, value in settings.items() if name not in MUSIC_TRAINING_OPTIONS}
         network["num_notes"] = network.pop("vocab_size")  # the LightningModule's name (the data's, linked)
         model = build_music_model(network, str(path))

@@ -29,8 +29,9 @@ Format 3 adds models of piano-roll music (:class:`zoo.music.PianoRollLM`), told 
 Bernoulli per note; a text model's head is ``softmax``, ``nce``, ...). Their ``model`` holds ``PianoRollLM.config``,
 ``"tokenizer"`` is ``null`` (a frame of 88 notes is its own input: there is no tokenizer and no tokenizer file),
 ``training.data`` the ``MusicDataModule`` settings (``dataset``, batch sizes, BPTT, ...) and ``results`` the
-``lm-zoo evaluate`` records of music (:data:`MUSIC_RESULT_KEYS`: ``nll_per_step``, nats per frame summed over the
-notes, and ``nll_per_note``, with the frames, pieces, eval batch size and BPTT). An export says the lowest version
+``lm-zoo evaluate`` records of music (:class:`~lightning_modules.evaluation.results.MusicResult`: ``nll_per_step``,
+nats per frame summed over the notes, and ``nll_per_note``, with the frames, pieces, eval batch size and BPTT). An
+export says the lowest version
 that describes it: text exports are still written as format 2, byte for byte as before, so an lm-zoo from before
 music reads them; a music export is format 3, so such an lm-zoo asks to be upgraded instead of failing on its
 ``null`` tokenizer.
@@ -57,6 +58,7 @@ from torch import Tensor
 import datamodules
 import zoo
 from datamodules.corpora import sha256_file
+from datamodules.kinds import MUSIC, TEXT, ModelKind, kind_of_config
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, ConfigError, LMZooError, clip
 from zoo.language_model import RecurrentLM
@@ -67,9 +69,9 @@ if TYPE_CHECKING:
 
 
 FORMAT = "lm-zoo"
-FORMAT_VERSION = 3  # the newest this lm-zoo reads (and writes, for music)
-TEXT_FORMAT_VERSION = 2  # what a text model's export is written as: unchanged since format 2
-MUSIC_HEAD = "bernoulli"  # config.json's "head" of a piano-roll model: one Bernoulli per note (zoo.music)
+FORMAT_VERSION = 3  # the newest this lm-zoo reads
+# What each kind's export is written as: the lowest version that describes it (a text model's is unchanged since 2).
+FORMAT_VERSIONS = {TEXT: 2, MUSIC: FORMAT_VERSION}
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"
@@ -121,9 +123,9 @@ class LoadedModel:
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def is_music(self) -> bool:
-        """Whether this is a model of piano-roll frames (``lm-zoo evaluate`` and ``generate`` treat it as music)."""
-        return isinstance(self.model, PianoRollLM)
+    def kind(self) -> ModelKind:
+        """Text or music (a model of piano-roll frames): what its figures, data, output and commands are."""
+        return MUSIC if isinstance(self.model, PianoRollLM) else TEXT
 
     def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> StreamData:
         """The data module the model was trained with (its class and settings, or on ``corpus``: for a music model
@@ -136,7 +138,7 @@ class LoadedModel:
         """
         settings = dict(self.data)
         data_class = data_module_class(settings.pop("class_path", None), self.source)
-        key = "dataset" if self.is_music else "corpus"
+        key = self.kind.data_key
         # A module that generates its examples from its settings (the reverse-copy task) reads no corpus files.
         reads_files = key in inspect.signature(data_class).parameters
         if corpus is not None and not reads_files:
@@ -351,21 +353,16 @@ def read_config(directory: Path, where: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{where} is in export format {version!r}, newer than this lm-zoo reads ({FORMAT_VERSION}): upgrade lm-zoo"
         )
-    music = is_music_config(config)
-    for key in ("model",) if music else ("model", "tokenizer"):
+    kind = kind_of_config(config)
+    for key in ("model", "tokenizer") if kind.has_tokenizer else ("model",):
         if not isinstance(config.get(key), dict):
             raise CheckpointError(f'{where}: {CONFIG_NAME} has no "{key}" object; export the model again')
-    if music and config.get("tokenizer") is not None:
+    if not kind.has_tokenizer and config.get("tokenizer") is not None:
         raise CheckpointError(
-            f'{where}: {CONFIG_NAME} is a music model\'s ("head": "{MUSIC_HEAD}") yet names a tokenizer; a piano-roll '
-            'model has none ("tokenizer": null): export the model again'
+            f'{where}: {CONFIG_NAME} is a {kind.name} model\'s ("head": "{kind.head}") yet names a tokenizer; a '
+            'piano-roll model has none ("tokenizer": null): export the model again'
         )
     return config
-
-
-def is_music_config(config: dict[str, Any]) -> bool:
-    """Whether an export's ``config.json`` is a piano-roll model's (``"head": "bernoulli"``)."""
-    return config.get("head") == MUSIC_HEAD
 
 
 def _read_vocab(path: Path, where: str) -> tuple[list[str], list[int]]:
@@ -545,9 +542,9 @@ def load_export(
             f"{where}: {CONFIG_NAME} names architecture {architecture!r}, which this lm-zoo does not have "
             f"(it has {', '.join(zoo.names())}): upgrade lm-zoo"
         )
-    if is_music_config(config):
-        tokenizer = None  # a frame is its own input
-        model = build_music_model(hparams, where)
+    tokenizer: Tokenizer | None = None  # a music model's frame is its own input
+    if kind_of_config(config) is MUSIC:
+        model: RecurrentLM | PianoRollLM = build_music_model(hparams, where)
     else:
         tokenizer = _read_tokenizer(directory, config["tokenizer"], where)
         if config["format_version"] == 1:  # the LanguageModel's settings: its training-only ar / tar are dropped

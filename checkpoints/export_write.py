@@ -10,7 +10,7 @@ import os
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file, save_model
@@ -22,13 +22,11 @@ from checkpoints.export_read import (
     CONFIG_NAME,
     CURVE_NAME,
     FORMAT,
-    FORMAT_VERSION,
+    FORMAT_VERSIONS,
     HASHES_KEY,
     INDEX_NAME,
-    MUSIC_HEAD,
     SENTENCEPIECE_NAME,
     STORED_DTYPES,
-    TEXT_FORMAT_VERSION,
     VOCAB_NAME,
     WEIGHTS_NAME,
     LoadedModel,
@@ -38,29 +36,19 @@ from checkpoints.export_read import (
     read_config,
 )
 from checkpoints.model_card import render_card
+from datamodules.corpora import REPORTED_SPLITS
+from datamodules.kinds import MUSIC
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.evaluation.music import evaluate_music
 from lightning_modules.evaluation.perplexity import evaluate
+from lightning_modules.evaluation.results import EvaluationResult, result_from_json
 from zoo.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from datamodules.stream_data import StreamData
 
 # Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
 _LOCAL_DATA_SETTINGS = ("data_root",)
-# What an evaluation result keeps in config.json and the card ("source" is a local path).
-RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
-# The same for a music model (lightning_modules.evaluation.music.evaluate_music): nats per frame, summed over the 88
-# notes.
-MUSIC_RESULT_KEYS = ("split", "dataset", "nll_per_step", "nll_per_note", "frames", "pieces", "eval_batch_size", "bptt")
-# How a result was obtained (lm-zoo evaluate's procedures): kept, so a tempered, MC-dropout or dynamic-evaluation
-# number is never shown as a plain deterministic one.
-PROCEDURE_KEYS = (
-    "method",
-    "long_context",
-    "temperature",
-    "temperature_search",
-    "mc_samples",
-    "dropout_scale",
-    "dynamic",
-)
 
 
 def _jsonable(value: Any, what: str) -> Any:
@@ -88,42 +76,28 @@ def _write_tokenizer(tokenizer: Tokenizer, out: Path) -> dict[str, Any]:
     return entry
 
 
-def is_music_result(result: dict[str, Any]) -> bool:
-    """Whether ``result`` is a music model's (NLL per frame) rather than a text model's (perplexity / bpc)."""
-    return "nll_per_step" in result
-
-
-def result_record(result: dict[str, Any]) -> dict[str, Any]:
-    """An ``lm-zoo evaluate`` result as exports keep it (no local paths), a text model's or a music model's.
+def typed_result(result: EvaluationResult | dict[str, Any]) -> EvaluationResult:
+    """An evaluation result, as scored or as its JSON (``lm-zoo evaluate --json``, an export's ``config.json``).
 
     Raises:
-        CheckpointError: the result lacks what a model card must state.
+        CheckpointError: the JSON lacks what a model card must state, or holds what this lm-zoo does not know.
     """
-    music = is_music_result(result)
-    figures = ("nll_per_step",) if music else ("loss", "ppl")
-    missing = [k for k in ("split", *figures, "eval_batch_size", "bptt") if k not in result]
-    if missing:
-        raise CheckpointError(
-            f"an evaluation result lacks {', '.join(missing)}: pass the output of `lm-zoo evaluate --json`"
-        )
-    keys = MUSIC_RESULT_KEYS if music else RESULT_KEYS + PROCEDURE_KEYS
-    return {k: result[k] for k in keys if k in result}
+    return result_from_json(result) if isinstance(result, dict) else result
 
 
-def _check_result_kinds(loaded: LoadedModel, results: Sequence[dict[str, Any]]) -> None:
+def _check_result_kinds(loaded: LoadedModel, results: Sequence[EvaluationResult]) -> None:
     """Refuse a text model's result for a music model, or the other way round (they would mislabel the card)."""
-    stray = next((r for r in results if is_music_result(r) != loaded.is_music), None)
+    stray = next((r for r in results if r.kind is not loaded.kind), None)
     if stray is not None:
-        kind, other = ("music", "perplexity / bpc") if loaded.is_music else ("text", "NLL per frame")
         raise CheckpointError(
-            f"{loaded.source} is a {kind} model but a result to export is a {other} one (split "
-            f"{stray.get('split')!r}): pass the `lm-zoo evaluate --json` output of this model"
+            f"{loaded.source} is a {loaded.kind.name} model but a result to export is a {stray.kind.metric_words} "
+            f"one (split {stray.split!r}): pass the `lm-zoo evaluate --json` output of this model"
         )
 
 
 def build_config(
     loaded: LoadedModel,
-    results: Sequence[dict[str, Any]],
+    results: Sequence[EvaluationResult],
     tokenizer_entry: dict[str, Any] | None,
     dtype: str = "float32",
 ) -> dict:
@@ -134,23 +108,22 @@ def build_config(
             a text model), or a setting is not JSON-like.
     """
     settings = loaded.model.config
-    music = loaded.is_music
     _check_result_kinds(loaded, results)
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
     config = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION if music else TEXT_FORMAT_VERSION,
+        "format_version": FORMAT_VERSIONS[loaded.kind],
         "lm_zoo_version": lm_zoo_version(),
         "architecture": settings["architecture"],
         # A summary: "model" holds every option, a text model's head included; a piano-roll model has one output,
         # a Bernoulli per note, and this names it.
-        "head": MUSIC_HEAD if music else settings["head"],
+        "head": loaded.kind.head or settings["head"],
         "model": settings,
         "num_parameters": loaded.model.num_parameters(),
         "dtype": dtype,
         "tokenizer": tokenizer_entry,
         "training": training,
-        "results": [result_record(r) for r in results],
+        "results": [result.to_json(stored=True) for result in results],
     }
     return _jsonable(config, "the model's settings")
 
@@ -158,7 +131,7 @@ def build_config(
 def export_model(
     loaded: LoadedModel,
     out_dir: str | Path,
-    results: Sequence[dict[str, Any]] | None = None,
+    results: Sequence[EvaluationResult | dict[str, Any]] | None = None,
     dtype: str = "float32",
     curve: Path | None = None,
     repo_id: str | None = None,
@@ -172,7 +145,8 @@ def export_model(
         loaded: the model (e.g. from :func:`checkpoints.load`); its weights are written as they are, so a
             weight-averaged checkpoint exports the averaged weights.
         out_dir: created if needed; a previous export there is replaced.
-        results: ``lm-zoo evaluate`` results for the model card; ``None`` keeps those ``loaded`` came with.
+        results: ``lm-zoo evaluate`` results (or their JSON) for the model card; ``None`` keeps those ``loaded`` came
+            with.
         dtype: ``float32``, or ``float16`` for half the size (loading casts back to float32; results measured on
             the float32 weights are then no longer those of the stored ones: measure the export itself).
         curve: a learning-curve PNG to ship as ``learning_curve.png`` (the card shows it).
@@ -202,7 +176,7 @@ def export_model(
         raise CheckpointError(f"an export does not ship {unknown[0]!r}: its extra files are {', '.join(ASSET_NAMES)}")
     # Read before clearing: an asset may be this export's own file (a bundle rebuilt in place).
     contents = {name: path.read_bytes() for name, path in files.items()}
-    results = loaded.results if results is None else results
+    results = [typed_result(r) for r in (loaded.results if results is None else results)]
     _check_result_kinds(loaded, results)  # before writing anything
     out.mkdir(parents=True, exist_ok=True)
     # Everything is written into a folder beside ``out`` first: a write that fails (a full disk, a permission taken
@@ -306,7 +280,7 @@ def measure(
     bptt: int | None = None,
     data_root: str | None = None,
     device: str = "cpu",
-) -> list[dict[str, Any]]:
+) -> list[EvaluationResult]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
     A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
@@ -316,8 +290,26 @@ def measure(
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
-    score = evaluate_music if loaded.is_music else evaluate
-    return [result_record(score(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
+    return [score(loaded, datamodule, split, batch_size, bptt, device) for split in splits]
+
+
+def score(
+    loaded: LoadedModel,
+    datamodule: StreamData,
+    split: str,
+    batch_size: int | None = None,
+    bptt: int | None = None,
+    device: str = "cpu",
+    **procedure: Any,
+) -> EvaluationResult:
+    """Score one split of ``datamodule`` with ``loaded``, as its kind is scored: a text model by
+    :func:`lightning_modules.evaluation.perplexity.evaluate` with ``procedure`` (its keyword arguments: temperature,
+    MC dropout, dynamic evaluation, ...), a music model by :func:`lightning_modules.evaluation.music.evaluate_music`,
+    which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`).
+    """
+    if loaded.kind is MUSIC:
+        return evaluate_music(loaded.model, datamodule, split, batch_size, bptt, device)  # type: ignore[arg-type]
+    return evaluate(loaded.model, datamodule, split, batch_size, bptt, device, **procedure)  # type: ignore[arg-type]
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
@@ -343,7 +335,7 @@ def export(
     source: str | Path,
     out_dir: str | Path,
     *,
-    splits: Sequence[str] = ("valid", "test"),
+    splits: Sequence[str] = REPORTED_SPLITS,
     results: Sequence[dict[str, Any]] | None = None,
     batch_size: int | None = None,
     bptt: int | None = None,

@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from checkpoints.export_read import CURVE_NAME, is_music_config
+from checkpoints.export_read import CURVE_NAME
 from datamodules.corpora import CORPORA
+from datamodules.kinds import BPC, MUSIC, PPL, TEXT, WORD_PPL, kind_of_config
 from datamodules.piano_rolls import MUSIC_DATASETS
+from lightning_modules.evaluation.results import EvaluationResult, MusicResult, TextResult, result_from_json
 
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult
@@ -34,33 +36,27 @@ MUSIC_TASK = ("polyphonic-music-modelling", "Polyphonic music modelling (piano r
 MUSIC_TAGS = ["music", "piano-roll", "polyphonic-music"]
 
 
-def _metrics(result: dict[str, Any]) -> list[tuple[str, str, float]]:
-    """(type, label, value) of what a result reports: bpc at the character level, perplexity otherwise."""
-    char_level = "bpc" in result and result.get("tokenizer") != "sentencepiece"
-    metrics = [] if char_level else [("perplexity", "perplexity", result["ppl"])]
-    if "bpc" in result:
-        metrics.append(("bpc", "bits per character", result["bpc"]))
-    if "word_ppl" in result:
-        metrics.append(("word_perplexity", "per-word perplexity", result["word_ppl"]))
-    return metrics
+# A text figure's model-index metric type and its label on the card.
+_FIGURE_NAMES = {
+    PPL: ("perplexity", "perplexity"),
+    BPC: ("bpc", "bits per character"),
+    WORD_PPL: ("word_perplexity", "per-word perplexity"),
+}
 
 
-def procedure(result: dict[str, Any]) -> str:
-    """How ``result`` was measured, in words: ``deterministic``, or the evaluation procedure and its settings."""
-    parts = [str(result.get("method", "deterministic"))]
-    if result.get("mc_samples"):
-        parts.append(f"{result['mc_samples']} samples, dropout scale {result.get('dropout_scale', 1.0)}")
-    temperature = result.get("temperature", 1.0)
-    if temperature != 1.0:
-        found = " (searched on valid)" if result.get("temperature_search") else ""
-        parts.append(f"temperature {temperature:.4g}{found}")
-    dynamic = result.get("dynamic")
-    if dynamic:
-        parts.append(
-            f"lr {dynamic['learning_rate']:.3g}, decay {dynamic['decay_rate']:.3g}, "
-            f"{dynamic['max_time_steps']} steps per segment"
-        )
-    return ", ".join(parts)
+def _metrics(result: TextResult) -> list[tuple[str, str, float]]:
+    """(type, label, value) of what a result reports (:func:`datamodules.kinds.text_figures`)."""
+    return [(*_FIGURE_NAMES[name], value) for name, value in result.figures()]
+
+
+def _results(config: dict[str, Any]) -> list[Any]:
+    """The results in ``config``, typed (:mod:`lightning_modules.evaluation.results`)."""
+    return [result_from_json(result) for result in config.get("results", [])]
+
+
+def _quotes_bpc(result: EvaluationResult) -> bool:
+    """Whether the figure ``result`` quotes first is bits per character."""
+    return result.figures()[0][0] == BPC
 
 
 def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
@@ -68,9 +64,9 @@ def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
     from huggingface_hub import EvalResult  # deferred, as in checkpoints.hub: most commands never write a card
 
     entries = []
-    for result in config.get("results", []):
-        split = _SPLIT_NAMES.get(result["split"], result["split"])
-        batch, bptt = result["eval_batch_size"], result["bptt"]
+    for result in _results(config):
+        split = _SPLIT_NAMES.get(result.split, result.split)
+        batch, bptt, procedure = result.eval_batch_size, result.bptt, result.procedure.summary()
         for metric, label, value in _metrics(result):
             entries.append(
                 EvalResult(
@@ -81,9 +77,9 @@ def eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]:
                     dataset_split=split,
                     metric_type=metric,
                     metric_value=round(value, 4),
-                    metric_name=f"{split} {label} ({procedure(result)}; eval batch size {batch}, BPTT {bptt})",
-                    metric_config=f"eval_batch_size={batch},bptt={bptt},procedure={procedure(result)}",
-                    metric_args={"eval_batch_size": batch, "bptt": bptt, "tokens": result.get("tokens")},
+                    metric_name=f"{split} {label} ({procedure}; eval batch size {batch}, BPTT {bptt})",
+                    metric_config=f"eval_batch_size={batch},bptt={bptt},procedure={procedure}",
+                    metric_args={"eval_batch_size": batch, "bptt": bptt, "tokens": result.tokens},
                 )
             )
     return entries
@@ -123,7 +119,7 @@ def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> lis
     return lines
 
 
-def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[dict[str, Any]], unit: str) -> str:
+def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[EvaluationResult], unit: str) -> str:
     """What the learning curve shows, in words: from its stored points (``training.run.curve``), or, for a picture
     drawn before curves were stored, the units it was drawn in."""
     curve = run.get("curve")
@@ -149,8 +145,8 @@ def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[
             f"frames.{unmarked}{kept}"
         )
     # The curve's validations ran at the run's eval batch size: its result is the one to translate.
-    chars = [r for r in results if "bpc" in r and r.get("tokenizer") != "sentencepiece" and r["split"] == "valid"]
-    own = [r for r in chars if r["eval_batch_size"] == data.get("eval_batch_size")]
+    chars = [r for r in results if isinstance(r, TextResult) and _quotes_bpc(r) and r.split == "valid"]
+    own = [r for r in chars if r.eval_batch_size == data.get("eval_batch_size")]
     char = (own or chars or [None])[0]
     if char is None:
         return (
@@ -160,15 +156,15 @@ def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[
     return (
         "The curve: the training loss in nats per character (left; divided by ln 2 it is bits per character) and the "
         "validation perplexity per character (right), not bits per character: bpc = log2(perplexity), so the "
-        f"measured validation {char['bpc']:.4f} bpc (eval batch size {char['eval_batch_size']}) is "
-        f"{2 ** char['bpc']:.3f} on that scale. Both are against training tokens (characters).{unmarked}{kept}"
+        f"measured validation {char.bpc:.4f} bpc (eval batch size {char.eval_batch_size}) is "
+        f"{2**char.bpc:.3f} on that scale. Both are against training tokens (characters).{unmarked}{kept}"
     )
 
 
 def _run_section(
     run: dict[str, Any] | None,
     training: dict[str, Any] | None = None,
-    results: list[dict[str, Any]] | None = None,
+    results: list[EvaluationResult] | None = None,
     unit: str = "token",
 ) -> list[str]:
     """How the model was made (``release.bundle`` records it): command, provenance, speed, the run's length and
@@ -410,7 +406,7 @@ def _assemble(config: dict[str, Any], repo_id: str | None, revision: str | None,
     else:
         lines.append("No results were measured for this export.")
     training = config.get("training", {})
-    lines += _run_section(content.run, training, config.get("results", []), content.unit)
+    lines += _run_section(content.run, training, _results(config), content.unit)
     lines += _usage(config, repo_id, revision, content.generate_options, content.python)
     lines += [
         "",
@@ -426,7 +422,7 @@ def _assemble(config: dict[str, Any], repo_id: str | None, revision: str | None,
     return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
 
 
-def _results_table(results: list[dict[str, Any]]) -> list[str]:
+def _results_table(results: list[TextResult]) -> list[str]:
     """A text model's results: one row per split and metric, with the procedure and the settings it depends on."""
     if not results:
         return []
@@ -437,8 +433,8 @@ def _results_table(results: list[dict[str, Any]]) -> list[str]:
     for result in results:
         for _, label, value in _metrics(result):
             lines.append(
-                f"| {result['split']} | {label} | {value:.4f} | {procedure(result)} | "
-                f"{result.get('tokens', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
+                f"| {result.split} | {label} | {value:.4f} | {result.procedure.summary()} | "
+                f"{result.tokens or 0:,} | {result.eval_batch_size} | {result.bptt} |"
             )
     return lines
 
@@ -460,7 +456,7 @@ def _results_note(config: dict[str, Any]) -> str:
             f"{measured} Each sentence is scored on its own, from a zero state, so the eval batch size does not "
             "change the figures; it and the BPTT length are given all the same."
         )
-    char_level = any("bpc" in r and r.get("tokenizer") != "sentencepiece" for r in config.get("results", []))
+    char_level = any(_quotes_bpc(r) for r in _results(config))
     figure = "Bits per character depend" if char_level else "Perplexity depends"
     return (
         f"{measured} {figure} on the eval batch size (each stream starts without context) and the BPTT length, so "
@@ -469,7 +465,7 @@ def _results_note(config: dict[str, Any]) -> str:
 
 
 def render_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
-    """The model card of an export.
+    """The model card of an export, a text or a music model's (:func:`render_text_card`, :func:`render_music_card`).
 
     Args:
         config: the export's ``config.json`` contents.
@@ -477,8 +473,12 @@ def render_card(config: dict[str, Any], repo_id: str | None = None, revision: st
         revision: the registry's pinned revision of a bundled model (``release.bundle``): the usage examples
             then name its short name, and the Hub repo only as the registry's place for it.
     """
-    if is_music_config(config):
-        return render_music_card(config, repo_id, revision)
+    return _RENDERERS[kind_of_config(config)](config, repo_id, revision)
+
+
+def render_text_card(config: dict[str, Any], repo_id: str | None = None, revision: str | None = None) -> str:
+    """The model card of a text model's export: perplexity or bits per character, samples, the tokenizer (the
+    arguments are :func:`render_card`'s)."""
     model, tokenizer = config["model"], config["tokenizer"]
     training = config.get("training", {})
     corpus = _corpus(config)
@@ -496,7 +496,7 @@ def render_card(config: dict[str, Any], repo_id: str | None = None, revision: st
         f"{_HEAD_NAMES.get(head, f'a {head}')} output layer, trained with lm-zoo on `{corpus}` "
         f"({tokenizer['kind']} tokens, vocabulary {tokenizer['vocab_size']:,}): {config.get('num_parameters', 0):,} "
         f"parameters, embeddings of {model.get('embedding_size')}{tied}, dropout {model.get('dropout')}.",
-        results_table=_results_table(config.get("results", [])),
+        results_table=_results_table(_results(config)),
         results_note=_results_note(config),
         run=training.get("run"),
         unit="token",
@@ -527,23 +527,19 @@ def music_eval_results(config: dict[str, Any], dataset: str) -> list[EvalResult]
             task_name=MUSIC_TASK[1],
             dataset_type=dataset,
             dataset_name=spec.title if spec is not None else dataset,
-            dataset_split=_SPLIT_NAMES.get(result["split"], result["split"]),
+            dataset_split=_SPLIT_NAMES.get(result.split, result.split),
             metric_type=metric,
-            metric_value=round(result["nll_per_step"], 4),
+            metric_value=round(result.nll_per_step, 4),
             metric_name=label,
             # Every piece starts from a zero state: batch size and BPTT do not change the figure, but are recorded.
-            metric_config=f"eval_batch_size={result['eval_batch_size']},bptt={result['bptt']}",
-            metric_args={
-                "eval_batch_size": result["eval_batch_size"],
-                "bptt": result["bptt"],
-                "frames": result.get("frames"),
-            },
+            metric_config=f"eval_batch_size={result.eval_batch_size},bptt={result.bptt}",
+            metric_args={"eval_batch_size": result.eval_batch_size, "bptt": result.bptt, "frames": result.frames},
         )
-        for result in config.get("results", [])
+        for result in _results(config)
     ]
 
 
-def _music_results_table(results: list[dict[str, Any]]) -> list[str]:
+def _music_results_table(results: list[MusicResult]) -> list[str]:
     """A music model's results: NLL per time step and per note on each split, with the frames and pieces read."""
     if not results:
         return []
@@ -552,11 +548,11 @@ def _music_results_table(results: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        per_note = result.get("nll_per_note")
+        per_note = result.nll_per_note
         lines.append(
-            f"| {result['split']} | {result['nll_per_step']:.4f} | "
-            f"{'—' if per_note is None else f'{per_note:.5f}'} | {result.get('frames', 0):,} | "
-            f"{result.get('pieces', 0):,} | {result['eval_batch_size']} | {result['bptt']} |"
+            f"| {result.split} | {result.nll_per_step:.4f} | "
+            f"{'—' if per_note is None else f'{per_note:.5f}'} | {result.frames or 0:,} | "
+            f"{result.pieces or 0:,} | {result.eval_batch_size} | {result.bptt} |"
         )
     return lines
 
@@ -589,7 +585,7 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None, revisi
         f"{model.get('num_notes')} piano notes sounding in one time step, and gives every note of the next frame its "
         f"own Bernoulli (a sigmoid output layer): {config.get('num_parameters', 0):,} parameters, dropout "
         f"{model.get('dropout')}.",
-        results_table=_music_results_table(config.get("results", [])),
+        results_table=_music_results_table(_results(config)),
         results_note="The negative log-likelihood of each frame, summed over the notes and averaged over the frames "
         "(Jozefowicz et al. 2015, Table 2), measured with `lm-zoo evaluate` (dropout off). Every piece starts from "
         "the zero state, so the eval batch size and BPTT do not change it; both are given all the same.",
@@ -608,3 +604,6 @@ def render_music_card(config: dict[str, Any], repo_id: str | None = None, revisi
         "unpickled.",
     )
     return _assemble(config, repo_id, revision, content)
+
+
+_RENDERERS = {TEXT: render_text_card, MUSIC: render_music_card}

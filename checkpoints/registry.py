@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.export_read import check_hashes, is_export_file
+from datamodules.corpora import SPLITS
+from datamodules.kinds import METRICS, TEXT, ModelKind, kind_of_config, kind_of_result, kinds_of_result, result_figures
 from zoo.errors import CheckpointError, ConfigError
 
 REGISTRY_VERSION = 2
@@ -67,10 +69,7 @@ REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
 _OPTIONAL = {"check_results", "int8_results", "description", "num_parameters", "size_bytes", "files", "training"}
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-_TEXT_METRICS = ("ppl", "bpc")
-_MUSIC_METRICS = ("nll_per_step",)  # a piano-roll model's (lightning_modules.evaluation.music.evaluate_music)
-_METRICS = _TEXT_METRICS + _MUSIC_METRICS
-_RESULT_KEYS = {*_METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames"}
+_RESULT_KEYS = {*METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames"}
 
 
 @dataclass(frozen=True)
@@ -94,9 +93,9 @@ class RegistryEntry:
     training: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def is_music(self) -> bool:
-        """Whether this is a piano-roll model (its results are NLL per frame, its samples MIDI files)."""
-        return any(_MUSIC_METRICS[0] in result for result in self.results.values())
+    def kind(self) -> ModelKind:
+        """Text or music, told by its results' figures (a music model's are NLL per frame)."""
+        return next((kind_of_result(result) for result in self.results.values()), TEXT)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON (with its name)."""
@@ -120,17 +119,17 @@ def _check_results(results: Any, where: str) -> dict[str, dict[str, float | int]
     if not isinstance(results, dict):
         raise ConfigError(f"{where}: results must be an object of split -> result")
     for split, result in results.items():
-        if split not in ("train", "valid", "test") or not isinstance(result, dict):
+        if split not in SPLITS or not isinstance(result, dict):
             raise ConfigError(f"{where}: results[{split!r}] must be a train/valid/test result object")
         unknown = set(result) - _RESULT_KEYS
         if unknown:
             raise ConfigError(f"{where}: results[{split!r}] has unknown keys {sorted(unknown)}")
-        if any(m in result for m in _TEXT_METRICS) and any(m in result for m in _MUSIC_METRICS):
+        if len(kinds_of_result(result)) > 1:
             raise ConfigError(
                 f"{where}: results[{split!r}] mixes a text model's ppl/bpc with a music model's nll_per_step: keep "
                 "the figures of the model's kind"
             )
-        metrics = [result[m] for m in _METRICS if m in result]
+        metrics = [result[m] for m in METRICS if m in result]
         if not metrics or not all(_positive_number(m) for m in metrics):
             raise ConfigError(f"{where}: results[{split!r}] needs a positive ppl or bpc (a music model: nll_per_step)")
         for key in ("eval_batch_size", "bptt"):
@@ -267,7 +266,7 @@ def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) ->
     tests = [r for r in config.get("results", []) if r["split"] == "test"]
     check = max(tests, key=lambda r: r["eval_batch_size"], default=None)  # the first of the largest batch size
     data = config.get("training", {}).get("data", {})
-    corpus = Path(str(data.get("corpus") or data.get("dataset") or "unknown")).name  # a music model's: its dataset
+    corpus = Path(str(data.get(kind_of_config(config).data_key) or "unknown")).name
     model = config.get("model", {})
     return RegistryEntry(
         name=name,
@@ -284,10 +283,7 @@ def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) ->
 def _registry_result(result: dict[str, Any]) -> dict[str, float | int]:
     """A ``config.json`` result as the registry keeps it: its metric (a music model's NLL per frame, a character
     model's bpc, else ppl), eval batch size, BPTT and token (frame) count."""
-    if "nll_per_step" in result:
-        metric, count = "nll_per_step", "frames"
-    else:
-        metric, count = "bpc" if "bpc" in result and result.get("tokenizer") != "sentencepiece" else "ppl", "tokens"
+    metric, count = result_figures(result)[0], kind_of_result(result).count
     return {
         metric: result[metric],
         "eval_batch_size": result["eval_batch_size"],

@@ -13,8 +13,6 @@ from typing import Any, NoReturn
 from datamodules.corpora import cache_root
 from zoo.errors import ConfigError, DataError, LMZooError
 
-SPLITS = ("train", "valid", "test")
-
 SOURCE_HELP = (
     "a .ckpt written by lm-zoo fit, a run's directory (its newest best.ckpt, e.g. runs/ptb/lstm-small), a directory "
     "written by lm-zoo export, a Hub repo id or a registered name"

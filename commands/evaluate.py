@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import checkpoints
+from checkpoints.export_write import score
 from commands import COMMANDS
 from commands.common import (
     DEVICE_HELP,
@@ -20,10 +21,11 @@ from commands.common import (
     option,
     quantize_model,
 )
+from datamodules.corpora import SPLITS
+from datamodules.kinds import PROCEDURES
 from lightning_modules.evaluation.dynamic import DynamicEvaluation
 from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
-from lightning_modules.evaluation.music import describe_music, evaluate_music
-from lightning_modules.evaluation.perplexity import check_settings, describe, evaluate, parse_temperature
+from lightning_modules.evaluation.perplexity import check_settings, parse_temperature
 from zoo.errors import ConfigError
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, set_matmul_precision
 
@@ -33,7 +35,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"].summary)
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
-    parser.add_argument("--split", choices=("train", "valid", "test"), default="test")
+    parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--batch-size", type=int, help="parallel streams (default: the training run's eval batch size)")
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
@@ -58,41 +60,14 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     quantize_model(loaded, args.quantize, args.device)
     set_matmul_precision(args.matmul_precision)  # for the whole command: temperature search and dynamic steps too
     datamodule = loaded.datamodule(args.corpus, args.data_root)
-    if loaded.is_music:
-        _evaluate_music(args, loaded, datamodule, procedure)
-        return
-    options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
-    result = evaluate(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
-    result["source"] = loaded.source
-    result["matmul_precision"] = args.matmul_precision  # a setting the figure depends on, as the eval batch size
-    if args.quantize:
-        result["quantize"] = args.quantize
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(with_precision(describe(result, char_level=datamodule.level == "char"), args.matmul_precision))
-
-
-def _evaluate_music(args: argparse.Namespace, loaded: Any, datamodule: Any, procedure: dict[str, Any]) -> None:
-    """``lm-zoo evaluate`` of a piano-roll model: NLL per frame (the procedures are for softmax models)."""
     if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
-        raise ConfigError(
-            f"{loaded.source} is a music model, scored as it is: --temperature, --long-context, --mc-samples and "
-            "--dynamic apply to text models; drop them"
-        )
-    result = evaluate_music(loaded.model, datamodule, args.split, args.batch_size, args.bptt, args.device)
-    result["source"] = loaded.source
-    result["matmul_precision"] = args.matmul_precision
-    print(json.dumps(result) if args.json else with_precision(describe_music(result), args.matmul_precision))
-
-
-def with_precision(line: str, precision: str) -> str:
-    """The human-readable result line, naming the matmul precision where it is not the default full float32 (the
-    JSON always records it)."""
-    if precision == DEFAULT_MATMUL_PRECISION:
-        return line
-    note = f"float32 matmuls at {precision} precision"
-    return f"{line[:-1]}; {note})" if line.endswith(")") else f"{line} ({note})"
+        loaded.kind.refuse(PROCEDURES, loaded.source)  # a music model is scored as it is
+    options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
+    result = score(loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
+    result.source = loaded.source
+    result.matmul_precision = args.matmul_precision  # a setting the figure depends on, as the eval batch size
+    result.quantize = args.quantize
+    print(json.dumps(result.to_json()) if args.json else result.describe())
 
 
 def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from commands.common import (
     device_argument,
     quantize_model,
 )
+from datamodules.kinds import MUSIC
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from zoo.errors import ConfigError
@@ -63,7 +64,7 @@ def cmd_generate(argv: Sequence[str]) -> None:
 
     loaded = checkpoints.load(args.source, args.revision)
     quantize_model(loaded, args.quantize, args.device)
-    if loaded.is_music:
+    if loaded.kind is MUSIC:
         _generate_music(args, loaded)
         return
     if args.out is not None:

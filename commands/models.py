@@ -9,6 +9,7 @@ import zoo
 from checkpoints import registry
 from commands import COMMANDS
 from commands.common import CommandParser
+from datamodules.kinds import METRICS
 
 
 def cmd_models(argv: Sequence[str]) -> None:
@@ -42,11 +43,7 @@ def _print_registry(as_json: bool) -> None:
         print(f"no pretrained models are registered yet ({registry.registry_path()})")
     for entry in entries.values():
         scores = "; ".join(
-            ", ".join(
-                f"{split} {metric} {value:.6g}"
-                for metric, value in result.items()
-                if metric in ("ppl", "bpc", "nll_per_step")
-            )
+            ", ".join(f"{split} {metric} {value:.6g}" for metric, value in result.items() if metric in METRICS)
             + f" (eval batch {result['eval_batch_size']}, bptt {result['bptt']})"
             for split, result in entry.results.items()
         )

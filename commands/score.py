@@ -22,6 +22,7 @@ from commands.common import (
     option,
     quantize_model,
 )
+from datamodules.kinds import SCORE
 from lightning_modules.evaluation.sentences import SCALES, stream_scores
 from zoo.errors import ConfigError, DataError
 
@@ -137,8 +138,7 @@ def cmd_score(argv: Sequence[str]) -> None:
 
     lines = open_lines(args.file)  # before loading a model: a missing file stops at once
     loaded = checkpoints.load(args.source, args.revision)
-    if loaded.is_music:
-        raise ConfigError(f"{loaded.source} is a music model: lm-zoo score scores text (lm-zoo evaluate scores music)")
+    loaded.kind.refuse(SCORE, loaded.source)
     quantize_model(loaded, args.quantize, args.device)
     entries = parse_nbest(lines, args.file) if args.nbest else None
     # Entries are read as the scores are asked for; those read but not yet printed wait here, one batch at most.

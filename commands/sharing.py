@@ -11,7 +11,9 @@ from checkpoints import hub, registered_directory, registry
 from checkpoints.export_read import CONFIG_NAME
 from checkpoints.export_write import export
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, SPLITS, CommandParser, device_argument
+from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from datamodules.corpora import REPORTED_SPLITS, SPLITS
+from lightning_modules.evaluation.results import result_from_json
 from zoo.errors import ConfigError
 
 
@@ -21,7 +23,7 @@ def cmd_export(argv: Sequence[str]) -> None:
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--out", required=True, help="the export directory (created; a previous export is replaced)")
     splits_help = "splits to evaluate for the model card (default: valid test; none: no evaluation)"
-    parser.add_argument("--splits", nargs="*", default=["valid", "test"], choices=SPLITS, help=splits_help)
+    parser.add_argument("--splits", nargs="*", default=list(REPORTED_SPLITS), choices=SPLITS, help=splits_help)
     results_help = "use `lm-zoo evaluate --json` outputs saved in these files instead of evaluating"
     parser.add_argument("--results", nargs="+", metavar="JSON", help=results_help)
     parser.add_argument("--batch-size", type=int, help="eval batch size (default: the training run's)")
@@ -50,12 +52,8 @@ def cmd_export(argv: Sequence[str]) -> None:
         print(json.dumps({"out": str(out), "files": files, "results": config["results"]}))
         return
     print(f"{out}: " + ", ".join(f"{name} ({size:,} bytes)" for name, size in files.items()))
-    for result in config["results"]:
-        if "nll_per_step" in result:  # a music model: nats per frame
-            metric = f"NLL per step {result['nll_per_step']:.4f}"
-        else:
-            metric = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
-        print(f"  {result['split']}: {metric} (eval batch size {result['eval_batch_size']}, bptt {result['bptt']})")
+    for result in map(result_from_json, config["results"]):
+        print(f"  {result.split}: {result.headline()} (eval batch size {result.eval_batch_size}, bptt {result.bptt})")
 
 
 # The Hub writes sizes in powers of 1000 ("5GB"); its parser is private and knows no MiB, which a transfer limit of

@@ -33,7 +33,9 @@ from zoo.errors import DataError
 
 DEFAULT_DATA_ROOT: Path = Path("~/.cache/lm-zoo/data").expanduser()
 DOWNLOAD_TIMEOUT_S = 60.0
-SPLIT_NAMES = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test")  # every corpus's and dataset's splits, named here only
+# What a model is measured on for its card, registry entry and export unless told otherwise.
+REPORTED_SPLITS = ("valid", "test")
 _CHUNK = 1 << 20
 
 
@@ -116,8 +118,8 @@ class CorpusSpec:
             object.__setattr__(self, "directory", self.name)
         if not self.title:
             object.__setattr__(self, "title", self.name)
-        if set(self.splits) != set(SPLIT_NAMES):
-            raise ValueError(f"corpus spec {self.name!r} must have splits {SPLIT_NAMES}, got {sorted(self.splits)}")
+        if set(self.splits) != set(SPLITS):
+            raise ValueError(f"corpus spec {self.name!r} must have splits {SPLITS}, got {sorted(self.splits)}")
         names = {f.name for f in self.files}
         unknown = [s.file for s in self.splits.values() if s.file not in names]
         if unknown:
@@ -131,7 +133,7 @@ _M = 1_000_000
 
 
 def _per_file_splits(pattern: str) -> dict[str, SplitSource]:
-    return {split: SplitSource(pattern.format(split)) for split in SPLIT_NAMES}
+    return {split: SplitSource(pattern.format(split)) for split in SPLITS}
 
 
 def _cut_90_5_5(name: str) -> dict[str, SplitSource]:
@@ -242,7 +244,7 @@ CORPORA: dict[str, CorpusSpec] = {
                     None,
                     f"wikitext-103/wiki.{split}.tokens",
                 )
-                for split in SPLIT_NAMES
+                for split in SPLITS
             ),
             splits=_per_file_splits("wiki.{}.tokens"),
             level="word",
@@ -724,7 +726,7 @@ def _find_split_file(directory: Path, files: list[str], split: str) -> str | Non
 
 def _user_corpus(directory: Path) -> Corpus:
     files = sorted(p.name for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
-    chosen = {split: _find_split_file(directory, files, split) for split in SPLIT_NAMES}
+    chosen = {split: _find_split_file(directory, files, split) for split in SPLITS}
     lacking = [split for split, name in chosen.items() if name is None]
     if lacking:
         listed = ", ".join(files) if files else "no files"
@@ -758,7 +760,7 @@ def _synthetic_corpus(name: str, options: dict | None) -> Corpus:
     # The generator version is part of the key, so a changed generator never reuses stale text.
     key_text = json.dumps({"task": task, "version": synthetic.GENERATOR_VERSION, **params}, sort_keys=True)
     directory = cache_root() / "synthetic" / f"{name}-{hashlib.sha256(key_text.encode()).hexdigest()[:12]}"
-    paths = {split: directory / f"{split}.txt" for split in SPLIT_NAMES}
+    paths = {split: directory / f"{split}.txt" for split in SPLITS}
     if not all(p.is_file() and p.stat().st_size > 0 for p in paths.values()):
         texts = synthetic.generate_splits(task, **params)
         try:

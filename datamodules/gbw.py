@@ -37,11 +37,11 @@ from typing import BinaryIO
 
 import numpy as np
 
-from datamodules.corpora import _remember_sha256, _remembered_sha256, cache_root, data_root, sha256_file
+from datamodules.corpora import SPLITS, _remember_sha256, _remembered_sha256, cache_root, data_root, sha256_file
 from datamodules.data_modules import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
 from datamodules.progress import Progress
-from datamodules.stream_data import SPLITS, atomic_write, cache_key, check_sizes
+from datamodules.stream_data import atomic_write, cache_key, check_sizes
 from datamodules.tokenizers import SentenceTokenizer, TextUnits, Tokenizer
 from zoo.errors import DataError
 

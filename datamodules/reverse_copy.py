@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datamodules.corpora import SPLITS
 from datamodules.data_modules import StreamDataModule
 from datamodules.multisequence import MultiSequenceWindows
-from datamodules.stream_data import SPLITS, check_sizes
+from datamodules.stream_data import check_sizes
 from datamodules.tokenizers import EOS, UNK, TextUnits, Tokenizer, WordTokenizer
 from zoo.errors import DataError
 

@@ -21,11 +21,11 @@ from typing import IO, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from datamodules.corpora import SPLITS
 from datamodules.tokenizers import Tokenizer
 from datamodules.windows import training_position
 from zoo.errors import ConfigError, DataError
 
-SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
+from datamodules.kinds import BPC, TEXT
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
@@ -297,7 +298,8 @@ class LanguageModel(StatefulTraining):
         self.model.set_noise_distribution(counts)
 
     def log_epoch_figures(self, stage: str, loss: Tensor) -> None:
-        """Perplexity and (when the data module knows the text's size) bits per character."""
+        """Perplexity and, where the text is reported in them (:func:`datamodules.kinds.text_figures`: characters,
+        SentencePiece) and the data module knows the text's size, bits per character."""
         self.log(f"{stage}_ppl", torch.exp(loss), prog_bar=stage != "train")
         units = self._units(stage)
         if units is not None:
@@ -306,7 +308,10 @@ class LanguageModel(StatefulTraining):
     def _units(self, stage: str) -> Any:
         datamodule = getattr(self.trainer, "datamodule", None)
         split = {"train": "train", "val": "valid", "test": "test"}[stage]
-        if datamodule is None or not hasattr(datamodule, "units") or getattr(datamodule, "level", "word") != "char":
+        if datamodule is None or not hasattr(datamodule, "units"):
+            return None
+        tokenizer = getattr(getattr(datamodule, "tokenizer", None), "kind", None)
+        if BPC not in TEXT.figures(getattr(datamodule, "level", "word") == "char", tokenizer):
             return None
         return datamodule.units(split)
 

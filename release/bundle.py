@@ -55,15 +55,13 @@ from checkpoints.export_read import (
 )
 from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
-from datamodules.corpora import sha256_file
+from datamodules.corpora import REPORTED_SPLITS, sha256_file
+from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from datamodules.synthetic import xml_closing_tags_matched
 from release.curves import (
-    BPC,
-    BPC_TAG,
-    MUSIC_VALID_TAG,
-    VALID_TAG,
+    VALID_TAGS,
     RunLog,
     curve_record,
     curve_unit,
@@ -134,12 +132,12 @@ def _results(loaded: LoadedModel, data_root: str | None) -> list[dict[str, Any]]
     (on gbw-sample the two agreed to 3e-9 relative); it is measured at the run's batch size alone, which is ~50x faster.
     So is a music model, each of whose pieces starts from a zero state (at the data module's eval batch size).
     """
-    if loaded.is_music:
-        return measure(loaded, ("valid", "test"), None, None, data_root)
+    if loaded.kind is MUSIC:
+        return measure(loaded, REPORTED_SPLITS, None, None, data_root)
     own = int(loaded.data.get("eval_batch_size") or 1)
     sentences = loaded.tokenizer.bos_id != loaded.tokenizer.eos_id
     batch_sizes = [own] if sentences else sorted({1, own})
-    return [result for size in batch_sizes for result in measure(loaded, ("valid", "test"), size, None, data_root)]
+    return [result for size in batch_sizes for result in measure(loaded, REPORTED_SPLITS, size, None, data_root)]
 
 
 def music_sample(loaded: LoadedModel, directory: Path) -> dict[str, Any]:
@@ -233,8 +231,8 @@ def build(
         raise ConfigError(f"{name!r} is no short name: lower case letters, digits, '.', '_' or '-'")
     source = load_checkpoint(ckpt)
     logs = list(logs) or [ckpt.parent.parent]
-    unit = curve_unit(None if source.tokenizer is None else source.tokenizer.kind, source.is_music)
-    log = read_run(logs, MUSIC_VALID_TAG if source.is_music else (BPC_TAG, VALID_TAG) if unit == BPC else VALID_TAG)
+    unit = curve_unit(source.kind, None if source.tokenizer is None else source.tokenizer.kind)
+    log = read_run(logs, VALID_TAGS[unit])
     # The logs end at the last logged step; the exported checkpoint counts every step taken, which can be later (a
     # run stopped between two logged steps validates and checkpoints there): the run took at least that many.
     log.steps = max(log.steps, int(source.training.get("global_step") or 0))
@@ -358,7 +356,7 @@ def _export_measured(
     results = _results(stored, data_root)
     with tempfile.TemporaryDirectory() as staging:
         assets = {}
-        if stored.is_music:
+        if stored.kind.sample_files:
             run["sample"] = music_sample(stored, Path(staging))
             assets = {f: Path(staging) / f for f in (SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME)}
         else:
@@ -484,10 +482,13 @@ def publish_all(names: Sequence[str] = (), *, endpoint: str | None = None) -> li
     return published
 
 
+# How the table writes a registry result's figure (a music model's: nats per frame, summed over the notes).
+_TABLE_FIGURES = {NLL_PER_STEP: "{:.2f} NLL/step", BPC: "{:.3f} bpc", PPL: "{:.2f} ppl"}
+
+
 def _figure(result: dict[str, Any]) -> str:
-    if "nll_per_step" in result:  # a music model: nats per frame, summed over the notes
-        return f"{result['nll_per_step']:.2f} NLL/step"
-    return f"{result['bpc']:.3f} bpc" if "bpc" in result else f"{result['ppl']:.2f} ppl"
+    metric = next(m for m in _TABLE_FIGURES if m in result)
+    return _TABLE_FIGURES[metric].format(result[metric])
 
 
 def table(entries: dict[str, registry.RegistryEntry]) -> str:
@@ -502,7 +503,7 @@ def table(entries: dict[str, registry.RegistryEntry]) -> str:
     ]
     for entry in entries.values():
         test = entry.results.get("test")
-        out = " --out samples/" if entry.is_music else ""  # a music model's samples are MIDI files
+        out = " --out samples/" if entry.kind.sample_files else ""  # a music model's samples are MIDI files
         lines.append(
             f"| [`{entry.name}`](pretrained/{entry.name}/README.md) | {entry.dataset} | "
             f"{entry.num_parameters or 0:,} | {_figure(test) if test else '—'} | "

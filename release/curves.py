@@ -21,6 +21,8 @@ from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from datamodules.kinds import BPC as BPC_FIGURE
+from datamodules.kinds import CHARACTER_TOKENIZERS, NLL_PER_STEP, PPL, ModelKind
 from zoo.errors import CheckpointError
 
 CURVE_NAME = "learning_curve.png"
@@ -34,6 +36,10 @@ _PANELS = {
     PERPLEXITY: ("training loss (nats per token)", "validation perplexity", "training tokens"),
     NATS_PER_FRAME: ("training NLL (nats per frame)", "validation NLL (nats per frame)", "training frames"),
 }
+# The unit a curve is drawn in, by the model's headline figure (datamodules.kinds), and the validation tags a run may
+# have logged it under, in order of preference (older character-level runs logged no bits per character).
+_UNITS = {BPC_FIGURE: BPC, PPL: PERPLEXITY, NLL_PER_STEP: NATS_PER_FRAME}
+VALID_TAGS = {BPC: (BPC_TAG, VALID_TAG), PERPLEXITY: (VALID_TAG,), NATS_PER_FRAME: (MUSIC_VALID_TAG,)}
 _SIGNIFICANT = 6  # digits kept per stored point: finer than any picture, and config.json stays small
 
 
@@ -112,12 +118,11 @@ def read_run(directories: Sequence[Path], valid_tag: str | Sequence[str] = VALID
     return log
 
 
-def curve_unit(tokenizer_kind: str | None, music: bool = False) -> str:
-    """The unit a model's card reports, which its curve is drawn in: :data:`NATS_PER_FRAME` for a music model,
-    :data:`BPC` for a character-level one, :data:`PERPLEXITY` otherwise (words, sentences, subwords)."""
-    if music:
-        return NATS_PER_FRAME
-    return BPC if tokenizer_kind in ("char", "byte") else PERPLEXITY
+def curve_unit(kind: ModelKind, tokenizer_kind: str | None) -> str:
+    """The unit of the figure a model's card quotes first (:func:`datamodules.kinds.text_figures`), which its curve
+    is drawn in: :data:`NATS_PER_FRAME` for a music model, :data:`BPC` for a character-level one, :data:`PERPLEXITY`
+    otherwise (words, sentences, subwords)."""
+    return _UNITS[kind.figures(tokenizer_kind in CHARACTER_TOKENIZERS, tokenizer_kind)[0]]
 
 
 def _round(value: float) -> float:

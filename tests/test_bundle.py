@@ -24,6 +24,7 @@ from checkpoints import registry
 from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
 from checkpoints.model_card import render_card
 from datamodules.corpora import sha256_file
+from datamodules.kinds import MUSIC, TEXT
 from release import bundle
 from release.command import main as release_main
 from release.curves import (
@@ -171,13 +172,9 @@ def test_a_card_is_rendered_again_from_its_edited_notes(
 
 
 def test_a_character_model_curve_is_in_bits_per_character() -> None:
-    assert (curve_unit("char"), curve_unit("byte"), curve_unit("word"), curve_unit("sentencepiece")) == (
-        BPC,
-        BPC,
-        PERPLEXITY,
-        PERPLEXITY,
-    )
-    assert curve_unit(None, music=True) == NATS_PER_FRAME
+    units = [curve_unit(TEXT, kind) for kind in ("char", "byte", "word", "sentencepiece")]
+    assert units == [BPC, BPC, PERPLEXITY, PERPLEXITY]
+    assert curve_unit(MUSIC, None) == NATS_PER_FRAME
     # Logged: the training loss in nats per character, the validation perplexity per character (an older run).
     log = RunLog(train_loss=[(0, math.log(8.0)), (9, math.log(2.0))], valid=[(9, 4.0)], valid_tag=VALID_TAG)
     record = curve_record(log, BPC, 100, 10)

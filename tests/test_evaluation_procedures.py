@@ -77,10 +77,10 @@ def test_long_context_is_one_stream_over_the_split(dm: TextDataModule) -> None:
     with torch.no_grad():
         logits, _ = model(stream[:-1].unsqueeze(0))
     nats = -float(torch.log_softmax(logits[0].double(), -1).gather(1, stream[1:, None]).sum())
-    assert result["loss"] == pytest.approx(nats / ids.numel(), rel=1e-6)
-    assert (result["long_context"], result["eval_batch_size"], result["bptt"]) == (True, 1, 9)
-    assert result["method"] == "deterministic" and result["temperature"] == 1.0
-    assert evaluate(model, dm, "test")["long_context"] is False
+    assert result.loss == pytest.approx(nats / ids.numel(), rel=1e-6)
+    assert (result.procedure.long_context, result.eval_batch_size, result.bptt) == (True, 1, 9)
+    assert result.procedure.method == "deterministic" and result.procedure.temperature == 1.0
+    assert evaluate(model, dm, "test").procedure.long_context is False
 
 
 # --------------------------------------------------------------------------------------------------- temperature
@@ -92,8 +92,8 @@ def test_temperature_one_and_the_feature_cache_reproduce_the_deterministic_pass(
     for temperature in (1.0, 0.7, 1.6):  # the cache re-scores with the head: exactly the full pass's numbers
         assert cache.loss(temperature) == total_nll(deterministic_nll(model, stream, temperature))
     plain = evaluate(model, dm, "valid")
-    assert evaluate(model, dm, "valid", temperature=1.0)["loss"] == plain["loss"]
-    assert plain["loss"] == cache.loss(1.0)[0] / cache.loss(1.0)[1]
+    assert evaluate(model, dm, "valid", temperature=1.0).loss == plain.loss
+    assert plain.loss == cache.loss(1.0)[0] / cache.loss(1.0)[1]
     assert collect_features(model, stream, max_bytes=100) is None  # too big: the search re-runs the pass instead
 
 
@@ -105,8 +105,8 @@ def test_a_given_temperature_divides_the_logits(dm: TextDataModule) -> None:
     with torch.no_grad():
         logits, _ = model(stream[:-1].unsqueeze(0))
     log_probs = torch.log_softmax(logits[0].double() / 0.8, -1)  # softmax(z / T)
-    assert result["loss"] == pytest.approx(-float(log_probs.gather(1, stream[1:, None]).mean()), rel=1e-6)
-    assert result["temperature"] == 0.8 and result["temperature_search"] is None
+    assert result.loss == pytest.approx(-float(log_probs.gather(1, stream[1:, None]).mean()), rel=1e-6)
+    assert result.procedure.temperature == 0.8 and result.procedure.temperature_search is None
 
 
 def test_golden_section_search_finds_a_known_minimum() -> None:
@@ -146,16 +146,16 @@ def test_auto_temperature_is_searched_on_valid_and_applied_to_the_split(dm: Text
     with torch.no_grad():
         model.decoder.weight.mul_(4)  # over-confident: the optimum is well above 1
     result = evaluate(model, dm, "test", temperature="auto")
-    search = result["temperature_search"]
+    search = result.procedure.temperature_search
     assert (search["split"], search["method"], search["features_cached"]) == ("valid", "golden-section", True)
-    assert 1.05 < result["temperature"] < 2.0
+    assert 1.05 < result.procedure.temperature < 2.0
     assert search["valid"]["loss"] < search["valid_loss_at_1"]
-    assert search["valid"]["loss"] == evaluate(model, dm, "valid", temperature=result["temperature"])["loss"]
-    assert result["loss"] == evaluate(model, dm, "test", temperature=result["temperature"])["loss"]
+    assert search["valid"]["loss"] == evaluate(model, dm, "valid", temperature=result.procedure.temperature).loss
+    assert result.loss == evaluate(model, dm, "test", temperature=result.procedure.temperature).loss
     # Without the cache every trial re-runs the pass: the same search.
     rerun = evaluate(model, dm, "test", temperature="auto", cache_bytes=0)
-    assert rerun["temperature_search"]["features_cached"] is False
-    assert rerun["temperature"] == pytest.approx(result["temperature"], abs=1e-9)
+    assert rerun.procedure.temperature_search["features_cached"] is False
+    assert rerun.procedure.temperature == pytest.approx(result.procedure.temperature, abs=1e-9)
 
 
 def test_mc_temperature_search_over_kept_features_equals_re_running_the_seeded_passes(dm: TextDataModule) -> None:
@@ -163,11 +163,14 @@ def test_mc_temperature_search_over_kept_features_equals_re_running_the_seeded_p
     mc = MCDropout(samples=4)
     cached = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7)
     rerun = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7, cache_bytes=0)
-    assert cached["temperature_search"]["features_cached"] and not rerun["temperature_search"]["features_cached"]
-    assert cached["temperature"] == pytest.approx(rerun["temperature"], abs=1e-9)
-    assert cached["loss"] == pytest.approx(rerun["loss"], rel=1e-6)
-    fixed = evaluate(model, dm, "valid", temperature=cached["temperature"], mc=mc, seed=7)
-    assert cached["loss"] == pytest.approx(fixed["loss"], rel=1e-6)  # the same masks: common random numbers
+    assert (
+        cached.procedure.temperature_search["features_cached"]
+        and not rerun.procedure.temperature_search["features_cached"]
+    )
+    assert cached.procedure.temperature == pytest.approx(rerun.procedure.temperature, abs=1e-9)
+    assert cached.loss == pytest.approx(rerun.loss, rel=1e-6)
+    fixed = evaluate(model, dm, "valid", temperature=cached.procedure.temperature, mc=mc, seed=7)
+    assert cached.loss == pytest.approx(fixed.loss, rel=1e-6)  # the same masks: common random numbers
 
 
 # -------------------------------------------------------------------------------------------------- MC dropout
@@ -207,7 +210,7 @@ def test_mc_equals_separate_sampled_passes_given_the_same_masks(dm: TextDataModu
     hand = _hand_mc(model, stream, samples=4, seed=3)
     for ours, theirs in zip(batched, hand, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-9)
-    assert _loss((nll, b.targets) for nll, b in zip(hand, stream)) != evaluate(model, dm, "test")["loss"]
+    assert _loss((nll, b.targets) for nll, b in zip(hand, stream)) != evaluate(model, dm, "test").loss
 
 
 def test_mc_is_one_batched_call_per_window_and_agrees_with_separate_passes(dm: TextDataModule) -> None:
@@ -259,13 +262,17 @@ def test_mc_without_dropout_reproduces_the_deterministic_result(dm: TextDataModu
     model = _model(dm.vocab_size, **options)
     mc = MCDropout(samples=5, dropout_scale=0.0 if how == "scale 0" else 1.0)
     result = evaluate(model, dm, "test", mc=mc)
-    assert result["loss"] == pytest.approx(evaluate(model, dm, "test")["loss"], rel=1e-6)
-    assert (result["method"], result["mc_samples"], result["mc_rows_per_call"]) == ("mc-dropout", 5, 15)
+    assert result.loss == pytest.approx(evaluate(model, dm, "test").loss, rel=1e-6)
+    assert (result.procedure.method, result.procedure.mc_samples, result.procedure.mc_rows_per_call) == (
+        "mc-dropout",
+        5,
+        15,
+    )
 
 
 def test_sampled_dropout_scales_every_rate_and_restores_the_model_exactly(dm: TextDataModule) -> None:
     model = _model(dm.vocab_size, **DROPOUTS, embedding_dropout=0.1, cell_options={"state_dropout": 0.2})
-    before = evaluate(model, dm, "test")["loss"]
+    before = evaluate(model, dm, "test").loss
     modes = {name: m.training for name, m in model.named_modules()}
     with sampled_dropout(model, 0.5):
         assert (model.input_dropout, model.rnn.dropout, model.rnn.state_dropout) == (0.15, 0.125, 0.1)
@@ -276,7 +283,7 @@ def test_sampled_dropout_scales_every_rate_and_restores_the_model_exactly(dm: Te
     assert (model.input_dropout, model.rnn.dropout, model.embedding_dropout) == (0.3, 0.25, 0.1)
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert not model.embedding._forward_hooks
-    assert evaluate(model, dm, "test")["loss"] == before
+    assert evaluate(model, dm, "test").loss == before
     with pytest.raises(Exception, match="dropout scale 3.0"):  # 0.35 x 3 >= 1
         evaluate(model, dm, "test", mc=MCDropout(2, dropout_scale=3.0))
 
@@ -333,14 +340,14 @@ def test_dynamic_with_learning_rate_zero_reproduces_the_deterministic_result(dm:
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     result = evaluate(model, dm, "test", dynamic=_dynamic(learning_rate=0.0, decay_rate=decay))
     plain = evaluate(model, dm, "test", batch_size=1, bptt=6)
-    assert result["loss"] == pytest.approx(plain["loss"], rel=1e-6)
-    assert (result["method"], result["eval_batch_size"], result["bptt"], result["long_context"]) == (
+    assert result.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert (result.procedure.method, result.eval_batch_size, result.bptt, result.procedure.long_context) == (
         "dynamic",
         1,
         6,
         True,
     )
-    assert result["dynamic"]["stat_batches_used"] == 4 and result["dynamic"]["stat_tokens"] == 4 * 8 * 6
+    assert result.procedure.dynamic["stat_batches_used"] == 4 and result.procedure.dynamic["stat_tokens"] == 4 * 8 * 6
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
 
 
@@ -439,21 +446,21 @@ def test_dynamic_tuning_reports_its_trials_and_keeps_the_best(dm: TextDataModule
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     given = _dynamic(learning_rate=1e-4)
     result = evaluate(model, dm, "valid", dynamic=given, tune_trials=3, seed=5)
-    trials = result["dynamic"]["tuning"]["trials"]
+    trials = result.procedure.dynamic["tuning"]["trials"]
     assert len(trials) == 3 and trials[0]["learning_rate"] == 1e-4 and trials[0]["max_time_steps"] == 6
     best = min(trials, key=lambda trial: trial["loss"])
-    assert result["loss"] == best["loss"] == result["dynamic"]["tuning"]["best_valid_loss"]
-    assert result["dynamic"]["learning_rate"] == best["learning_rate"]
-    assert result["bptt"] == best["max_time_steps"]
+    assert result.loss == best["loss"] == result.procedure.dynamic["tuning"]["best_valid_loss"]
+    assert result.procedure.dynamic["learning_rate"] == best["learning_rate"]
+    assert result.bptt == best["max_time_steps"]
     for trial in trials[1:]:  # drawn from Table 6
         assert 1e-6 <= trial["learning_rate"] <= 1e-3 and 1e-6 <= trial["decay_rate"] <= 1e-2
         assert 1e-8 <= trial["epsilon"] <= 1e-2 and 1 <= trial["max_time_steps"] <= 20
     again = evaluate(model, dm, "valid", dynamic=given, tune_trials=3, seed=5)
-    assert again["dynamic"]["tuning"]["trials"] == trials  # seeded
+    assert again.procedure.dynamic["tuning"]["trials"] == trials  # seeded
     # Trials on a prefix of validation (Krause's --gridfast); the result then scores the whole split.
     prefix = evaluate(model, dm, "valid", dynamic=given, tune_trials=2, tune_tokens=100)
-    assert 100 <= prefix["dynamic"]["tuning"]["valid_tokens"] < 100 + 20
-    assert prefix["tokens"] == result["tokens"] == dm.units("valid").tokens
+    assert 100 <= prefix.procedure.dynamic["tuning"]["valid_tokens"] < 100 + 20
+    assert prefix.tokens == result.tokens == dm.units("valid").tokens
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
     assert adapted_parameters(model).keys() == dict(model.named_parameters()).keys()
 

@@ -71,7 +71,7 @@ def validation_ppl(checkpoint: Path) -> float:
 
     loaded = checkpoints.load(str(checkpoint))
     datamodule = loaded.datamodule(data_root=str(DATA_ROOT))
-    return evaluate(loaded.model, datamodule, "valid", batch_size=64, bptt=50)["ppl"]
+    return evaluate(loaded.model, datamodule, "valid", batch_size=64, bptt=50).ppl
 
 
 @pytest.mark.slow  # ~50 s + ~80 s on the loaded 2-core machine (three Python processes start); CI runs slow tests

@@ -73,10 +73,10 @@ def test_evaluate_equals_independent_nll_sum(tmp_path: Path, monkeypatch: pytest
             logits, _ = model(stream[start:end].unsqueeze(0))
             logp = torch.log_softmax(logits[0].double(), dim=-1)
             total -= float(logp[torch.arange(end - start), stream[start + 1 : end + 1]].sum())
-    assert result["tokens"] == n == dm.units("test").tokens
-    assert result["ppl"] == pytest.approx(math.exp(total / n), rel=1e-6)
-    assert result["loss"] == pytest.approx(total / n, rel=1e-6)
-    assert (result["eval_batch_size"], result["bptt"], result["split"]) == (3, 7, "test")
+    assert result.tokens == n == dm.units("test").tokens
+    assert result.ppl == pytest.approx(math.exp(total / n), rel=1e-6)
+    assert result.loss == pytest.approx(total / n, rel=1e-6)
+    assert (result.eval_batch_size, result.bptt, result.split) == (3, 7, "test")
 
 
 def test_evaluate_reports_bpc_on_characters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +86,7 @@ def test_evaluate_reports_bpc_on_characters(tmp_path: Path, monkeypatch: pytest.
     dm = TextDataModule(str(tmp_path), tokenizer="char", eval_batch_size=2)
     result = evaluate(_tiny_model(vocab=dm.vocab_size), dm, "valid")
     assert dm.level == "char"
-    assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))  # one token per character
+    assert result.bpc == pytest.approx(result.loss / math.log(2))  # one token per character
 
 
 def test_generate_is_reproducible_stops_at_eos_and_top_k_1_is_greedy() -> None:
@@ -159,6 +159,24 @@ def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatc
     metrics = trainer.callback_metrics
     assert {"val_loss", "val_ppl", "train_loss"} <= set(metrics)
     assert float(metrics["val_ppl"]) == pytest.approx(math.exp(float(metrics["val_loss"])), rel=1e-5)
+
+
+def test_training_logs_the_figures_evaluate_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule (datamodules.kinds.text_figures): a SentencePiece model's validation logs bits per character, as
+    `lm-zoo evaluate` reports them, over the same windows; a word model's logs none, as evaluate reports none."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = write_word_corpus(tmp_path, "2")
+    for tokenizer, options in (("sentencepiece", {"vocab_size": 300}), ("word", None)):
+        dm = TextDataModule(
+            str(corpus), batch_size=4, bptt=8, eval_batch_size=2, tokenizer=tokenizer, tokenizer_options=options
+        )
+        model = _tiny_model(vocab=dm.vocab_size)
+        trainer = quiet_trainer()
+        trainer.validate(model, dm, verbose=False)
+        result = evaluate(model.model, dm, "valid")
+        assert ("val_bpc" in trainer.callback_metrics) == (result.bpc is not None) == (tokenizer == "sentencepiece")
+        if result.bpc is not None:
+            assert float(trainer.callback_metrics["val_bpc"]) == pytest.approx(result.bpc, rel=1e-5)
 
 
 def test_the_lightning_module_takes_every_network_argument_with_the_same_default() -> None:

@@ -23,7 +23,6 @@ from checkpoints.export_read import (
     CARD_NAME,
     CONFIG_NAME,
     CURVE_NAME,
-    MUSIC_HEAD,
     SAMPLE_MIDI_NAME,
     SAMPLE_PNG_NAME,
     VOCAB_NAME,
@@ -33,6 +32,7 @@ from checkpoints.export_read import (
 )
 from checkpoints.export_write import export_model
 from checkpoints.model_card import render_card
+from datamodules.kinds import MUSIC, MUSIC_HEAD
 from datamodules.midi import roll_layout
 from datamodules.piano_rolls import MUSIC_DATASETS
 from lightning_modules import LanguageModel
@@ -146,7 +146,7 @@ def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path,
     assert (config["results"][1]["eval_batch_size"], config["results"][1]["bptt"]) == (16, 40)  # the run's own
     assert {p.name for p in exported.iterdir()} == {CONFIG_NAME, WEIGHTS_NAME, CARD_NAME}  # no tokenizer file
     loaded = load_export(exported)
-    assert loaded.is_music and loaded.tokenizer is None and isinstance(loaded.model, PianoRollLM)
+    assert loaded.kind is MUSIC and loaded.tokenizer is None and isinstance(loaded.model, PianoRollLM)
     assert not loaded.model.training
     frames = _frames()
     assert torch.equal(_logits(loaded.model, frames), _logits(ckpt.model, frames))
@@ -226,7 +226,7 @@ def test_shipped_text_bundles_read_and_render_as_before() -> None:
     for name, entry in entries.items():
         directory = ROOT / "pretrained" / name
         config = read_config(directory, name)
-        if entry.is_music:  # a music bundle (nottingham-gru) is format 3; its card re-renders the same way
+        if entry.kind is MUSIC:  # a music bundle (nottingham-gru) is format 3; its card re-renders the same way
             assert config["format_version"] == 3 and config["head"] == MUSIC_HEAD
         else:
             assert config["format_version"] == 2 and config["head"] != MUSIC_HEAD
@@ -267,7 +267,7 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
 ) -> None:
     directory = bundle_env
     entry = registry.load_registry()[NAME]
-    assert entry.is_music and entry.dataset == "jsb-chorales" and entry.architecture == "gru"
+    assert entry.kind is MUSIC and entry.dataset == "jsb-chorales" and entry.architecture == "gru"
     assert set(entry.files) == {CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, CURVE_NAME, SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME}
     assert VOCAB_NAME not in {p.name for p in directory.iterdir()}
     test = entry.results["test"]
@@ -327,7 +327,7 @@ def test_the_registry_reads_music_results_and_refuses_mixed_ones() -> None:
         "results": {"test": {"nll_per_step": 8.54, "eval_batch_size": 20, "bptt": 35, "frames": 4725}},
     }
     parsed = registry.parse_registry({"format_version": 2, "models": {"jsb-lstm": entry}}, "registry.json")
-    assert parsed["jsb-lstm"].is_music and parsed["jsb-lstm"].results["test"]["frames"] == 4725
+    assert parsed["jsb-lstm"].kind is MUSIC and parsed["jsb-lstm"].results["test"]["frames"] == 4725
     bad = [
         ({"nll_per_step": 8.5, "ppl": 3.0}, "mixes a text model's ppl/bpc with a music model's nll_per_step"),
         ({"nll_per_step": -1.0}, "needs a positive ppl or bpc (a music model: nll_per_step)"),
@@ -363,6 +363,6 @@ def test_publish_and_download_a_music_bundle(
     assert directory.is_relative_to(tmp_path / "hf-home")
     assert {SAMPLE_MIDI_NAME, SAMPLE_PNG_NAME} <= {p.name for p in directory.iterdir()}
     downloaded, bundled = checkpoints.load(NAME), load_export(bundle_env)
-    assert downloaded.is_music and downloaded.source == f"lm-zoo/{NAME}@v1"
+    assert downloaded.kind is MUSIC and downloaded.source == f"lm-zoo/{NAME}@v1"
     frames = _frames(2)
     assert torch.equal(_logits(downloaded.model, frames), _logits(bundled.model, frames))

@@ -252,7 +252,7 @@ def test_fit_takes_the_noise_distribution_from_the_data_module(tmp_path: Path, m
     assert "val_ppl" in metrics and "train_ppl" not in metrics  # the NCE loss is no perplexity
     # Validation is the full softmax: the same number as evaluate's.
     result = evaluate(model, dm, "valid")
-    assert float(metrics["val_loss"]) == pytest.approx(result["loss"], rel=1e-5)
+    assert float(metrics["val_loss"]) == pytest.approx(result.loss, rel=1e-5)
 
 
 def test_training_without_counts_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -298,7 +298,7 @@ def _train_on_gbw_sample(head: str, cache: Path, steps: int = 200, seed: int = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice about data loader workers
         trainer.fit(model, data)
-    return evaluate(model, data, "valid")["ppl"], data.vocab_size
+    return evaluate(model, data, "valid").ppl, data.vocab_size
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 import checkpoints
 import cli
 from checkpoints import registry
+from datamodules.kinds import MUSIC
 from lightning_modules import LanguageModel, MusicModel
 from release.bundle import publish_all, table, xml_nesting
 from tests.conftest import needs_data
@@ -252,7 +253,7 @@ def test_every_model_loads_wraps_and_generates(name: str, capsys: pytest.Capture
     """The plain module loads; the LightningModule around it adds nothing to its scores (it holds the same network,
     so this checks the wrapper, not the weights: the tests above do that); ``lm-zoo generate`` samples."""
     model, tokenizer = checkpoints.from_pretrained(name)
-    if ENTRIES[name].is_music:
+    if ENTRIES[name].kind is MUSIC:
         assert isinstance(model, PianoRollLM) and tokenizer is None
         module, inputs = MusicModel.from_network(model).eval(), _piano_rolls()  # (1, 12, 88)
         with pytest.raises(ConfigError, match="lightning_modules.LanguageModel"):
@@ -267,7 +268,7 @@ def test_every_model_loads_wraps_and_generates(name: str, capsys: pytest.Capture
         assert torch.equal(module(inputs)[0], model(inputs)[0])
     capsys.readouterr()
     assert cli.main(argv) == 0
-    if ENTRIES[name].is_music:
+    if ENTRIES[name].kind is MUSIC:
         assert (tmp_path / "sample-2.mid").is_file() and (tmp_path / "sample-2.png").is_file()
     else:
         assert len(capsys.readouterr().out.strip().splitlines()) >= 1
@@ -295,7 +296,7 @@ def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
         # re-measures; here the downloaded copy must load into the same network: equal scores on a window.
         downloaded = checkpoints.load(name)
         assert downloaded.source != bundled[name].source
-        if downloaded.is_music:
+        if downloaded.kind is MUSIC:
             ids = _piano_rolls()  # (1, 12, 88)
         else:
             ids = torch.arange(12).remainder(downloaded.tokenizer.vocab_size).unsqueeze(0)  # (1, 12)

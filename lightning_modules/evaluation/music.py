@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from datamodules.progress import Progress
+from lightning_modules.evaluation.results import MusicResult
 from zoo.music import PianoRollLM
 
 if TYPE_CHECKING:  # a music model's data module is a LightningDataModule: imported by whoever builds one
@@ -21,7 +22,7 @@ def evaluate_music(
     batch_size: int | None = None,
     bptt: int | None = None,
     device: str | torch.device = "cpu",
-) -> dict[str, Any]:
+) -> MusicResult:
     """The negative log-likelihood per frame of a split (Jozefowicz et al. 2015, Table 2), every piece from zero state.
 
     Args:
@@ -33,8 +34,8 @@ def evaluate_music(
         device: where to run.
 
     Returns:
-        ``split, dataset, nll_per_step`` (nats per frame, summed over the notes), ``nll_per_note``, ``frames``,
-        ``pieces``, ``eval_batch_size``, ``bptt``.
+        The NLL per frame (nats, summed over the notes) and per note, the frames and pieces read, the eval batch size
+        and BPTT.
     """
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
     model.eval().to(device)
@@ -48,23 +49,13 @@ def evaluate_music(
         total += (nll.double() * mask).sum()
         frames += int(batch.mask.sum())
     nll_per_step = float(total) / max(frames, 1)
-    return {
-        "split": split,
-        "dataset": datamodule.dataset,
-        "nll_per_step": nll_per_step,
-        "nll_per_note": nll_per_step / model.num_notes,
-        "frames": frames,
-        "pieces": datamodule.encoded(split).num_pieces,
-        "eval_batch_size": batch_size,
-        "bptt": bptt,
-    }
-
-
-def describe_music(result: dict[str, Any]) -> str:
-    """One line for a human: :func:`evaluate_music`'s result."""
-    return (
-        f"{result['split']}: {result['nll_per_step']:.4f} nats per frame (negative log-likelihood per time step, "
-        f"summed over the notes), {result['nll_per_note']:.5f} per note; {result['frames']:,} frames in "
-        f"{result['pieces']:,} pieces of {result['dataset']} (eval batch size {result['eval_batch_size']}, "
-        f"bptt {result['bptt']})"
+    return MusicResult(
+        split=split,
+        dataset=datamodule.dataset,
+        nll_per_step=nll_per_step,
+        nll_per_note=nll_per_step / model.num_notes,
+        frames=frames,
+        pieces=datamodule.encoded(split).num_pieces,
+        eval_batch_size=batch_size,
+        bptt=bptt,
     )

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.kinds import BPC, TEXT, WORD_PPL
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.windows import IGNORE_INDEX, LMBatch
@@ -47,6 +48,7 @@ from lightning_modules.evaluation.mc_dropout import (
     row_groups,
     shares_masks_across_rows,
 )
+from lightning_modules.evaluation.results import ProcedureSettings, TextResult
 from lightning_modules.evaluation.temperature import (
     CACHE_BYTES,
     TEMPERATURE_RANGE,
@@ -320,7 +322,7 @@ def evaluate(
     seed: int = 0,
     temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
     cache_bytes: int = CACHE_BYTES,
-) -> dict[str, Any]:
+) -> TextResult:
     """Score a split with the full softmax, by one of the paper's procedures.
 
     Args:
@@ -344,11 +346,10 @@ def evaluate(
         cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
 
     Returns:
-        ``split, corpus, tokenizer, tokens, loss`` (mean nats per token), ``ppl``, ``bpc`` (character-level corpora and
-        SentencePiece), ``word_ppl`` (when tokens are not words), ``eval_batch_size``, ``bptt``, ``long_context``,
-        ``method``, ``temperature`` with ``temperature_search`` (how an ``auto`` one was found, with its validation
-        loss), ``mc_samples``, ``dropout_scale``, ``mc_rows_per_call``, ``seed``, ``dynamic`` (its settings, gradient
-        statistics and tuning trials).
+        The figures (loss in mean nats per token, ppl, and bpc / word_ppl where
+        :func:`datamodules.kinds.text_figures` reports them) with the eval batch size, BPTT and every setting of the
+        procedure (:class:`~lightning_modules.evaluation.results.ProcedureSettings`: the temperature and how an
+        ``auto`` one was found, MC dropout's samples, dynamic evaluation's settings, statistics and tuning trials).
 
     Raises:
         ConfigError: settings that cannot work together (:func:`check_settings`).
@@ -388,25 +389,24 @@ def evaluate(
     stream = _windows(datamodule, split, batch_size, procedure.steps)
     if scored is None:
         scored = procedure.score(stream, float(temperature))
-    result = _metrics(datamodule, split, *scored)
-    result.update(
-        eval_batch_size=stream.batch_size,
-        bptt=stream.bptt,
-        long_context=batch_size == 1,
+    settings = ProcedureSettings(
         method=procedure.method,
+        long_context=batch_size == 1,
         temperature=float(temperature),
         temperature_search=search,
         mc_samples=mc.samples if mc is not None else 0,
         dropout_scale=mc.dropout_scale if mc is not None else None,
+        dynamic=procedure.dynamic,
         mc_rows_per_call=procedure.mc_rows_per_call,
         seed=seed,
-        dynamic=procedure.dynamic,
     )
-    return result
+    figures = _metrics(datamodule, split, *scored)
+    return TextResult(**figures, eval_batch_size=stream.batch_size, bptt=stream.bptt, procedure=settings)
 
 
 def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[str, Any]:
-    """``split, corpus, tokenizer, tokens, loss, ppl`` and ``bpc`` / ``word_ppl`` where they apply."""
+    """``split, corpus, tokenizer, tokens, loss, ppl``, ``unk_rate`` and ``bpc`` / ``word_ppl`` where they apply: a
+    :class:`TextResult`'s figures, and a temperature search's record of the validation split."""
     units = datamodule.units(split)
     loss = nats / count
     result: dict[str, Any] = {
@@ -422,39 +422,9 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[
         encoded = datamodule.encoded(split)
         ids = np.asarray(getattr(encoded, "ids", encoded))
         result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
-    if datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece":
+    figures = TEXT.figures(datamodule.level == "char", datamodule.tokenizer.kind)
+    if BPC in figures:
         result["bpc"] = nats / units.chars / math.log(2)
-    if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
+    if WORD_PPL in figures:  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     return result
-
-
-def describe(result: dict[str, Any], char_level: bool) -> str:
-    """The human-readable line of ``lm-zoo evaluate``: the metric, then every setting it depends on."""
-
-    def metric(r: dict[str, Any]) -> str:
-        return f"bpc {r['bpc']:.4f}" if char_level and "bpc" in r else f"ppl {r['ppl']:.2f}"
-
-    settings = [f"eval batch size {result['eval_batch_size']}", f"bptt {result['bptt']}"]
-    if result.get("long_context"):
-        settings.append("long context")
-    search = result.get("temperature_search")
-    if search:
-        settings.append(f"temperature {result['temperature']:.3f} searched on valid ({metric(search['valid'])} there)")
-    elif result.get("temperature", 1.0) != 1.0:
-        settings.append(f"temperature {result['temperature']:g}")
-    if result.get("mc_samples"):
-        scale, seed = result["dropout_scale"], result["seed"]
-        settings.append(f"MC dropout {result['mc_samples']} samples, dropout scale {scale:g}, seed {seed}")
-    dyn = result.get("dynamic")
-    if dyn:
-        tuned = f", tuned over {len(dyn['tuning']['trials'])} trials" if dyn.get("tuning") else ""
-        settings.append(
-            f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
-            f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
-        )
-    unknown = f", {result['unk_rate']:.2%} of them <unk>" if result.get("unk_rate") else ""
-    return (
-        f"{result['corpus']} {result['split']}: {metric(result)}  (loss {result['loss']:.4f} nats/token over "
-        f"{result['tokens']:,} tokens{unknown}; {'; '.join(settings)})"
-    )

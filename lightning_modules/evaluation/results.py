@@ -1,0 +1,277 @@
+"""What scoring a split gives: a typed result, which the scoring procedures fill, an export stores, and the model card
+and ``lm-zoo evaluate`` render.
+
+A result's JSON (:meth:`TextResult.to_json`) is the record ``lm-zoo evaluate --json`` prints; ``stored=True`` leaves
+out what only this run knows (the source's local path, the MC batching, ...) and is what an export's ``config.json``
+keeps under ``"results"``. A new procedure adds its settings as fields of :class:`ProcedureSettings`: they are then
+recorded, stored and read back with nothing else to change. The module imports no torch, so the inference path
+(model cards) can read results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
+
+from datamodules.kinds import BPC, MUSIC, TEXT, ModelKind, kind_of_result, result_figures
+from zoo.errors import CheckpointError
+from zoo.settings import DEFAULT_MATMUL_PRECISION
+
+# A field's metadata: not stored by an export (it names this machine or run, not the figure), or left out of the
+# JSON when it is None (a figure or count that does not apply).
+_LOCAL = {"stored": False}
+_OPTIONAL = {"omit_none": True}
+_LOCAL_OPTIONAL = {**_LOCAL, **_OPTIONAL}
+
+
+def _to_json(record: Any, stored: bool) -> dict[str, Any]:
+    """``record``'s fields in order, a nested dataclass's flattened into it."""
+    out: dict[str, Any] = {}
+    for item in fields(record):
+        value = getattr(record, item.name)
+        if (stored and not item.metadata.get("stored", True)) or (value is None and item.metadata.get("omit_none")):
+            continue
+        if is_dataclass(value):
+            out.update(_to_json(value, stored))
+        else:
+            out[item.name] = value
+    return out
+
+
+@dataclass(kw_only=True)
+class ProcedureSettings:
+    """How a text result was obtained (Melis et al. 2020 §3.3), so that a tempered, MC-dropout or dynamic-evaluation
+    figure is never shown as a plain deterministic one.
+
+    Attributes:
+        method: ``deterministic``, ``mc-dropout`` or ``dynamic``.
+        long_context: the split read as one stream (batch size 1).
+        temperature: the softmax temperature.
+        temperature_search: how an ``auto`` temperature was found (its validation figures), else ``None``.
+        mc_samples: MC dropout's sampled masks; 0 without.
+        dropout_scale: MC dropout's factor on every dropout rate; ``None`` without.
+        dynamic: dynamic evaluation's settings, gradient statistics and tuning; ``None`` without.
+        mc_rows_per_call: MC dropout's most rows per forward pass (not stored: it does not change the figure).
+        seed: seeds the MC masks and the tuning draws (not stored).
+    """
+
+    method: str = "deterministic"
+    long_context: bool = False
+    temperature: float = 1.0
+    temperature_search: dict[str, Any] | None = None
+    mc_samples: int = 0
+    dropout_scale: float | None = None
+    dynamic: dict[str, Any] | None = None
+    mc_rows_per_call: int | None = field(default=None, metadata=_LOCAL)
+    seed: int = field(default=0, metadata=_LOCAL)
+
+    def summary(self) -> str:
+        """The procedure in a few words, as the model card gives it: ``deterministic``, or the method and its
+        settings."""
+        parts = [self.method]
+        if self.mc_samples:
+            parts.append(f"{self.mc_samples} samples, dropout scale {self.dropout_scale}")
+        if self.temperature != 1.0:
+            found = " (searched on valid)" if self.temperature_search else ""
+            parts.append(f"temperature {self.temperature:.4g}{found}")
+        if self.dynamic:
+            parts.append(
+                f"lr {self.dynamic['learning_rate']:.3g}, decay {self.dynamic['decay_rate']:.3g}, "
+                f"{self.dynamic['max_time_steps']} steps per segment"
+            )
+        return ", ".join(parts)
+
+    def details(self) -> list[str]:
+        """The settings in full, as ``lm-zoo evaluate`` prints them after the figure."""
+        settings = ["long context"] if self.long_context else []
+        if self.temperature_search:
+            there = _headline_text(self.temperature_search["valid"])
+            settings.append(f"temperature {self.temperature:.3f} searched on valid ({there} there)")
+        elif self.temperature != 1.0:
+            settings.append(f"temperature {self.temperature:g}")
+        if self.mc_samples:
+            settings.append(
+                f"MC dropout {self.mc_samples} samples, dropout scale {self.dropout_scale:g}, seed {self.seed}"
+            )
+        dyn = self.dynamic
+        if dyn:
+            tuned = f", tuned over {len(dyn['tuning']['trials'])} trials" if dyn.get("tuning") else ""
+            settings.append(
+                f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
+                f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
+            )
+        return settings
+
+
+class _Result:
+    """What a text and a music result share: JSON both ways, and the settings their figure was measured at."""
+
+    kind: ClassVar[ModelKind]
+    split: str
+    eval_batch_size: int
+    bptt: int
+    matmul_precision: str | None
+    quantize: str | None
+
+    def to_json(self, stored: bool = False) -> dict[str, Any]:
+        """The result as ``lm-zoo evaluate --json`` prints it; ``stored``: as an export's ``config.json`` keeps it
+        (no local paths, nothing that does not change the figure)."""
+        return _to_json(self, stored)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Any:
+        """Read a result back from its JSON (an export's ``config.json``, a saved ``lm-zoo evaluate --json``).
+
+        Raises:
+            CheckpointError: a key this lm-zoo does not know, or one a model card must state is missing.
+        """
+        own = {item.name: item for item in fields(cls)}  # type: ignore[arg-type]
+        nested = [item.name for item in fields(ProcedureSettings)] if "procedure" in own else []
+        unknown = sorted(set(data) - set(own) - set(nested))
+        if unknown:
+            raise CheckpointError(
+                f"an evaluation result holds {', '.join(unknown)}, which this lm-zoo does not know: pass the output of "
+                "`lm-zoo evaluate --json` of this version"
+            )
+        values: dict[str, Any] = {name: data[name] for name in own if name in data}
+        if nested:
+            values["procedure"] = ProcedureSettings(**{name: data[name] for name in nested if name in data})
+        required = [name for name, item in own.items() if item.default is MISSING and item.default_factory is MISSING]
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise CheckpointError(
+                f"an evaluation result lacks {', '.join(missing)}: pass the output of `lm-zoo evaluate --json`"
+            )
+        return cls(**values)
+
+    def _precision(self) -> list[str]:
+        """The matmul precision in words, where it is not the default full float32 (the JSON always records it)."""
+        if self.matmul_precision in (None, DEFAULT_MATMUL_PRECISION):
+            return []
+        return [f"float32 matmuls at {self.matmul_precision} precision"]
+
+
+def _headline_text(result: dict[str, Any]) -> str:
+    """A text result's figure to quote first, in words: ``bpc 1.2345`` or ``ppl 123.45``."""
+    name = result_figures(result)[0]
+    return f"bpc {result[name]:.4f}" if name == BPC else f"ppl {result[name]:.2f}"
+
+
+@dataclass(kw_only=True)
+class TextResult(_Result):
+    """A text model's figures on a split (``lightning_modules.evaluation.perplexity.evaluate``).
+
+    Attributes:
+        split: ``train``, ``valid`` or ``test``.
+        corpus: the corpus (its name, or a directory).
+        tokenizer: the tokenizer's kind.
+        tokens: the predicted tokens scored.
+        loss: mean nats per token.
+        ppl: ``exp(loss)``.
+        bpc: bits per character, where :func:`datamodules.kinds.text_figures` reports them.
+        word_ppl: perplexity per word of the original text (SentencePiece).
+        eval_batch_size: parallel streams (each starts without context, so the figure depends on it).
+        bptt: window length.
+        procedure: how it was scored.
+        unk_rate: the share of ``<unk>`` tokens, for a tokenizer that has one (not stored).
+        source: the model scored (not stored: a local path).
+        matmul_precision: float32 matmul precision (not stored).
+        quantize: ``int8`` for a quantized model (not stored).
+    """
+
+    kind: ClassVar[ModelKind] = TEXT
+    split: str
+    corpus: str | None = field(default=None, metadata=_OPTIONAL)
+    tokenizer: str | None = field(default=None, metadata=_OPTIONAL)
+    tokens: int | None = field(default=None, metadata=_OPTIONAL)
+    loss: float
+    ppl: float
+    bpc: float | None = field(default=None, metadata=_OPTIONAL)
+    word_ppl: float | None = field(default=None, metadata=_OPTIONAL)
+    eval_batch_size: int
+    bptt: int
+    procedure: ProcedureSettings = field(default_factory=ProcedureSettings)
+    unk_rate: float | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+    source: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+    matmul_precision: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+    quantize: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+
+    def figures(self) -> list[tuple[str, float]]:
+        """``(name, value)`` of what it reports, the headline first (:func:`datamodules.kinds.text_figures`: a result
+        holds bits per character exactly where its text was scored per character or is SentencePiece's)."""
+        names = self.kind.figures(self.bpc is not None, self.tokenizer)
+        return [(name, getattr(self, name)) for name in names if getattr(self, name) is not None]
+
+    def headline(self) -> str:
+        """The figure to quote first, in a few words: ``bpc 1.2345`` or ``ppl 123.45``."""
+        return _headline_text(self.to_json())
+
+    def describe(self) -> str:
+        """The human-readable line of ``lm-zoo evaluate``: the figure, then every setting it depends on."""
+        sizes = [f"eval batch size {self.eval_batch_size}", f"bptt {self.bptt}"]
+        settings = [*sizes, *self.procedure.details(), *self._precision()]
+        unknown = f", {self.unk_rate:.2%} of them <unk>" if self.unk_rate else ""
+        return (
+            f"{self.corpus} {self.split}: {self.headline()}  (loss {self.loss:.4f} nats/token over "
+            f"{self.tokens:,} tokens{unknown}; {'; '.join(settings)})"
+        )
+
+
+@dataclass(kw_only=True)
+class MusicResult(_Result):
+    """A piano-roll model's negative log-likelihood on a split (``lightning_modules.evaluation.music``).
+
+    Attributes:
+        split: ``train``, ``valid`` or ``test``.
+        dataset: the dataset's name.
+        nll_per_step: nats per frame, summed over the notes (Jozefowicz et al. 2015, Table 2).
+        nll_per_note: the same per note.
+        frames: the frames scored.
+        pieces: the pieces they belong to.
+        eval_batch_size: pieces side by side (each from a zero state: it does not change the figure).
+        bptt: frames per window (nor does it).
+        source, matmul_precision, quantize: as :class:`TextResult`'s (not stored).
+    """
+
+    kind: ClassVar[ModelKind] = MUSIC
+    split: str
+    dataset: str | None = field(default=None, metadata=_OPTIONAL)
+    nll_per_step: float
+    nll_per_note: float | None = field(default=None, metadata=_OPTIONAL)
+    frames: int | None = field(default=None, metadata=_OPTIONAL)
+    pieces: int | None = field(default=None, metadata=_OPTIONAL)
+    eval_batch_size: int
+    bptt: int
+    source: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+    matmul_precision: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+    quantize: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
+
+    def figures(self) -> list[tuple[str, float]]:
+        """``(name, value)`` of what it reports: the NLL per frame."""
+        return [(name, getattr(self, name)) for name in self.kind.figures(False, None)]
+
+    def headline(self) -> str:
+        """The figure in a few words: ``NLL per step 8.1234``."""
+        return f"NLL per step {self.nll_per_step:.4f}"
+
+    def describe(self) -> str:
+        """One line for a human: the NLL per frame and per note, what was read, and how."""
+        settings = [f"eval batch size {self.eval_batch_size}, bptt {self.bptt}", *self._precision()]
+        return (
+            f"{self.split}: {self.nll_per_step:.4f} nats per frame (negative log-likelihood per time step, summed "
+            f"over the notes), {self.nll_per_note:.5f} per note; {self.frames:,} frames in {self.pieces:,} pieces of "
+            f"{self.dataset} ({'; '.join(settings)})"
+        )
+
+
+EvaluationResult = TextResult | MusicResult
+_TYPES: dict[ModelKind, type[TextResult] | type[MusicResult]] = {TEXT: TextResult, MUSIC: MusicResult}
+
+
+def result_from_json(data: dict[str, Any]) -> EvaluationResult:
+    """A text or music result from its JSON, told apart by its figures (:func:`datamodules.kinds.kind_of_result`).
+
+    Raises:
+        CheckpointError: as :meth:`_Result.from_json`.
+    """
+    return _TYPES[kind_of_result(data)].from_json(data)
