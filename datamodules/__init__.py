@@ -7,8 +7,7 @@ costs no Lightning import.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from zoo.lazy import lazy_names
 
 # name -> the module that defines it
 _HOMES = {
@@ -26,15 +25,4 @@ _HOMES = {
 }
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    if name not in _HOMES:
-        raise AttributeError(f"module 'datamodules' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

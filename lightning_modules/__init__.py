@@ -10,8 +10,7 @@ took most of a scoring command's start-up.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from zoo.lazy import lazy_names
 
 _HOMES = {
     "WeightAveragingOnPlateau": "lightning_modules.averaging",
@@ -25,10 +24,4 @@ _HOMES = {
 }
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'lightning_modules' has no attribute {name!r}")
-    value = getattr(import_module(_HOMES[name]), name)
-    globals()[name] = value  # once: later lookups do not come back here
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
