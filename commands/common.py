@@ -35,6 +35,16 @@ QUANTIZE_HELP = (
 )
 
 
+def source_arguments(parser: argparse.ArgumentParser, quantize: bool = False) -> None:
+    """The arguments of a command that runs a model: SOURCE, ``--revision``, ``--device`` and, with ``quantize``,
+    ``--quantize`` (:func:`quantize_model` applies it)."""
+    parser.add_argument("source", help=SOURCE_HELP)
+    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
+    if quantize:
+        parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
+
+
 def quantize_model(loaded: Any, quantize: str | None, device: str) -> None:
     """``--quantize``: replace ``loaded.model`` with its int8 copy (:func:`zoo.quantization.quantize_int8`), all of it
     (``int8``) or its output layer alone (``int8-head``).

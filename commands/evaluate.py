@@ -12,14 +12,10 @@ import checkpoints
 from checkpoints.export_write import score
 from commands import COMMANDS
 from commands.common import (
-    DEVICE_HELP,
-    QUANTIZE_HELP,
-    QUANTIZE_MODES,
-    SOURCE_HELP,
     CommandParser,
-    device_argument,
     option,
     quantize_model,
+    source_arguments,
 )
 from datamodules.corpora import SPLITS
 from datamodules.kinds import PROCEDURES
@@ -33,15 +29,12 @@ from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL
 def cmd_evaluate(argv: Sequence[str]) -> None:
     """``lm-zoo evaluate SOURCE``: score a split with the full softmax (deterministic, MC dropout or dynamic)."""
     parser = CommandParser(prog="lm-zoo evaluate", description=COMMANDS["evaluate"].summary)
-    parser.add_argument("source", help=SOURCE_HELP)
-    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    source_arguments(parser, quantize=True)
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--batch-size", type=int, help="parallel streams (default: the training run's eval batch size)")
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
-    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     parser.add_argument(
         "--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION, help=MATMUL_PRECISION_HELP
     )

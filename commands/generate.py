@@ -15,13 +15,9 @@ import torch
 import checkpoints
 from commands import COMMANDS
 from commands.common import (
-    DEVICE_HELP,
-    QUANTIZE_HELP,
-    QUANTIZE_MODES,
-    SOURCE_HELP,
     CommandParser,
-    device_argument,
     quantize_model,
+    source_arguments,
 )
 from datamodules.kinds import MUSIC
 from datamodules.midi import write_midi, write_png
@@ -32,8 +28,7 @@ from zoo.errors import ConfigError
 def cmd_generate(argv: Sequence[str]) -> None:
     """``lm-zoo generate SOURCE``: sample text, one sample per line."""
     parser = CommandParser(prog="lm-zoo generate", description=COMMANDS["generate"].summary)
-    parser.add_argument("source", help=SOURCE_HELP)
-    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    source_arguments(parser, quantize=True)
     parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line / sentence)")
     parser.add_argument("--num-samples", type=int, default=5, help="samples (sentence models: sentences), one per line")
     parser.add_argument(
@@ -47,8 +42,6 @@ def cmd_generate(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     music = parser.add_argument_group("music models (piano rolls): each sample a MIDI file and a PNG piano roll")
     music.add_argument("--out", help="the directory to write sample-K.mid and sample-K.png into (required)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import checkpoints
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from commands.common import CommandParser, source_arguments
 from datamodules.corpora import data_root
 from lightning_modules.evaluation import parsing
 from zoo.errors import ConfigError
@@ -17,8 +17,7 @@ from zoo.errors import ConfigError
 def cmd_parse(argv: Sequence[str]) -> None:
     """``lm-zoo parse SOURCE``: trees from an ON-LSTM's master forget gate (Shen et al. 2019 §5.2)."""
     parser = CommandParser(prog="lm-zoo parse", description=COMMANDS["parse"].summary)
-    parser.add_argument("source", help=SOURCE_HELP)
-    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    source_arguments(parser)
     parser.add_argument(
         "--treebank", help="bracketed Penn Treebank trees: a zip or directory of .mrg files "
         "(default: $LM_ZOO_DATA/treebank/treebank.zip, NLTK's WSJ sample)"
@@ -28,7 +27,6 @@ def cmd_parse(argv: Sequence[str]) -> None:
     parser.add_argument("--draw", metavar="PNG", help="with --text: also draw the tree into this PNG file")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     parser.add_argument("--seed", type=int, default=0, help="of the random-tree baseline")
-    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch_size < 1:

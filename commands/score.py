@@ -13,14 +13,10 @@ from dataclasses import dataclass
 import checkpoints
 from commands import COMMANDS
 from commands.common import (
-    DEVICE_HELP,
-    QUANTIZE_HELP,
-    QUANTIZE_MODES,
-    SOURCE_HELP,
     CommandParser,
-    device_argument,
     option,
     quantize_model,
+    source_arguments,
 )
 from datamodules.kinds import SCORE
 from lightning_modules.evaluation.sentences import SCALES, stream_scores
@@ -107,9 +103,8 @@ def parse_nbest(lines: Iterable[str], file: str) -> Iterator[NbestLine]:
 def cmd_score(argv: Sequence[str]) -> None:
     """``lm-zoo score SOURCE FILE``: log p of each line of FILE (a sentence), from the start-of-sentence state."""
     parser = CommandParser(prog="lm-zoo score", description=COMMANDS["score"].summary)
-    parser.add_argument("source", help=SOURCE_HELP)
+    source_arguments(parser, quantize=True)
     parser.add_argument("file", nargs="?", default="-", help="one sentence per line (default -: standard input)")
-    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--nbest", action="store_true", help=NBEST_HELP)
     parser.add_argument("--scale", choices=SCALES, help=SCALE_HELP)
     parser.add_argument(
@@ -126,8 +121,6 @@ def cmd_score(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--no-end", action="store_true", help="score the words only, not the end of the sentence")
     parser.add_argument("--batch-size", type=option("--batch-size", int, 1), default=64, help="sentences per pass")
-    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
-    parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
     args = parser.parse_args(argv)
     if args.nbest and (args.document or args.per_token):
         raise ConfigError("--nbest scores each hypothesis alone into one column: drop --document and --per-token")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import checkpoints
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from commands.common import CommandParser, source_arguments
 from datamodules.corpora import data_root
 from lightning_modules.evaluation import syneval
 from zoo.errors import ConfigError
@@ -17,15 +17,13 @@ from zoo.errors import ConfigError
 def cmd_syneval(argv: Sequence[str]) -> None:
     """``lm-zoo syneval SOURCE``: Marvin & Linzen's minimal pairs, accuracy per condition (Shen et al. 2019 §5.3)."""
     parser = CommandParser(prog="lm-zoo syneval", description=COMMANDS["syneval"].summary)
-    parser.add_argument("source", help=SOURCE_HELP)
-    parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
+    source_arguments(parser)
     parser.add_argument(
         "--templates", help="templates.tar.xz or emnlp2018_templates.tar.xz (MANIFEST.md), or a directory of the "
         "original pickles (default: $LM_ZOO_DATA/syneval/templates.tar.xz)"
     )  # fmt: skip
     parser.add_argument("--max-tuples", type=int, help="score only the first N tuples of each condition (a quick look)")
     parser.add_argument("--batch-size", type=int, default=256, help="sentences per forward pass")
-    parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch_size < 1 or (args.max_tuples is not None and args.max_tuples < 1):
