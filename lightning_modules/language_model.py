@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
@@ -34,9 +33,7 @@ from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, 
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import State, detach_state, mask_state
 from zoo.errors import CheckpointError, ConfigError
-from zoo.heads import AdaptiveSoftmaxHead
 from zoo.language_model import RecurrentLM
-from zoo.nce import NCEHead
 
 NO_NOISE = (
     "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "
@@ -182,18 +179,6 @@ class LanguageModel(StatefulTraining):
         """Full-softmax nats of every target ``(B, T)`` and the state: :meth:`zoo.RecurrentLM.token_nll`."""
         return self.model.token_nll(inputs, targets, state, reset, temperature)
 
-    @staticmethod
-    def nll(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """Summed negative log-likelihood (nats) over predicted targets, and how many were predicted.
-
-        ``logits`` are any head's scores: ``cross_entropy`` applies ``log_softmax``, which leaves MoS's already
-        normalised log-probabilities unchanged.
-        """
-        total = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        return total, (targets != IGNORE_INDEX).sum()
-
     def _window(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
@@ -212,17 +197,12 @@ class LanguageModel(StatefulTraining):
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words
             total = self.model.decoder.token_nll(features, batch.targets).sum()
             count = (batch.targets != IGNORE_INDEX).sum()
-        elif isinstance(self.model.decoder, NCEHead):
-            if not self.model.decoder.noise.ready:
-                raise ConfigError(NO_NOISE)
-            # Noise shared by the batch (dpnn's batchnoise) comes from the generator every rank seeds alike, so the
-            # global batch shares it as one process's batch does; per-row noise is each rank's own, like its masks.
-            generator = None if self.model.decoder.per_row else self.shared_generator
-            total, count = self.model.decoder.training_loss(features, batch.targets, generator=generator)
-        elif isinstance(self.model.decoder, AdaptiveSoftmaxHead):  # exact nats, each target's own cluster only
-            total, count = self.model.decoder.training_loss(features, batch.targets)
-        else:
-            total, count = self.nll(self.model.decoder(features), batch.targets)
+            return total, count, raw, dropped
+        if self.model.needs_noise_distribution:
+            raise ConfigError(NO_NOISE)
+        # The head's own objective (zoo.heads). What it draws for the whole batch (NCE's noise words) comes from the
+        # generator every rank seeds alike, so that the global batch shares it as one process's batch does.
+        total, count = self.model.decoder.training_loss(features, batch.targets, shared_generator=self.shared_generator)
         return total, count, raw, dropped
 
     def activation_regularization(self, dropped: Tensor) -> Tensor:
@@ -246,7 +226,7 @@ class LanguageModel(StatefulTraining):
         loss = total / count.clamp(min=1)  # mean nats per predicted token
         # Checked with the gradients, in one host copy, before the optimizer step (on_before_optimizer_step).
         self._train_loss = loss.detach()
-        if not isinstance(self.model.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
+        if self.model.decoder.reports_nats:  # a sampled objective (NCE) is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)
         # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
         # predicted tokens would cost a device synchronisation (train_nll above weighs by that count exactly).
@@ -284,7 +264,7 @@ class LanguageModel(StatefulTraining):
     def setup(self, stage: str) -> None:
         """Before fitting an ``nce`` / ``sampled_softmax`` head, take its noise distribution from the data module's
         tokenizer (its ``counts``: the training count of every id)."""
-        if stage != "fit" or not isinstance(self.model.decoder, NCEHead) or self.model.decoder.noise.ready:
+        if stage != "fit" or not self.model.needs_noise_distribution:
             return
         tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
         counts = getattr(tokenizer, "counts", None)

@@ -408,6 +408,12 @@ class RecurrentLM(nn.Module):
         features = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
         return features, state, raw, dropped
 
+    @property
+    def needs_noise_distribution(self) -> bool:
+        """Whether the head trains on noise words (``nce`` / ``sampled_softmax``) and has no unigram counts yet:
+        :meth:`set_noise_distribution` must come before training."""
+        return isinstance(self.decoder, NCEHead) and not self.decoder.noise.ready
+
     def set_noise_distribution(self, counts: Sequence[int] | Tensor) -> None:
         """Set the unigram training counts (one per id) the ``nce`` / ``sampled_softmax`` head draws noise from.
 
