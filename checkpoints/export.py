@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ def build_config(
         CheckpointError: a result is of the other kind of model (perplexity for a music model, or NLL per frame for
             a text model), or a setting is not JSON-like.
     """
-    settings = loaded.model.config
+    settings = asdict(loaded.model.config)  # zoo.language_model.LMConfig or zoo.music.PianoRollConfig
     music = loaded.is_music
     _check_result_kinds(loaded, results)
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}

@@ -19,9 +19,9 @@ AWD-LSTM ``main.py``). Weight decay (L2) is the optimizer's: ``optimizer.init_ar
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, 
 from lightning_modules.stateful import StatefulTraining
 from zoo.base import State, detach_state, mask_state
 from zoo.errors import CheckpointError, ConfigError
-from zoo.language_model import RecurrentLM
+from zoo.language_model import LMConfig, RecurrentLM
 
 NO_NOISE = (
     "the nce and sampled_softmax heads need the unigram counts of the training data, and this data module's "
@@ -41,7 +41,6 @@ NO_NOISE = (
 )
 # The state-dict prefix of the wrapped network (``self.model``); checkpoints written before the split lack it.
 MODEL_PREFIX = "model."
-NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
 # This module's own: the training loss, its guard, and what training does to the carried state.
 TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold", "drop_state_probability")
 
@@ -69,9 +68,9 @@ def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
 class LanguageModel(StatefulTraining):
     """Trains a :class:`zoo.RecurrentLM` (``self.model``): carried state, losses, regularisers, logging, resume.
 
-    Every argument but the four below is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
-    head and dropout settings). The checkpoint's weights are the network's under ``model.``; exports keep the network
-    alone (:mod:`checkpoints.export`).
+    Every argument but the four below is the network's, by position or name: the fields of
+    :class:`zoo.language_model.LMConfig`, which documents them (embedding, stack, head and dropout settings). The
+    checkpoint's weights are the network's under ``model.``; exports keep the network alone (:mod:`checkpoints.export`).
 
     Args:
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
@@ -90,43 +89,23 @@ class LanguageModel(StatefulTraining):
     single process; gradient-norm clipping still works (:mod:`lightning_modules.sparse_gradients`).
     """
 
-    # The network's arguments are spelled out again (not **kwargs) so that LightningCLI can type-check, default and
-    # save `model.init_args` one by one; tests/test_language_model.py holds the two signatures equal.
+    # The network's settings arrive as *args / **network and go to LMConfig, one call that LightningCLI follows:
+    # jsonargparse reads each `model.init_args.<name>` (type, default, the docstring's line) from LMConfig's fields,
+    # so they are spelt once, in zoo/language_model.py.
     def __init__(
         self,
-        vocab_size: int = 10000,
-        architecture: str = "lstm",
-        embedding_size: int = 200,
-        hidden_size: int = 200,
-        num_layers: int = 2,
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        init_range: float | None = None,
-        cell_options: dict[str, Any] | None = None,
-        head: str = "softmax",
-        mos_components: int = 15,
-        mos_dropout: float = 0.0,
-        input_dropout: float | None = None,
-        inter_layer_dropout: float | None = None,
-        output_dropout: float | None = None,
-        embedding_dropout: float = 0.0,
-        locked_dropout: bool = False,
-        input_embedding_ratio: float | None = None,
+        *args: Any,
         ar: float = 0.0,
         tar: float = 0.0,
         divergence_threshold: float | None = None,
         drop_state_probability: float = 0.0,
-        embedding_init_range: float | None = None,
-        noise_samples: int = 100,
-        noise_power: float = 1.0,
-        noise_per_row: bool = False,
-        noise_sampler: str = "alias",
-        sparse_gradients: bool = False,
-        adaptive_cutoffs: list[int] | None = None,
-        adaptive_div_value: float = 4.0,
+        **network: Any,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # the arguments given by name (LightningCLI gives every one)
+        config = LMConfig(*args, **network)  # TypeError for a setting the network does not have
+        # and the network's settings given by position or left at their defaults: a .ckpt records every one.
+        self.hparams.update({name: value for name, value in asdict(config).items() if name not in self.hparams})
         if ar < 0 or tar < 0:
             raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
         if divergence_threshold is not None and divergence_threshold < 0:
@@ -136,9 +115,9 @@ class LanguageModel(StatefulTraining):
         self.ar, self.tar = ar, tar
         self.drop_state_probability = drop_state_probability
         self.divergence_threshold = (
-            10 * math.log(max(vocab_size, 2)) if divergence_threshold is None else divergence_threshold
+            10 * math.log(max(config.vocab_size, 2)) if divergence_threshold is None else divergence_threshold
         )
-        self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
+        self.model = RecurrentLM.from_config(config)
 
     @classmethod
     def from_network(cls, network: RecurrentLM, **overrides: Any) -> LanguageModel:
@@ -159,7 +138,7 @@ class LanguageModel(StatefulTraining):
                 f"{type(network).__name__} is not a language model (zoo.RecurrentLM): a model of piano rolls trains "
                 "in lightning_modules.MusicModel"
             )
-        module = cls(**{**network.config, **overrides})
+        module = cls(**{**asdict(network.config), **overrides})
         copy_weights(network, module.model)
         return module
 

@@ -17,6 +17,7 @@ from typing import Any
 # every layer raises) costs no torch import: ``lm-zoo --help`` prints at once.
 _HOMES = {
     "Architecture": "zoo.architectures",
+    "LMConfig": "zoo.language_model",
     "RecurrentLM": "zoo.language_model",
     "State": "zoo.base",
     "build": "zoo.architectures",
