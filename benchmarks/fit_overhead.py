@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import os
 import pstats
@@ -70,11 +71,11 @@ def lm_zoo_network(vocab_size: int, width: int) -> tuple[Any, float, float]:
     at ``width`` units, with the config's learning rate and clipping value."""
     import yaml
 
-    from lightning_modules.language_model import NETWORK_OPTIONS
-    from zoo.language_model import RecurrentLM
+    from zoo.language_model import LMConfig, RecurrentLM
 
     config = yaml.safe_load(CONFIG.read_text())
-    options = {k: v for k, v in config["model"]["init_args"].items() if k in NETWORK_OPTIONS}
+    network = {field.name for field in dataclasses.fields(LMConfig)}
+    options = {k: v for k, v in config["model"]["init_args"].items() if k in network}
     options |= {"vocab_size": vocab_size, "embedding_size": width, "hidden_size": width}
     lr, clip = config["optimizer"]["init_args"]["lr"], config["trainer"]["gradient_clip_val"]
     return RecurrentLM(**options), lr, clip

@@ -53,7 +53,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import zoo  # noqa: E402
 from datamodules.gbw import GBWDataModule  # noqa: E402
 from datamodules.windows import IGNORE_INDEX  # noqa: E402
-from lightning_modules.language_model import LanguageModel  # noqa: E402
 from lightning_modules.sparse_gradients import clip_grad_norm  # noqa: E402
 from zoo.heads import AdaptiveSoftmaxHead, SoftmaxHead  # noqa: E402
 from zoo.language_model import RecurrentLM  # noqa: E402
@@ -205,10 +204,7 @@ def step_worker(config: dict[str, Any]) -> dict[str, Any]:
     def step() -> None:
         clear_gradients()
         features, _ = rnn(inputs)  # (B, T, H)
-        if isinstance(head, NCEHead | AdaptiveSoftmaxHead):
-            total, count = head.training_loss(features, targets)
-        else:
-            total, count = LanguageModel.nll(head(features), targets)  # the LanguageModel's softmax loss
+        total, count = head.training_loss(features, targets)  # each head's objective, as the LanguageModel's step
         (total / count).backward()
         clip_grad_norm(parameters, config["clip"])  # the model's clipping, which sparse gradients need
         optimizer.step()

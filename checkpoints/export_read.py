@@ -3,7 +3,7 @@
 ::
 
     config.json        what the model is: {"format": "lm-zoo", "format_version", "lm_zoo_version", "architecture",
-                       "head", "model": <every zoo.RecurrentLM constructor argument>, "num_parameters", "dtype",
+                       "head", "model": <every zoo.LMConfig field>, "num_parameters", "dtype",
                        "tokenizer": {"kind", "vocab_size", "file", "options"} (null for music),
                        "training": {"data": <data module settings>, "optimizers", "epoch", "global_step",
                                     "weight_averaged", "config": <the run's LightningCLI config, when found>},
@@ -18,12 +18,13 @@
                        piece (release.bundle writes them; the card shows them)
 
 ``config.json`` is written last, so a directory without it is never mistaken for a complete export. The model's
-settings are copied from ``RecurrentLM.config`` as they are: options added to it later travel without any change here.
+settings are ``RecurrentLM.config`` (a :class:`zoo.LMConfig`) as a dict: fields added to it later travel without any
+change here.
 
-Format 2 (every text model's export) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its
-constructor arguments and ``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s settings,
-training-only ``ar`` / ``tar`` included; its tensor names are the same, so a format-1 export loads as it is (those two
-options are ignored).
+Format 2 (every text model's export) stores the plain network, :class:`zoo.RecurrentLM`: ``model`` holds its settings
+(the fields of :class:`zoo.LMConfig`) and ``model.safetensors`` its state dict. Format 1 stored the ``LanguageModel``'s
+settings, training-only ``ar`` / ``tar`` included; its tensor names are the same, so a format-1 export loads as it is
+(those two options are ignored).
 
 Format 3 adds models of piano-roll music (:class:`zoo.music.PianoRollLM`), told apart by ``"head": "bernoulli"`` (one
 Bernoulli per note; a text model's head is ``softmax``, ``nce``, ...). Their ``model`` holds ``PianoRollLM.config``,
@@ -46,7 +47,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ from datamodules.corpora import sha256_file
 from datamodules.kinds import MUSIC, TEXT, ModelKind, kind_of_config
 from datamodules.tokenizers import Tokenizer
 from zoo.errors import CheckpointError, ConfigError, LMZooError, clip
-from zoo.language_model import RecurrentLM
+from zoo.language_model import LMConfig, RecurrentLM
 from zoo.music import PianoRollLM
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ HASHES_KEY = "sha256"
 # How the weights may be stored; the loaded model computes in float32 either way.
 STORED_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Files that hold pickles (torch.save / Lightning): loading one runs whatever code it names.
-NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # what a format-1 export's model settings keep
+NETWORK_OPTIONS = tuple(field.name for field in fields(LMConfig))  # what a format-1 export's model settings keep
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +108,7 @@ def build_config(
         CheckpointError: a result is of the other kind of model (perplexity for a music model, or NLL per frame for
             a text model), or a setting is not JSON-like.
     """
-    settings = loaded.model.config
+    settings = asdict(loaded.model.config)  # zoo.language_model.LMConfig or zoo.music.PianoRollConfig
     _check_result_kinds(loaded, results)
     training = {"data": {k: v for k, v in loaded.data.items() if k not in _LOCAL_DATA_SETTINGS}, **loaded.training}
     config = {

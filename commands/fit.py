@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import inspect
 import re
 import shlex
 import sys
@@ -22,6 +21,7 @@ from typing import Any, NoReturn
 
 import torch
 import yaml
+from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
@@ -108,7 +108,11 @@ def parser_message(parser: argparse.ArgumentParser, message: str) -> str:
     if unknown and key:
         class_path, option = unknown.groups()
         module, _, name = class_path.rpartition(".")
-        accepted = list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+        # What LightningCLI accepts: the signature's names and, where a class passes **kwargs on (LanguageModel's
+        # network settings, to LMConfig), the names jsonargparse finds there.
+        accepted = ArgumentParser().add_class_arguments(
+            getattr(importlib.import_module(module), name), fail_untyped=False
+        )
         near = difflib.get_close_matches(option, accepted, n=1)
         hint = f" (did you mean --{key[1]}.init_args.{near[0]}?)" if near else ""
         return f"--{key[1]}.init_args.{option}: {name} has no option {option!r}{hint}"

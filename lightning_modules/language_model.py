@@ -19,13 +19,12 @@ AWD-LSTM ``main.py``). Weight decay (L2) is the optimizer's: ``optimizer.init_ar
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
@@ -34,9 +33,7 @@ from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
 from zoo.errors import CheckpointError, ConfigError
-from zoo.heads import AdaptiveSoftmaxHead
-from zoo.language_model import RecurrentLM
-from zoo.nce import NCEHead
+from zoo.language_model import LMConfig, RecurrentLM
 from zoo.state import State, detach_state, mask_state
 
 NO_NOISE = (
@@ -45,7 +42,6 @@ NO_NOISE = (
 )
 # The state-dict prefix of the wrapped network (``self.model``); checkpoints written before the split lack it.
 MODEL_PREFIX = "model."
-NETWORK_OPTIONS = tuple(inspect.signature(RecurrentLM).parameters)  # the arguments passed on to the network
 # This module's own: the training loss, its guard, and what training does to the carried state.
 TRAINING_OPTIONS = ("ar", "tar", "divergence_threshold", "drop_state_probability")
 
@@ -73,9 +69,10 @@ def with_model_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
 class LanguageModel(StatefulTraining):
     """Trains a :class:`zoo.RecurrentLM` (``self.model``): carried state, losses, regularisers, logging, resume.
 
-    Every argument but the four below is the network's: :class:`zoo.RecurrentLM` documents them (embedding, stack,
-    head and dropout settings). The checkpoint's weights are the network's under ``model.``; exports keep the network
-    alone (:mod:`checkpoints.export_write`).
+    Every argument but the four below is the network's, by position or name: the fields of
+    :class:`zoo.language_model.LMConfig`, which documents them (embedding, stack, head and dropout settings). The
+    checkpoint's weights are the network's under ``model.``; exports keep the network alone
+    (:mod:`checkpoints.export_write`).
 
     Args:
         ar: activation regularisation alpha: ``ar * mean(dropped_output ** 2)`` (Merity et al. 2017 §4.6).
@@ -94,43 +91,23 @@ class LanguageModel(StatefulTraining):
     single process; gradient-norm clipping still works (:mod:`lightning_modules.sparse_gradients`).
     """
 
-    # The network's arguments are spelled out again (not **kwargs) so that LightningCLI can type-check, default and
-    # save `model.init_args` one by one; tests/test_language_model.py holds the two signatures equal.
+    # The network's settings arrive as *args / **network and go to LMConfig, one call that LightningCLI follows:
+    # jsonargparse reads each `model.init_args.<name>` (type, default, the docstring's line) from LMConfig's fields,
+    # so they are spelt once, in zoo/language_model.py.
     def __init__(
         self,
-        vocab_size: int = 10000,
-        architecture: str = "lstm",
-        embedding_size: int = 200,
-        hidden_size: int = 200,
-        num_layers: int = 2,
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        init_range: float | None = None,
-        cell_options: dict[str, Any] | None = None,
-        head: str = "softmax",
-        mos_components: int = 15,
-        mos_dropout: float = 0.0,
-        input_dropout: float | None = None,
-        inter_layer_dropout: float | None = None,
-        output_dropout: float | None = None,
-        embedding_dropout: float = 0.0,
-        locked_dropout: bool = False,
-        input_embedding_ratio: float | None = None,
+        *args: Any,
         ar: float = 0.0,
         tar: float = 0.0,
         divergence_threshold: float | None = None,
         drop_state_probability: float = 0.0,
-        embedding_init_range: float | None = None,
-        noise_samples: int = 100,
-        noise_power: float = 1.0,
-        noise_per_row: bool = False,
-        noise_sampler: str = "alias",
-        sparse_gradients: bool = False,
-        adaptive_cutoffs: list[int] | None = None,
-        adaptive_div_value: float = 4.0,
+        **network: Any,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # the arguments given by name (LightningCLI gives every one)
+        config = LMConfig(*args, **network)  # TypeError for a setting the network does not have
+        # and the network's settings given by position or left at their defaults: a .ckpt records every one.
+        self.hparams.update({name: value for name, value in asdict(config).items() if name not in self.hparams})
         if ar < 0 or tar < 0:
             raise ConfigError(f"ar and tar must be >= 0, got ar={ar}, tar={tar}")
         if divergence_threshold is not None and divergence_threshold < 0:
@@ -140,9 +117,9 @@ class LanguageModel(StatefulTraining):
         self.ar, self.tar = ar, tar
         self.drop_state_probability = drop_state_probability
         self.divergence_threshold = (
-            10 * math.log(max(vocab_size, 2)) if divergence_threshold is None else divergence_threshold
+            10 * math.log(max(config.vocab_size, 2)) if divergence_threshold is None else divergence_threshold
         )
-        self.model = RecurrentLM(**{name: self.hparams[name] for name in NETWORK_OPTIONS})
+        self.model = RecurrentLM.from_config(config)
 
     @classmethod
     def from_network(cls, network: RecurrentLM, **overrides: Any) -> LanguageModel:
@@ -163,7 +140,7 @@ class LanguageModel(StatefulTraining):
                 f"{type(network).__name__} is not a language model (zoo.RecurrentLM): a model of piano rolls trains "
                 "in lightning_modules.MusicModel"
             )
-        module = cls(**{**network.config, **overrides})
+        module = cls(**{**asdict(network.config), **overrides})
         copy_weights(network, module.model)
         return module
 
@@ -183,18 +160,6 @@ class LanguageModel(StatefulTraining):
         """Full-softmax nats of every target ``(B, T)`` and the state: :meth:`zoo.RecurrentLM.token_nll`."""
         return self.model.token_nll(inputs, targets, state, reset, temperature)
 
-    @staticmethod
-    def nll(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """Summed negative log-likelihood (nats) over predicted targets, and how many were predicted.
-
-        ``logits`` are any head's scores: ``cross_entropy`` applies ``log_softmax``, which leaves MoS's already
-        normalised log-probabilities unchanged.
-        """
-        total = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        return total, (targets != IGNORE_INDEX).sum()
-
     def _window(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = self._state[stage]
         if state is not None and state[0].size(1) != batch.inputs.size(0):
@@ -213,17 +178,12 @@ class LanguageModel(StatefulTraining):
         if stage != "train":  # the full softmax, chunked over the vocabulary: never (B, T, V) logits at 793k words
             total = self.model.decoder.token_nll(features, batch.targets).sum()
             count = (batch.targets != IGNORE_INDEX).sum()
-        elif isinstance(self.model.decoder, NCEHead):
-            if not self.model.decoder.noise.ready:
-                raise ConfigError(NO_NOISE)
-            # Noise shared by the batch (dpnn's batchnoise) comes from the generator every rank seeds alike, so the
-            # global batch shares it as one process's batch does; per-row noise is each rank's own, like its masks.
-            generator = None if self.model.decoder.per_row else self.shared_generator
-            total, count = self.model.decoder.training_loss(features, batch.targets, generator=generator)
-        elif isinstance(self.model.decoder, AdaptiveSoftmaxHead):  # exact nats, each target's own cluster only
-            total, count = self.model.decoder.training_loss(features, batch.targets)
-        else:
-            total, count = self.nll(self.model.decoder(features), batch.targets)
+            return total, count, raw, dropped
+        if self.model.needs_noise_distribution:
+            raise ConfigError(NO_NOISE)
+        # The head's own objective (zoo.heads). What it draws for the whole batch (NCE's noise words) comes from the
+        # generator every rank seeds alike, so that the global batch shares it as one process's batch does.
+        total, count = self.model.decoder.training_loss(features, batch.targets, shared_generator=self.shared_generator)
         return total, count, raw, dropped
 
     def activation_regularization(self, dropped: Tensor) -> Tensor:
@@ -247,7 +207,7 @@ class LanguageModel(StatefulTraining):
         loss = total / count.clamp(min=1)  # mean nats per predicted token
         # Checked with the gradients, in one host copy, before the optimizer step (on_before_optimizer_step).
         self._train_loss = loss.detach()
-        if not isinstance(self.model.decoder, NCEHead):  # a sampled objective is not nats: no training perplexity
+        if self.model.decoder.reports_nats:  # a sampled objective (NCE) is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)
         # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
         # predicted tokens would cost a device synchronisation (train_nll above weighs by that count exactly).
@@ -285,7 +245,7 @@ class LanguageModel(StatefulTraining):
     def setup(self, stage: str) -> None:
         """Before fitting an ``nce`` / ``sampled_softmax`` head, take its noise distribution from the data module's
         tokenizer (its ``counts``: the training count of every id)."""
-        if stage != "fit" or not isinstance(self.model.decoder, NCEHead) or self.model.decoder.noise.ready:
+        if stage != "fit" or not self.model.needs_noise_distribution:
             return
         tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
         counts = getattr(tokenizer, "counts", None)

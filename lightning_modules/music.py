@@ -11,8 +11,8 @@ measure), averaged over the predicted frames. Logged: ``{stage}_loss`` (nats per
 
 from __future__ import annotations
 
-import inspect
 import math
+from dataclasses import asdict
 from typing import Any
 
 from torch import Tensor
@@ -21,11 +21,10 @@ from datamodules.music import FrameBatch
 from lightning_modules.language_model import copy_weights
 from lightning_modules.stateful import StatefulTraining
 from zoo.errors import ConfigError
-from zoo.music import NUM_NOTES, PianoRollLM
+from zoo.music import NUM_NOTES, PianoRollConfig, PianoRollLM
 from zoo.state import detach_state
 
 TRAINING_OPTIONS = ("divergence_threshold",)  # this module's own; every other argument is the network's
-NETWORK_OPTIONS = tuple(inspect.signature(PianoRollLM).parameters)  # num_notes is this module's vocab_size
 
 
 class MusicModel(StatefulTraining):
@@ -37,32 +36,27 @@ class MusicModel(StatefulTraining):
         divergence_threshold: stop training with one line when a window's mean loss exceeds this many nats per
             frame. ``None``: ten times a model that gives every note probability 1/2 (``10 x 88 ln 2``); ``0``: off.
 
-    Every other argument is the network's (:class:`zoo.music.PianoRollLM` documents them).
+    Every other argument is the network's, by name: the fields of :class:`zoo.music.PianoRollConfig`, which documents
+    them.
     """
 
+    # The network's settings arrive as **network and go to PianoRollConfig, one call that LightningCLI follows (as in
+    # LanguageModel): their types and defaults are read from its fields, spelt once, in zoo/music.py.
     def __init__(
-        self,
-        vocab_size: int = NUM_NOTES,
-        architecture: str = "lstm",
-        hidden_size: int = 128,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        input_dropout: float | None = None,
-        inter_layer_dropout: float | None = None,
-        output_dropout: float | None = None,
-        init_range: float | None = None,
-        cell_options: dict[str, Any] | None = None,
-        divergence_threshold: float | None = None,
+        self, *, vocab_size: int = NUM_NOTES, divergence_threshold: float | None = None, **network: Any
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # the arguments as given (LightningCLI gives every one)
+        config = PianoRollConfig(num_notes=vocab_size, **network)  # TypeError for a setting the network lacks
+        # and the network's settings left at their defaults: a .ckpt records every one.
+        settings = {name: value for name, value in asdict(config).items() if name != "num_notes"}
+        self.hparams.update({name: value for name, value in settings.items() if name not in self.hparams})
         if divergence_threshold is not None and divergence_threshold < 0:
             raise ConfigError(f"divergence_threshold must be >= 0 (0: off), got {divergence_threshold}")
         self.divergence_threshold = (
             10 * vocab_size * math.log(2) if divergence_threshold is None else divergence_threshold
         )
-        network = {name: self.hparams[name] for name in NETWORK_OPTIONS if name != "num_notes"}
-        self.model = PianoRollLM(num_notes=vocab_size, **network)
+        self.model = PianoRollLM.from_config(config)
 
     @classmethod
     def from_network(cls, network: PianoRollLM, **overrides: Any) -> MusicModel:
@@ -83,7 +77,7 @@ class MusicModel(StatefulTraining):
                 f"{type(network).__name__} is not a model of piano rolls (zoo.music.PianoRollLM): a language model "
                 "trains in lightning_modules.LanguageModel"
             )
-        settings = dict(network.config)
+        settings = asdict(network.config)
         settings["vocab_size"] = settings.pop("num_notes")  # the module's name for it (LightningCLI links it)
         module = cls(**{**settings, **overrides})
         copy_weights(network, module.model)

@@ -9,6 +9,7 @@ import torch
 from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead, default_adaptive_cutoffs
 from zoo.language_model import RecurrentLM
+from zoo.nce import NCEHead
 
 B, T, H, E, V, K = 2, 3, 5, 4, 7, 3
 
@@ -106,6 +107,28 @@ def test_token_nll_is_minus_the_tempered_log_probability_of_each_target(head_nam
                 tempered = scores[b, t] / temperature
                 expected = torch.logsumexp(tempered, 0) - tempered[targets[b, t]]
                 assert nll[b, t].item() == pytest.approx(expected.item(), abs=1e-9)
+
+
+@pytest.mark.parametrize("head_name", ["softmax", "mos", "adaptive", "nce"])
+def test_each_head_trains_on_its_own_loss_and_says_whether_it_is_nats(head_name: str) -> None:
+    """The training loop calls ``training_loss`` and reads ``reports_nats`` whatever the head: an exact head's loss is
+    its evaluation nats summed over the predicted targets; NCE's sampled objective is none (no training perplexity)."""
+    torch.manual_seed(1)
+    heads = {"mos": _mos, "softmax": lambda: SoftmaxHead(H, V).double(), "adaptive": _adaptive}
+    head = heads[head_name]() if head_name in heads else NCEHead(H, V, noise_samples=3).double()
+    if head_name == "nce":
+        head.set_noise_distribution(torch.arange(1, V + 1))
+    h = torch.randn(B, T, H, dtype=torch.double)
+    targets = torch.randint(0, V, (B, T))
+    targets[0, 1] = -100
+    total, count = head.training_loss(h, targets, shared_generator=torch.Generator().manual_seed(0))
+    assert count.item() == B * T - 1
+    assert head.reports_nats == (head_name != "nce")
+    nats = head.token_nll(h, targets).sum()
+    if head.reports_nats:
+        torch.testing.assert_close(total.double(), nats.double(), atol=1e-6, rtol=0)
+    else:
+        assert abs(total.item() - nats.item()) > 1e-3  # a different objective altogether
 
 
 # --------------------------------------------------------------------------------------------- adaptive softmax

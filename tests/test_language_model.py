@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from jsonargparse import ArgumentError
 
 from datamodules import TextDataModule
 from datamodules.windows import StreamWindows
@@ -15,7 +16,7 @@ from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.evaluation.perplexity import evaluate
 from lightning_modules.language_model import TRAINING_OPTIONS
 from tests.conftest import quiet_trainer, write_word_corpus
-from zoo import RecurrentLM
+from zoo import LMConfig, RecurrentLM
 from zoo.errors import ConfigError, TrainingDivergedError
 
 
@@ -179,15 +180,26 @@ def test_training_logs_the_figures_evaluate_reports(tmp_path: Path, monkeypatch:
             assert float(trainer.callback_metrics["val_bpc"]) == pytest.approx(result.bpc, rel=1e-5)
 
 
-def test_the_lightning_module_takes_every_network_argument_with_the_same_default() -> None:
-    network = inspect.signature(RecurrentLM).parameters
-    module = inspect.signature(LanguageModel).parameters
-    assert {name: p.default for name, p in network.items()} == {
-        name: p.default for name, p in module.items() if name not in TRAINING_OPTIONS
-    }
-    assert {name: p.annotation for name, p in network.items()} == {
-        name: p.annotation for name, p in module.items() if name not in TRAINING_OPTIONS
-    }
+def test_lightningcli_reads_the_network_settings_from_lmconfig_and_a_ckpt_records_them_all() -> None:
+    """LanguageModel passes **network on to LMConfig; jsonargparse follows that call, so `model.init_args.<field>`
+    has the field's type and default without the settings being spelt a second time."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    keys = parser.add_class_arguments(LanguageModel, "model")
+    network = [field.name for field in dataclasses.fields(LMConfig)]
+    assert keys == [f"model.{name}" for name in [*TRAINING_OPTIONS, *network]]
+    defaults = parser.get_defaults()
+    assert all(defaults[f"model.{field.name}"] == field.default for field in dataclasses.fields(LMConfig))
+    parsed = parser.parse_args(["--model.hidden_size", "12", "--model.adaptive_cutoffs", "[2, 5]"])
+    assert parsed["model.hidden_size"] == 12 and parsed["model.adaptive_cutoffs"] == [2, 5]
+    with pytest.raises(ArgumentError, match="hidden_size"):
+        parser.parse_args(["--model.hidden_size", "wide"])
+    # Given by position or left at its default, every setting is in the hyperparameters a .ckpt keeps.
+    module = LanguageModel(50, "gru", hidden_size=12, num_layers=1, ar=1.0)
+    assert module.model.config == LMConfig(50, "gru", hidden_size=12, num_layers=1)
+    training = {"ar": 1.0, "tar": 0.0, "divergence_threshold": None, "drop_state_probability": 0.0}
+    assert dict(module.hparams) == {**dataclasses.asdict(module.model.config), **training}
 
 
 @pytest.mark.parametrize("architecture", ["lstm", "gru", "mogrifier"])

@@ -296,16 +296,28 @@ optimizer: {{class_path: torch.optim.Adam, init_args: {{lr: 0.01}}}}
     one_line_error(capsys, 2, "--primer-piece 500", "pieces 0 to 76")
 
 
-def test_the_music_module_takes_every_network_argument_with_the_same_default():
-    import inspect
+def test_lightningcli_reads_the_music_network_settings_from_pianorollconfig():
+    """MusicModel passes **network on to PianoRollConfig, whose num_notes is the module's own vocab_size (the data's,
+    linked): jsonargparse reads every other field's type and default from there."""
+    import dataclasses
 
-    from lightning_modules.music import TRAINING_OPTIONS
+    from jsonargparse import ArgumentError, ArgumentParser
 
-    network = dict(inspect.signature(PianoRollLM).parameters)
-    network["vocab_size"] = network.pop("num_notes")  # the module's name for it (LightningCLI links the data's)
-    module = inspect.signature(MusicModel).parameters
-    expected = {name: (p.default, p.annotation) for name, p in network.items()}
-    assert expected == {name: (p.default, p.annotation) for name, p in module.items() if name not in TRAINING_OPTIONS}
+    from zoo.music import PianoRollConfig
+
+    parser = ArgumentParser(exit_on_error=False)
+    keys = parser.add_class_arguments(MusicModel, "model")
+    network = [field.name for field in dataclasses.fields(PianoRollConfig) if field.name != "num_notes"]
+    assert keys == [f"model.{name}" for name in ["vocab_size", "divergence_threshold", *network]]
+    defaults = parser.get_defaults()
+    assert defaults["model.vocab_size"] == NUM_NOTES and defaults["model.hidden_size"] == PianoRollConfig.hidden_size
+    with pytest.raises(ArgumentError, match="num_layers"):
+        parser.parse_args(["--model.num_layers", "deep"])
+    module = MusicModel(vocab_size=12, architecture="gru", hidden_size=8)
+    assert module.model.config == PianoRollConfig("gru", 8, num_notes=12)
+    settings = {**dataclasses.asdict(module.model.config), "divergence_threshold": None}
+    settings["vocab_size"] = settings.pop("num_notes")
+    assert dict(module.hparams) == settings  # a .ckpt records every setting, the defaults too
 
 
 @needs_music

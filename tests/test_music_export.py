@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +126,7 @@ def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path,
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
     config = json.loads((exported / CONFIG_NAME).read_text())
     assert (config["format_version"], config["head"], config["tokenizer"]) == (3, MUSIC_HEAD, None)
-    assert config["model"] == ckpt.model.config and config["architecture"] == "gru"
+    assert config["model"] == asdict(ckpt.model.config) and config["architecture"] == "gru"
     data = config["training"]["data"]
     assert data["dataset"] == "jsb-chorales" and data["class_path"] == "datamodules.MusicDataModule"
     assert "data_root" not in data  # the training machine's, not the recipe's

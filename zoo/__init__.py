@@ -16,6 +16,7 @@ from zoo.lazy import lazy_names
 # every layer raises) costs no torch import: ``lm-zoo --help`` prints at once.
 _HOMES = {
     "Architecture": "zoo.architectures",
+    "LMConfig": "zoo.language_model",
     "RecurrentLM": "zoo.language_model",
     "State": "zoo.state",
     "build": "zoo.architectures",

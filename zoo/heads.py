@@ -1,10 +1,13 @@
 """Output heads: from the last recurrent layer's output to next-token scores.
 
 The head contract: ``head(h: (B, T, H)) -> (B, T, V)`` scores whose ``log_softmax`` over V is the model's
-log-probabilities. The LanguageModel's loss (``cross_entropy``), its perplexity and ``generate`` only ever apply a
-(log-)softmax to these scores, so every head is scored and sampled by the same code. Evaluation scores through
-``head.token_nll(h, targets, temperature)``: the full softmax's per-target NLL, which :class:`SoftmaxHead` computes in
-slices of the vocabulary (:func:`chunked_nll`) so that a 793k-word vocabulary never needs ``(B, T, V)`` logits.
+log-probabilities. Perplexity and ``generate`` only ever apply a (log-)softmax to these scores, so every head is scored
+and sampled by the same code. Evaluation scores through ``head.token_nll(h, targets, temperature)``: the full
+softmax's per-target NLL, which :class:`SoftmaxHead` computes in slices of the vocabulary (:func:`chunked_nll`) so that
+a 793k-word vocabulary never needs ``(B, T, V)`` logits. Training scores through ``head.training_loss(h, targets,
+shared_generator)``: each head's own objective, summed over the predicted targets, and how many there were; its
+``reports_nats`` says whether that objective is the model's nats (a training perplexity) or, for NCE and sampled
+softmax, only a training objective. The training loop calls both without knowing which head it has.
 
 * :class:`SoftmaxHead` -- the full softmax: logits ``W h + b``, ``W`` optionally tied to the input embedding
   (Press & Wolf 2017; Inan et al. 2017).
@@ -113,6 +116,18 @@ def chunked_nll(
     return torch.cat(pieces).view(shape)
 
 
+def summed_nll(scores: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed negative log-likelihood (nats) over the predicted targets, and how many were predicted.
+
+    Args:
+        scores: ``(B, T, V)`` any head's scores: ``cross_entropy`` applies ``log_softmax``, which leaves MoS's already
+            normalised log-probabilities unchanged.
+        targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
+    """
+    total = F.cross_entropy(scores.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    return total, (targets != -100).sum()
+
+
 class SoftmaxHead(nn.Linear):
     """The full softmax output layer: ``logits = W h + b`` over the whole vocabulary.
 
@@ -125,6 +140,8 @@ class SoftmaxHead(nn.Linear):
         chunk_logits: memory budget of :meth:`token_nll`, in logits held at once (see :func:`chunked_nll`); an
             attribute, not a parameter, so it can be changed on a loaded model.
     """
+
+    reports_nats = True  # its training loss is the model's own nats
 
     def __init__(self, input_size: int, vocab_size: int, chunk_logits: int = CHUNK_LOGITS) -> None:
         super().__init__(input_size, vocab_size)
@@ -165,6 +182,21 @@ class SoftmaxHead(nn.Linear):
         """
         return chunked_nll(h, self.weight, self.bias, targets, temperature, self.chunk_logits)
 
+    def training_loss(
+        self, h: Tensor, targets: Tensor, shared_generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Cross-entropy of the full softmax, summed over the predicted targets (:func:`summed_nll`).
+
+        Args:
+            h: ``(B, T, D)`` the vectors to score.
+            targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
+            shared_generator: unused (the full softmax draws nothing); every head's training loss takes it.
+
+        Returns:
+            ``(summed nats, number of predicted positions)``.
+        """
+        return summed_nll(self(h), targets)
+
 
 class MixtureOfSoftmaxes(nn.Module):
     """Mixture of Softmaxes (Yang et al. 2017), the structure of their AWD-LSTM-MoS code (``zihangdai/mos``).
@@ -186,6 +218,8 @@ class MixtureOfSoftmaxes(nn.Module):
         locked_dropout: one ``dropout`` mask per sequence, shared by every step (the reference's ``LockedDropout``),
             instead of one per element.
     """
+
+    reports_nats = True  # its training loss is the model's own nats
 
     def __init__(
         self,
@@ -220,6 +254,13 @@ class MixtureOfSoftmaxes(nn.Module):
     def token_nll(self, h: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
         """Negative log-likelihood of each target under the mixture, the tempered mixture renormalised over V."""
         return scores_nll(self(h), targets, temperature)
+
+    def training_loss(
+        self, h: Tensor, targets: Tensor, shared_generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The mixture's negative log-likelihood summed over the predicted targets, and how many there were
+        (``shared_generator`` unused: the mixture draws nothing)."""
+        return summed_nll(self(h), targets)
 
     def forward(self, h: Tensor) -> Tensor:
         """Mixed log-probabilities.
@@ -292,6 +333,8 @@ class AdaptiveSoftmaxHead(nn.Module):
         chunk_logits: most log-probabilities held at once by :meth:`token_nll` at a temperature other than 1.
     """
 
+    reports_nats = True  # exact nats, though each target scores only its own cluster
+
     def __init__(
         self,
         input_size: int,
@@ -330,8 +373,11 @@ class AdaptiveSoftmaxHead(nn.Module):
         with _full_precision(h):
             return self.adaptive.log_prob(_at_least_float32(flat)).view(*h.shape[:-1], self.vocab_size)
 
-    def training_loss(self, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """Summed negative log-likelihood of the predicted targets, scoring only each target's own cluster.
+    def training_loss(
+        self, h: Tensor, targets: Tensor, shared_generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Summed negative log-likelihood of the predicted targets, scoring only each target's own cluster
+        (``shared_generator`` unused: the adaptive softmax draws nothing).
 
         Returns:
             ``(summed nats, number of predicted positions)``: unlike NCE, these are the model's true nats.

@@ -18,6 +18,7 @@ Dropouts act only in training mode; evaluation (``model.eval()``) is determinist
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -191,14 +192,21 @@ def _make_head(
         raise ConfigError(f"{head} head: {error}") from None
 
 
-class RecurrentLM(nn.Module):
-    """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes, sampled (NCE) or adaptive softmax head.
+@dataclass
+class LMConfig:
+    """Everything that describes a :class:`RecurrentLM`: the one place its settings are spelt.
+
+    :class:`RecurrentLM` is built from one (``RecurrentLM(**settings)`` or :meth:`RecurrentLM.from_config`) and keeps
+    it as ``model.config``; :class:`lightning_modules.LanguageModel` passes its arguments on to it, so that
+    LightningCLI types, defaults and documents ``model.init_args.<field>`` from these fields (jsonargparse follows
+    ``**network`` into this class); an export's ``config.json`` holds ``dataclasses.asdict(model.config)`` as its
+    ``"model"``. The fields may be given by position in this order (``RecurrentLM(10000, "lstm", 200, 200, 2)``).
 
     Dropout: ``dropout`` is Zaremba et al.'s single rate on the embeddings, between layers and before the head; each
     of ``input_dropout``, ``inter_layer_dropout``, ``output_dropout`` overrides it for its own place when set (Melis et
     al. 2018 tune the three separately; AWD-LSTM's dropouti / dropouth / dropout).
 
-    Args:
+    Attributes:
         vocab_size: number of token ids.
         architecture: a zoo name (``lm-zoo models`` lists them).
         embedding_size: input embedding width (ignored when ``input_embedding_ratio`` is set).
@@ -252,90 +260,122 @@ class RecurrentLM(nn.Module):
         adaptive_div_value: each tail cluster's projection is this many times narrower than the previous one's.
     """
 
-    def __init__(
-        self,
-        vocab_size: int = 10000,
-        architecture: str = "lstm",
-        embedding_size: int = 200,
-        hidden_size: int = 200,
-        num_layers: int = 2,
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        init_range: float | None = None,
-        cell_options: dict[str, Any] | None = None,
-        head: str = "softmax",
-        mos_components: int = 15,
-        mos_dropout: float = 0.0,
-        input_dropout: float | None = None,
-        inter_layer_dropout: float | None = None,
-        output_dropout: float | None = None,
-        embedding_dropout: float = 0.0,
-        locked_dropout: bool = False,
-        input_embedding_ratio: float | None = None,
-        embedding_init_range: float | None = None,
-        noise_samples: int = 100,
-        noise_power: float = 1.0,
-        noise_per_row: bool = False,
-        noise_sampler: str = "alias",
-        sparse_gradients: bool = False,
-        adaptive_cutoffs: list[int] | None = None,
-        adaptive_div_value: float = 4.0,
-    ) -> None:
+    vocab_size: int = 10000
+    architecture: str = "lstm"
+    embedding_size: int = 200
+    hidden_size: int = 200
+    num_layers: int = 2
+    dropout: float = 0.0
+    tie_weights: bool = False
+    init_range: float | None = None
+    cell_options: dict[str, Any] | None = None
+    head: str = "softmax"
+    mos_components: int = 15
+    mos_dropout: float = 0.0
+    input_dropout: float | None = None
+    inter_layer_dropout: float | None = None
+    output_dropout: float | None = None
+    embedding_dropout: float = 0.0
+    locked_dropout: bool = False
+    input_embedding_ratio: float | None = None
+    embedding_init_range: float | None = None
+    noise_samples: int = 100
+    noise_power: float = 1.0
+    noise_per_row: bool = False
+    noise_sampler: str = "alias"
+    sparse_gradients: bool = False
+    adaptive_cutoffs: list[int] | None = None
+    adaptive_div_value: float = 4.0
+
+    def __post_init__(self) -> None:
+        # A copy, {} for None: an export records the options the model was built with, never the caller's dict.
+        self.cell_options = dict(self.cell_options or {})
+
+
+class RecurrentLM(nn.Module):
+    """A recurrent LM from the zoo with a full-softmax, mixture-of-softmaxes, sampled (NCE) or adaptive softmax head.
+
+    Args:
+        *args: :class:`LMConfig`'s fields by position, in its order.
+        **settings: :class:`LMConfig`'s fields by name (it documents them all).
+
+    Raises:
+        TypeError: a setting :class:`LMConfig` does not have.
+        ConfigError: settings that cannot work, alone or together.
+    """
+
+    def __init__(self, *args: Any, **settings: Any) -> None:
         super().__init__()
-        # Every constructor argument as given: what an export's config.json stores to rebuild this model.
-        self.config: dict[str, Any] = {
-            name: value for name, value in locals().items() if name not in ("self", "__class__")
-        }
-        self.config["cell_options"] = dict(cell_options or {})
-        self.vocab_size = vocab_size
-        self.head = head
-        cell_options = dict(cell_options or {})
-        _check_options(cell_options, head, tie_weights, inter_layer_dropout, noise_samples, noise_power, noise_sampler)
-        _check_sizes(
-            vocab_size=vocab_size, embedding_size=embedding_size, hidden_size=hidden_size, num_layers=num_layers
+        # What an export's config.json stores to rebuild this model (dataclasses.asdict of it).
+        self.config = config = LMConfig(*args, **settings)
+        self.vocab_size = vocab_size = config.vocab_size
+        self.head = head = config.head
+        cell_options = dict(config.cell_options)
+        _check_options(
+            cell_options,
+            head,
+            config.tie_weights,
+            config.inter_layer_dropout,
+            config.noise_samples,
+            config.noise_power,
+            config.noise_sampler,
         )
-        embedding_size = _embedding_width(embedding_size, hidden_size, input_embedding_ratio)
-        self.input_dropout = dropout if input_dropout is None else input_dropout
-        self.output_dropout = dropout if output_dropout is None else output_dropout
-        self.embedding_dropout = embedding_dropout
-        self.locked_dropout = locked_dropout
+        hidden_size, num_layers = config.hidden_size, config.num_layers
+        _check_sizes(
+            vocab_size=vocab_size, embedding_size=config.embedding_size, hidden_size=hidden_size, num_layers=num_layers
+        )
+        embedding_size = _embedding_width(config.embedding_size, hidden_size, config.input_embedding_ratio)
+        dropout = config.dropout
+        self.input_dropout = dropout if config.input_dropout is None else config.input_dropout
+        self.output_dropout = dropout if config.output_dropout is None else config.output_dropout
+        self.embedding_dropout = config.embedding_dropout
+        self.locked_dropout = config.locked_dropout
         _check_rates(
             dropout=dropout,
             input_dropout=self.input_dropout,
             output_dropout=self.output_dropout,
-            embedding_dropout=embedding_dropout,
-            mos_dropout=mos_dropout,
+            embedding_dropout=config.embedding_dropout,
+            mos_dropout=config.mos_dropout,
         )
-        stack_options = _stack_options(dropout, inter_layer_dropout, locked_dropout, cell_options)
-        self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=sparse_gradients)
-        self.rnn = build(architecture, embedding_size, hidden_size, num_layers, init_range=init_range, **stack_options)
+        stack_options = _stack_options(dropout, config.inter_layer_dropout, config.locked_dropout, cell_options)
+        self.embedding = nn.Embedding(vocab_size, embedding_size, sparse=config.sparse_gradients)
+        self.rnn = build(
+            config.architecture, embedding_size, hidden_size, num_layers, init_range=config.init_range, **stack_options
+        )
         # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
         # state-dict keys are those of checkpoints written before heads existed.
         self.projection: nn.Linear | None = None
         self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead | AdaptiveSoftmaxHead
         # Tying needs the decoder's input width to equal the embedding width (MoS's contexts already have it).
-        if tie_weights and head != "mos" and hidden_size != embedding_size:
+        if config.tie_weights and head != "mos" and hidden_size != embedding_size:
             self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
         self.decoder = _make_head(
             head,
-            context_size=embedding_size if tie_weights else hidden_size,
+            context_size=embedding_size if config.tie_weights else hidden_size,
             hidden_size=hidden_size,
             embedding_size=embedding_size,
             vocab_size=vocab_size,
-            mos_components=mos_components,
-            mos_dropout=mos_dropout,
-            locked_dropout=locked_dropout,
-            noise_samples=noise_samples,
-            noise_power=noise_power,
-            noise_per_row=noise_per_row,
-            noise_sampler=noise_sampler,
-            sparse_gradients=sparse_gradients,
-            adaptive_cutoffs=adaptive_cutoffs,
-            adaptive_div_value=adaptive_div_value,
+            mos_components=config.mos_components,
+            mos_dropout=config.mos_dropout,
+            locked_dropout=config.locked_dropout,
+            noise_samples=config.noise_samples,
+            noise_power=config.noise_power,
+            noise_per_row=config.noise_per_row,
+            noise_sampler=config.noise_sampler,
+            sparse_gradients=config.sparse_gradients,
+            adaptive_cutoffs=config.adaptive_cutoffs,
+            adaptive_div_value=config.adaptive_div_value,
         )
-        self._init_word_vectors(init_range if embedding_init_range is None else embedding_init_range)
-        if tie_weights:
+        self._init_word_vectors(
+            config.init_range if config.embedding_init_range is None else config.embedding_init_range
+        )
+        if config.tie_weights:
             self.decoder.output_layer.weight = self.embedding.weight
+
+    @classmethod
+    def from_config(cls, config: LMConfig) -> RecurrentLM:
+        """The network ``config`` describes (nanoGPT's ``GPT(config)``)."""
+        return cls(**asdict(config))
 
     def _init_word_vectors(self, init_range: float | None) -> None:
         """Start the embedding and the output word vectors Uniform(-r, r) with a zero output bias (``None``: keep
@@ -408,6 +448,12 @@ class RecurrentLM(nn.Module):
         dropped = sequence_dropout(raw, self.output_dropout, self.locked_dropout) if self.training else raw
         features = dropped if self.projection is None else self.projection(dropped)  # (B, T, E) when projected
         return features, state, raw, dropped
+
+    @property
+    def needs_noise_distribution(self) -> bool:
+        """Whether the head trains on noise words (``nce`` / ``sampled_softmax``) and has no unigram counts yet:
+        :meth:`set_noise_distribution` must come before training."""
+        return isinstance(self.decoder, NCEHead) and not self.decoder.noise.ready
 
     def set_noise_distribution(self, counts: Sequence[int] | Tensor) -> None:
         """Set the unigram training counts (one per id) the ``nce`` / ``sampled_softmax`` head draws noise from.

@@ -17,6 +17,7 @@ connections: the input frames, between layers and before the output layer.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -47,10 +48,16 @@ def bernoulli_nll(logits: Tensor, targets: Tensor) -> Tensor:
     return F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").sum(-1)
 
 
-class PianoRollLM(nn.Module):
-    """A recurrent next-frame model with a Bernoulli output per note.
+@dataclass
+class PianoRollConfig:
+    """Everything that describes a :class:`PianoRollLM`: the one place its settings are spelt.
 
-    Args:
+    :class:`PianoRollLM` is built from one and keeps it as ``model.config``; :class:`lightning_modules.MusicModel`
+    passes its arguments on to it (LightningCLI reads their types and defaults from these fields), and an export's
+    ``config.json`` holds ``dataclasses.asdict(model.config)`` as its ``"model"``. The fields may be given by position
+    in this order.
+
+    Attributes:
         architecture: a zoo name (``lm-zoo models`` lists them).
         hidden_size: units per recurrent layer.
         num_layers: stacked recurrent layers.
@@ -64,32 +71,46 @@ class PianoRollLM(nn.Module):
             ``state_dropout``, ``weight_drop``).
     """
 
-    def __init__(
-        self,
-        architecture: str = "lstm",
-        hidden_size: int = 128,
-        num_layers: int = 1,
-        num_notes: int = NUM_NOTES,
-        dropout: float = 0.0,
-        input_dropout: float | None = None,
-        inter_layer_dropout: float | None = None,
-        output_dropout: float | None = None,
-        init_range: float | None = None,
-        cell_options: dict[str, Any] | None = None,
-    ) -> None:
+    architecture: str = "lstm"
+    hidden_size: int = 128
+    num_layers: int = 1
+    num_notes: int = NUM_NOTES
+    dropout: float = 0.0
+    input_dropout: float | None = None
+    inter_layer_dropout: float | None = None
+    output_dropout: float | None = None
+    init_range: float | None = None
+    cell_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # A copy, {} for None: an export records the options the model was built with, never the caller's dict.
+        self.cell_options = dict(self.cell_options or {})
+
+
+class PianoRollLM(nn.Module):
+    """A recurrent next-frame model with a Bernoulli output per note.
+
+    Args:
+        *args: :class:`PianoRollConfig`'s fields by position, in its order.
+        **settings: :class:`PianoRollConfig`'s fields by name (it documents them all).
+
+    Raises:
+        TypeError: a setting :class:`PianoRollConfig` does not have.
+        ConfigError: a dropout rate outside [0, 1), or ``init_range`` among the cell's options.
+    """
+
+    def __init__(self, *args: Any, **settings: Any) -> None:
         super().__init__()
-        # Every constructor argument as given: what an export's config.json stores to rebuild this model.
-        self.config: dict[str, Any] = {
-            name: value for name, value in locals().items() if name not in ("self", "__class__")
-        }
-        self.config["cell_options"] = dict(cell_options or {})
-        cell_options = dict(cell_options or {})
+        # What an export's config.json stores to rebuild this model (dataclasses.asdict of it).
+        self.config = config = PianoRollConfig(*args, **settings)
+        cell_options = dict(config.cell_options)
         if "init_range" in cell_options:
             raise ConfigError("set init_range on the model, not in cell_options (it applies to every weight)")
-        self.num_notes = num_notes
-        self.input_dropout = dropout if input_dropout is None else input_dropout
-        self.output_dropout = dropout if output_dropout is None else output_dropout
-        inter_layer = dropout if inter_layer_dropout is None else inter_layer_dropout
+        self.num_notes = num_notes = config.num_notes
+        dropout = config.dropout
+        self.input_dropout = dropout if config.input_dropout is None else config.input_dropout
+        self.output_dropout = dropout if config.output_dropout is None else config.output_dropout
+        inter_layer = dropout if config.inter_layer_dropout is None else config.inter_layer_dropout
         for name, rate in [
             ("dropout", dropout),
             ("input_dropout", self.input_dropout),
@@ -99,11 +120,24 @@ class PianoRollLM(nn.Module):
             if not 0.0 <= rate < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {rate}")
         stack_options = {"dropout": inter_layer, **cell_options}
-        self.rnn = build(architecture, num_notes, hidden_size, num_layers, init_range=init_range, **stack_options)
-        self.decoder = nn.Linear(hidden_size, num_notes)
+        init_range = config.init_range
+        self.rnn = build(
+            config.architecture,
+            num_notes,
+            config.hidden_size,
+            config.num_layers,
+            init_range=init_range,
+            **stack_options,
+        )
+        self.decoder = nn.Linear(config.hidden_size, num_notes)
         if init_range is not None:
             nn.init.uniform_(self.decoder.weight, -init_range, init_range)
             nn.init.zeros_(self.decoder.bias)
+
+    @classmethod
+    def from_config(cls, config: PianoRollConfig) -> PianoRollLM:
+        """The network ``config`` describes."""
+        return cls(**asdict(config))
 
     def forward(self, frames: Tensor, state: State | None = None, reset: Tensor | None = None) -> tuple[Tensor, State]:
         """The logits of the next frame's notes.

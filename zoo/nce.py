@@ -212,6 +212,8 @@ class NCEHead(SoftmaxHead):
             rows. The optimizer must take sparse gradients (:mod:`lightning_modules.sparse_gradients`).
     """
 
+    reports_nats = False  # a sampled objective: the model's nats only come from the full softmax (token_nll)
+
     def __init__(
         self,
         input_size: int,
@@ -256,7 +258,11 @@ class NCEHead(SoftmaxHead):
         return self.noise.sample(shape, generator)
 
     def training_loss(
-        self, h: Tensor, targets: Tensor, noise: Tensor | None = None, generator: torch.Generator | None = None
+        self,
+        h: Tensor,
+        targets: Tensor,
+        noise: Tensor | None = None,
+        shared_generator: torch.Generator | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The sampled objective, summed over predicted positions.
 
@@ -264,9 +270,11 @@ class NCEHead(SoftmaxHead):
             h: ``(B, T, D)`` the vectors to score.
             targets: ``(B, T)`` ids, ``-100`` where nothing is predicted.
             noise: ``(T, k)`` (shared by the batch) or ``(B, T, k)`` noise ids; ``None`` draws them.
-            generator: what ``None`` noise is drawn from (on ``h``'s device); ``None``: the global generator. Under
-                data parallelism every replica passes one seeded alike, so that the noise words are shared by the
-                whole batch across ranks, as they are by one process's batch.
+            shared_generator: what ``None`` noise shared by the batch is drawn from (on ``h``'s device); ``None``:
+                the global generator. Under data parallelism every replica passes one seeded alike, so that the noise
+                words are shared by the whole batch across ranks, as they are by one process's batch (dpnn's
+                ``batchnoise``). Per-row noise is each replica's own, like its dropout masks: drawn from the global
+                generator whatever is passed.
 
         Returns:
             ``(summed loss, number of predicted positions)``.
@@ -275,7 +283,7 @@ class NCEHead(SoftmaxHead):
             raise RuntimeError("the noise distribution is not set: call set_noise_distribution(counts) first")
         B, T, _ = h.shape
         if noise is None:
-            noise = self.sample_noise(B, T, generator)
+            noise = self.sample_noise(B, T, None if self.per_row else shared_generator)
         predicted = targets != -100  # (B, T)
         safe_targets = targets.clamp(min=0)
         log_kq = self.noise.log_probs + math.log(noise.size(-1))  # (V,)  log(k q(w))
