@@ -107,3 +107,44 @@ def test_every_gpu_result_says_what_ran_it_and_whether_the_code_moved_on() -> No
         "huggingface_hub 1.33.0 (the project: <3,>=2.4)"
     ]
     assert render._outside_pins({"torch": "2.11.0+cu130"}) and not render._outside_pins({"torch": "2.13.0+cpu"})
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_architecture_guides_name_files_and_names_that_exist() -> None:
+    """docs/architecture.md's "Decisions made once" and "Where to add things" point at the code: every file they name
+    exists, every dotted name imports, and every "`NAME` in `FILE`" is defined in that file."""
+    import importlib
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    guides = _section(text, "Decisions made once") + _section(text, "Where to add things")
+    files = set(re.findall(r"`([\w/]+\.py)`", guides))
+    assert len(files) >= 10, files
+    for path in files:
+        assert (ROOT / path).is_file(), f"docs/architecture.md names {path}, which is not there"
+    dotted = set(re.findall(r"`((?:zoo|datamodules|lightning_modules|checkpoints|commands|cli)\.[\w.]+)`", guides))
+    assert len(dotted) >= 8, dotted
+    for name in dotted:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[cut:]:
+                assert hasattr(found, attribute), f"docs/architecture.md names {name}: no {attribute}"
+                found = getattr(found, attribute)
+            break
+        else:
+            raise AssertionError(f"docs/architecture.md names {name}, which does not import")
+    defined = re.findall(r"`(\w+)` in\s+`([\w/]+\.py)`", guides)
+    defined += [(name, path) for path, name in re.findall(r"`([\w/]+\.py)`\s+\(`(\w+)`\)", guides)]
+    assert len(defined) >= 5, defined
+    for name, path in defined:
+        source = (ROOT / path).read_text(encoding="utf-8")
+        pattern = rf"^\s*(def|class) {name}\b|^{name}\b[^=\n]*="
+        assert re.search(pattern, source, re.M), f"docs/architecture.md says {name} is in {path}; it is not"
