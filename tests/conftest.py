@@ -19,6 +19,8 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zoo import settings
 
@@ -119,3 +121,18 @@ def zoo_settings() -> Iterator[Callable[..., settings.Settings]]:
     the last)."""
     with contextlib.ExitStack() as stack:
         yield lambda **changes: stack.enter_context(settings.overridden(**changes))
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operation produces, in elements held (a sparse tensor holds its values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for value in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(value, torch.Tensor):
+                self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
+        return out

@@ -17,9 +17,8 @@ from datamodules import TextDataModule
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.dynamic import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
-from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
+from tests.conftest import LargestTensor, one_line_error, quiet_trainer, write_word_corpus
 from tests.test_cli import TINY_CONFIG
-from tests.test_nce import _LargestTensor
 from zoo.errors import ConfigError
 from zoo.nce import NCEHead
 
@@ -42,7 +41,7 @@ def test_sparse_head_gradient_equals_the_dense_one_and_no_vocabulary_sized_tenso
     targets[0, 0] = -100
     noise = dense.sample_noise(B, T)  # (T, K)
     dense.training_loss(h, targets, noise)[0].backward()
-    with _LargestTensor() as watch:
+    with LargestTensor() as watch:
         sparse.training_loss(h, targets, noise)[0].backward()
     assert sparse.weight.grad.is_sparse
     assert sparse.weight.grad._nnz() == B * T + T * K  # one row per lookup, nothing else
