@@ -10,14 +10,18 @@ it starts find the same corpora: ``make test`` needs no ``LM_ZOO_DATA`` in a che
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import random
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -136,3 +140,85 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
         return out
+
+
+#: The tiny architecture search (``lm-zoo search --config``): one memorisation setting, one task on a small synthetic
+#: XML corpus.
+TINY_SEARCH = """
+search: {settings_per_task: 1, baseline_settings: 1, memorise_threshold: 0.0, task_threshold: 0.0, top: 10}
+grid: {num_layers: [1]}
+memorise:
+  data:
+    class_path: datamodules.ReverseCopyDataModule
+    init_args: {num_symbols: 4, min_length: 2, max_length: 2, reverse: false, train_examples: 40, eval_examples: 10,
+                batch_size: 4, eval_batch_size: 5}
+  num_params: [400]
+  epochs: 1
+tasks:
+  xml:
+    data:
+      class_path: datamodules.TextDataModule
+      init_args: {corpus: synthetic-xml, tokenizer: char, batch_size: 4, bptt: 10, eval_batch_size: 4,
+                  corpus_options: {seed: 0, train_chars: 600, valid_chars: 200, test_chars: 200}}
+    num_params: [2000]
+    epochs: 1
+"""
+
+
+# -------------------------------------------------------------------------------- readers independent of lm-zoo's
+def roll_from_midi(path: Path, frames: int, frame_beats: float) -> np.ndarray:
+    """Replay a MIDI file's note_on / note_off into a ``(frames, 88)`` piano roll, independently of the writer."""
+    import mido
+
+    from zoo.music import NUM_NOTES
+
+    midi = mido.MidiFile(path)
+    ticks_per_frame = round(midi.ticks_per_beat * frame_beats)
+    roll = np.zeros((frames, NUM_NOTES), dtype=np.uint8)
+    sounding: dict[int, int] = {}
+    now = 0
+    for message in midi.tracks[0]:
+        now += message.time
+        if message.type == "note_on" and message.velocity > 0:
+            sounding[message.note] = now
+        elif message.type in ("note_off", "note_on"):
+            start = sounding.pop(message.note)
+            roll[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
+    assert not sounding
+    return roll
+
+
+XML_TAG = re.compile(r"<(/?)([^<>]*)>")  # a tag of the synthetic XML task: (closing "/" or "", name)
+
+
+def drawn_bits(document: str) -> float:
+    """The bits of the draws that wrote ``document``, read from its tags: each opening name's length (log2 9) and
+    letters (log2 26 each), and each decision (1 bit while the 50 steps last; one after the last tag ends the line)."""
+    from datamodules import synthetic
+
+    tags = XML_TAG.findall(document)
+    openings = [name for close, name in tags if not close]
+    decisions = len(tags)  # every tag after the first, then the one that ends the line
+    bits = len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
+    return bits + min(decisions, synthetic.XML_MAX_ITERATIONS)
+
+
+def registered_figure(capsys: pytest.CaptureFixture[str], name: str, expected: dict | None = None) -> tuple[dict, dict]:
+    """The registered test result (or ``expected``) and ``lm-zoo evaluate``'s at its batch size and BPTT."""
+    import cli
+    from checkpoints import registry
+
+    expected = expected or registry.load_registry(registry.DEFAULT_PATH)[name].results["test"]
+    capsys.readouterr()
+    argv = ["evaluate", name, "--split", "test", "--json"]
+    assert cli.main([*argv, "--batch-size", str(expected["eval_batch_size"]), "--bptt", str(expected["bptt"])]) == 0
+    return expected, json.loads(capsys.readouterr().out)
+
+
+def assert_same_figure(expected: dict, measured: dict) -> None:
+    """The registered figure (a music model's: NLL per frame) re-measured, on as many tokens (frames)."""
+    metric = next(m for m in ("nll_per_step", "bpc", "ppl") if m in expected)
+    assert measured[metric] == pytest.approx(expected[metric], rel=1e-4)
+    assert (measured["eval_batch_size"], measured["bptt"]) == (expected["eval_batch_size"], expected["bptt"])
+    count = "frames" if metric == "nll_per_step" else "tokens"
+    assert measured[count] == expected[count]

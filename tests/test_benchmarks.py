@@ -112,11 +112,11 @@ def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, m
     """benchmarks/search_table1.py at a tiny size: every architecture is trained with the same drawn settings, the
     best accuracy is one of its runs', and the table holds the paper's row beside ours."""
     from benchmarks import search_table1
-    from tests.test_search import TINY
+    from tests.conftest import TINY_SEARCH
 
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY.format())
+    config.write_text(TINY_SEARCH)
     results = tmp_path / "table1.json"
     argv = ["--config", str(config), "--tasks", "xml", "--architectures", "LSTM", "MUT1", "--out", str(results)]
     search_table1.main([*argv, "--settings", "2"])
@@ -279,7 +279,7 @@ def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_dra
     from benchmarks import xml_nesting
     from checkpoints import load
     from datamodules.synthetic import xml_document
-    from tests.test_synthetic import drawn_bits
+    from tests.conftest import drawn_bits
 
     loaded = load("synthetic-xml-lstm")
     rng = random.Random(5)

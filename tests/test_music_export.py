@@ -37,10 +37,8 @@ from checkpoints.model_card import render_card
 from datamodules.midi import roll_layout
 from datamodules.piano_rolls import MUSIC_DATASETS
 from lightning_modules import LanguageModel
-from tests.conftest import DATA_ROOT, needs_data, one_line_error
+from tests.conftest import DATA_ROOT, assert_same_figure, needs_data, one_line_error, registered_figure, roll_from_midi
 from tests.hub_server import FakeHub
-from tests.test_music import roll_from_midi
-from tests.test_pretrained import _assert_same_figure, _test_figure
 from zoo.errors import CheckpointError, ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
@@ -273,8 +271,8 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
     assert set(test) == {"nll_per_step", "eval_batch_size", "bptt", "frames"}
     assert (test["eval_batch_size"], test["bptt"]) == (16, 40)  # the run's own: batching cannot change the figure
     # What tests/test_pretrained.py does for every registered model: re-measure the figure at its batch size.
-    expected, measured = _test_figure(capsys, NAME, expected=test)
-    _assert_same_figure(expected, measured)
+    expected, measured = registered_figure(capsys, NAME, expected=test)
+    assert_same_figure(expected, measured)
     # The sample: the model's own piece (seed 1, from silence), read back from the MIDI file with mido.
     config = json.loads((directory / CONFIG_NAME).read_text())
     sample = config["training"]["run"]["sample"]

@@ -23,7 +23,7 @@ import cli
 from checkpoints import registry
 from checkpoints.bundle import publish_all, table, xml_nesting
 from lightning_modules import LanguageModel, MusicModel
-from tests.conftest import needs_data
+from tests.conftest import assert_same_figure, needs_data, registered_figure
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
 from zoo.errors import ConfigError
@@ -40,24 +40,6 @@ def shipped_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("LM_ZOO_PRETRAINED", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-
-def _test_figure(capsys: pytest.CaptureFixture[str], name: str, expected: dict | None = None) -> tuple[dict, dict]:
-    """The registered test result (or ``expected``) and ``lm-zoo evaluate``'s at its batch size and BPTT."""
-    expected = expected or ENTRIES[name].results["test"]
-    capsys.readouterr()
-    argv = ["evaluate", name, "--split", "test", "--json"]
-    assert cli.main([*argv, "--batch-size", str(expected["eval_batch_size"]), "--bptt", str(expected["bptt"])]) == 0
-    return expected, json.loads(capsys.readouterr().out)
-
-
-def _assert_same_figure(expected: dict, measured: dict) -> None:
-    """The registered figure (a music model's: NLL per frame) re-measured, on as many tokens (frames)."""
-    metric = next(m for m in ("nll_per_step", "bpc", "ppl") if m in expected)
-    assert measured[metric] == pytest.approx(expected[metric], rel=1e-4)
-    assert (measured["eval_batch_size"], measured["bptt"]) == (expected["eval_batch_size"], expected["bptt"])
-    count = "frames" if metric == "nll_per_step" else "tokens"
-    assert measured[count] == expected[count]
 
 
 def test_the_registry_ships_models_and_the_readme_shows_them() -> None:
@@ -86,8 +68,8 @@ def test_registered_check_figure_reproduces(name: str, capsys: pytest.CaptureFix
     batch-1 figure (which ``make verify-pretrained`` re-measures), in a fraction of the time."""
     check = ENTRIES[name].check_results.get("test")
     assert check is not None, f"{name} records no check_results.test: lm-zoo bundle build records one"
-    expected, measured = _test_figure(capsys, name, check)
-    _assert_same_figure(expected, measured)
+    expected, measured = registered_figure(capsys, name, check)
+    assert_same_figure(expected, measured)
 
 
 @pytest.mark.verify_pretrained
@@ -99,8 +81,8 @@ def test_registered_test_figure_reproduces(name: str, capsys: pytest.CaptureFixt
         pytest.skip(
             "the registered figure is the check figure, which test_registered_check_figure_reproduces re-measures"
         )
-    expected, measured = _test_figure(capsys, name)
-    _assert_same_figure(expected, measured)
+    expected, measured = registered_figure(capsys, name)
+    assert_same_figure(expected, measured)
 
 
 def _piano_rolls(seed: int = 0, batch: int = 1) -> torch.Tensor:

@@ -22,8 +22,7 @@ import pytest
 import cli
 from lightning_modules.search.evolution import STUDY
 from lightning_modules.search.tasks import MEMORISE
-from tests.conftest import one_line_error, write_word_corpus
-from tests.test_search import TINY
+from tests.conftest import TINY_SEARCH, one_line_error, write_word_corpus
 from tests.test_tuning import TINY as TINY_FIT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +76,7 @@ def test_two_workers_share_a_search_over_grpc_and_survive_a_kill(
     for name, examples in (("steady", 40), ("killed", 40000)):  # the killed one's memorisation runs for seconds
         home = tmp_path / name
         home.mkdir()
-        (home / "tiny.yaml").write_text(TINY.format().replace("train_examples: 40,", f"train_examples: {examples},"))
+        (home / "tiny.yaml").write_text(TINY_SEARCH.replace("train_examples: 40,", f"train_examples: {examples},"))
         budget = "12s" if name == "steady" else "120s"
         command = ["search", "--config", "tiny.yaml", "--storage", url, "--budget", budget, "--heartbeat", "1"]
         log = (home / "out.txt").open("w")  # a file, not a pipe: nobody reads it while the worker runs
