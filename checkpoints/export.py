@@ -49,7 +49,10 @@ _LOCAL_DATA_SETTINGS = ("data_root",)
 RESULT_KEYS = ("split", "corpus", "tokenizer", "tokens", "loss", "ppl", "bpc", "word_ppl", "eval_batch_size", "bptt")
 # The same for a music model (lightning_modules.evaluation.music.evaluate_music): nats per frame, summed over the 88
 # notes.
-MUSIC_RESULT_KEYS = ("split", "dataset", "nll_per_step", "nll_per_note", "frames", "pieces", "eval_batch_size", "bptt")
+MUSIC_RESULT_KEYS = (
+    *("split", "dataset", "nll_per_step", "nll_per_note", "frames", "pieces", "eval_batch_size", "bptt"),
+    "max_tokens",  # a part of the split was scored (lm-zoo evaluate --max-tokens)
+)
 # How a result was obtained (lm-zoo evaluate's procedures): kept, so a tempered, MC-dropout or dynamic-evaluation
 # number is never shown as a plain deterministic one.
 PROCEDURE_KEYS = (
@@ -60,6 +63,7 @@ PROCEDURE_KEYS = (
     "mc_samples",
     "dropout_scale",
     "dynamic",
+    "max_tokens",  # a part of the split was scored (lm-zoo evaluate --max-tokens)
 )
 
 
@@ -306,18 +310,23 @@ def measure(
     bptt: int | None = None,
     data_root: str | None = None,
     device: str = "cpu",
+    max_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
     A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
-    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax).
+    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax); ``max_tokens``: only
+    up to the window holding each split's this-many-th token (frame), as ``lm-zoo evaluate --max-tokens``.
     """
     splits = list(splits)
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
     score = evaluate_music if loaded.is_music else evaluate
-    return [result_record(score(loaded.model, datamodule, s, batch_size, bptt, device)) for s in splits]
+    return [
+        result_record(score(loaded.model, datamodule, s, batch_size, bptt, device, max_tokens=max_tokens))
+        for s in splits
+    ]
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

@@ -1,4 +1,5 @@
-"""``lm-zoo bundle build|publish|table|card``: maintainers' commands for the models shipped under ``pretrained/``."""
+"""``lm-zoo bundle build|publish|table|card|check``: maintainers' commands for the models shipped under
+``pretrained/``."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from checkpoints import registry
-from checkpoints.bundle import REPO_OWNER, build, publish_all, render_again, write_table
+from checkpoints.bundle import REPO_OWNER, build, measure_checks, publish_all, render_again, write_table
 from commands.common import CommandParser
 from commands.sharing import shard_size
 
 
 def cmd_bundle(argv: Sequence[str]) -> None:
-    """``lm-zoo bundle build|publish|table|card``."""
+    """``lm-zoo bundle build|publish|table|card|check``."""
     parser = CommandParser(prog="lm-zoo bundle", description="maintainers: the bundled pretrained models")
     commands = parser.add_subparsers(dest="action", required=True)
     build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
@@ -45,6 +46,11 @@ def cmd_bundle(argv: Sequence[str]) -> None:
         "card", help="render bundled cards again from config.json (registry hashes updated); no run needed"
     )
     card_parser.add_argument("names", nargs="*", help="default: every registered model")
+    check_parser = commands.add_parser(
+        "check", help="measure the bundled models' check figures again and record them in the registry"
+    )
+    check_parser.add_argument("names", nargs="*", help="default: every registered model")
+    check_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     args = parser.parse_args(argv)
     if args.action == "build":
         entry = build(
@@ -72,5 +78,8 @@ def cmd_bundle(argv: Sequence[str]) -> None:
         for name in args.names or list(registry.load_registry()):
             changed = render_again(name)
             print(f"{name}: {', '.join(sorted(changed)) or 'unchanged'}")
+    elif args.action == "check":
+        for name, check in measure_checks(args.names, args.data_root).items():
+            print(f"{name}: {json.dumps(check['test'])}")
     else:
         write_table(args.readme)

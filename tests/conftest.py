@@ -204,14 +204,17 @@ def drawn_bits(document: str) -> float:
 
 
 def registered_figure(capsys: pytest.CaptureFixture[str], name: str, expected: dict | None = None) -> tuple[dict, dict]:
-    """The registered test result (or ``expected``) and ``lm-zoo evaluate``'s at its batch size and BPTT."""
+    """The registered test result (or ``expected``) and ``lm-zoo evaluate``'s at its batch size and BPTT (and, for a
+    check figure, over as many of the first tokens)."""
     import cli
     from checkpoints import registry
 
     expected = expected or registry.load_registry(registry.DEFAULT_PATH)[name].results["test"]
     capsys.readouterr()
-    argv = ["evaluate", name, "--split", "test", "--json"]
-    assert cli.main([*argv, "--batch-size", str(expected["eval_batch_size"]), "--bptt", str(expected["bptt"])]) == 0
+    argv = ["evaluate", name, "--split", "test", "--json", "--bptt", str(expected["bptt"])]
+    argv += ["--batch-size", str(expected["eval_batch_size"])]
+    argv += ["--max-tokens", str(expected["max_tokens"])] if "max_tokens" in expected else []  # a check figure
+    assert cli.main(argv) == 0
     return expected, json.loads(capsys.readouterr().out)
 
 
@@ -222,3 +225,4 @@ def assert_same_figure(expected: dict, measured: dict) -> None:
     assert (measured["eval_batch_size"], measured["bptt"]) == (expected["eval_batch_size"], expected["bptt"])
     count = "frames" if metric == "nll_per_step" else "tokens"
     assert measured[count] == expected[count]
+    assert measured.get("max_tokens") == expected.get("max_tokens")

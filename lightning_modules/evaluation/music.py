@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from datamodules.progress import Progress
+from zoo.errors import ConfigError
 from zoo.music import PianoRollLM
 
 if TYPE_CHECKING:  # a music model's data module is a LightningDataModule: imported by whoever builds one
@@ -21,6 +22,7 @@ def evaluate_music(
     batch_size: int | None = None,
     bptt: int | None = None,
     device: str | torch.device = "cpu",
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The negative log-likelihood per frame of a split (Jozefowicz et al. 2015, Table 2), every piece from zero state.
 
@@ -31,11 +33,18 @@ def evaluate_music(
         batch_size: pieces side by side (default: the data module's evaluation batch); it does not change the figure.
         bptt: frames per window (default: the data module's); it does not change the figure either.
         device: where to run.
+        max_tokens: score only up to the window holding the this-many-th frame (a fixed part of the split, quick to
+            re-measure: a registered model's check figure); ``None``: the whole split.
 
     Returns:
         ``split, dataset, nll_per_step`` (nats per frame, summed over the notes), ``nll_per_note``, ``frames``,
-        ``pieces``, ``eval_batch_size``, ``bptt``.
+        ``pieces`` (of the split), ``eval_batch_size``, ``bptt``, and ``max_tokens`` when only a part was scored.
+
+    Raises:
+        ConfigError: ``max_tokens`` below 1.
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
     model.eval().to(device)
     stream = datamodule.stream(split, batch_size=batch_size, bptt=bptt)
@@ -43,11 +52,14 @@ def evaluate_music(
     frames = 0
     state = None
     for batch in Progress(stream, split):
+        if max_tokens is not None and frames >= max_tokens:
+            break
         mask = batch.mask.to(device)
         nll, state = model.frame_nll(batch.inputs.to(device), batch.targets.to(device), state, batch.reset.to(device))
         total += (nll.double() * mask).sum()
         frames += int(batch.mask.sum())
     nll_per_step = float(total) / max(frames, 1)
+    part = {"max_tokens": max_tokens} if max_tokens is not None else {}
     return {
         "split": split,
         "dataset": datamodule.dataset,
@@ -57,14 +69,16 @@ def evaluate_music(
         "pieces": datamodule.encoded(split).num_pieces,
         "eval_batch_size": batch_size,
         "bptt": bptt,
+        **part,
     }
 
 
 def describe_music(result: dict[str, Any]) -> str:
     """One line for a human: :func:`evaluate_music`'s result."""
+    part = f"; the first {result['max_tokens']:,} frames' windows" if result.get("max_tokens") else ""
     return (
         f"{result['split']}: {result['nll_per_step']:.4f} nats per frame (negative log-likelihood per time step, "
         f"summed over the notes), {result['nll_per_note']:.5f} per note; {result['frames']:,} frames in "
         f"{result['pieces']:,} pieces of {result['dataset']} (eval batch size {result['eval_batch_size']}, "
-        f"bptt {result['bptt']})"
+        f"bptt {result['bptt']}{part})"
     )

@@ -31,6 +31,7 @@ from torch import Tensor
 from datamodules.progress import Progress
 from datamodules.streams import IGNORE_INDEX, LMBatch
 from datamodules.text_data import TextData
+from datamodules.tokenizers import TextUnits
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
     TuningTrial,
@@ -77,7 +78,9 @@ def deterministic_nll(
 
 
 def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:
-    """The windows of a one-stream split up to the one holding its ``tokens``-th predicted token (all if ``None``)."""
+    """The windows up to the one holding the ``tokens``-th predicted token (all if ``None``), in whole windows: of a
+    one-stream split its first tokens; of ``B`` streams the same first windows of every stream (the split's text is
+    cut into ``B`` columns, so each column's beginning)."""
     seen = 0
     for batch in windows:
         if tokens is not None and seen >= tokens:
@@ -112,6 +115,7 @@ def check_settings(
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
     tune_tokens: int | None = None,
+    max_tokens: int | None = None,
 ) -> None:
     """Refuse settings that cannot work together, with one line that says what to do.
 
@@ -128,6 +132,8 @@ def check_settings(
         )
     if tune_trials < 0:
         raise ConfigError(f"--tune-trials must be at least 1, got {tune_trials}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
     if tune_tokens is not None and tune_tokens < 1:
         raise ConfigError(f"--tune-tokens must be at least 1, got {tune_tokens}")
     if tune_tokens is not None and not tune_trials:
@@ -317,6 +323,7 @@ def evaluate(
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
     tune_tokens: int | None = None,
+    max_tokens: int | None = None,
     seed: int = 0,
     temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
     cache_bytes: int = CACHE_BYTES,
@@ -339,6 +346,9 @@ def evaluate(
         tune_trials: with ``dynamic``: try this many settings over Table 6 on validation (Optuna TPE), keep the best.
         tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
             uses 30,000); ``None``: the whole split.
+        max_tokens: score ``split`` only up to the window holding its this-many-th predicted token
+            (:func:`first_tokens`): a fixed part of it, quick to re-measure (a registered model's check figure);
+            ``None``: the whole split. What is tuned or searched on validation first still reads all it reads.
         seed: seeds the MC masks and the tuning draws.
         temperature_range: the bracket of the temperature search.
         cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
@@ -348,12 +358,12 @@ def evaluate(
         SentencePiece), ``word_ppl`` (when tokens are not words), ``eval_batch_size``, ``bptt``, ``long_context``,
         ``method``, ``temperature`` with ``temperature_search`` (how an ``auto`` one was found, with its validation
         loss), ``mc_samples``, ``dropout_scale``, ``mc_rows_per_call``, ``seed``, ``dynamic`` (its settings, gradient
-        statistics and tuning trials).
+        statistics and tuning trials), and ``max_tokens`` when only a part of the split was scored.
 
     Raises:
         ConfigError: settings that cannot work together (:func:`check_settings`).
     """
-    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens)
+    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens, max_tokens)
     temperature = parse_temperature(temperature)
     # Every split is scored at the evaluation sizes, the training split too (its stream would default to training's).
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
@@ -380,15 +390,15 @@ def evaluate(
         temperature, search, at_found = _search_temperature(
             model, datamodule, valid, procedure, mc, seed, temperature_range, cache_bytes
         )
-        if split == "valid":
+        if split == "valid" and max_tokens is None:
             scored = at_found
-    elif procedure.best_trial is not None and tune_tokens is None and split == "valid":
+    elif procedure.best_trial is not None and tune_tokens is None and max_tokens is None and split == "valid":
         scored = procedure.best_trial.nats, procedure.best_trial.tokens  # the winning trial was this very evaluation
 
     stream = _windows(datamodule, split, batch_size, procedure.steps)
     if scored is None:
-        scored = procedure.score(stream, float(temperature))
-    result = _metrics(datamodule, split, *scored)
+        scored = procedure.score(first_tokens(stream, max_tokens), float(temperature))
+    result = _metrics(datamodule, split, *scored, whole=max_tokens is None)
     result.update(
         eval_batch_size=stream.batch_size,
         bptt=stream.bptt,
@@ -402,12 +412,20 @@ def evaluate(
         seed=seed,
         dynamic=procedure.dynamic,
     )
+    if max_tokens is not None:  # a part of the split: never to be read as the whole split's figure
+        result["max_tokens"] = max_tokens
     return result
 
 
-def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[str, Any]:
-    """``split, corpus, tokenizer, tokens, loss, ppl`` and ``bpc`` / ``word_ppl`` where they apply."""
+def _metrics(datamodule: TextData, split: str, nats: float, count: int, whole: bool = True) -> dict[str, Any]:
+    """``split, corpus, tokenizer, tokens, loss, ppl`` and ``bpc`` / ``word_ppl`` where they apply.
+
+    ``whole``: ``count`` tokens are the whole split. Of a part of it only the tokens are counted, so a part has a
+    ``bpc`` only where every token is one character (the split's characters are its tokens) and no ``word_ppl``.
+    """
     units = datamodule.units(split)
+    if not whole:
+        units = TextUnits(tokens=count, chars=count if units.chars == units.tokens else 0, words=0)
     loss = nats / count
     result: dict[str, Any] = {
         "split": split,
@@ -418,13 +436,13 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[
         "ppl": math.exp(loss),
     }
     unk_id = getattr(datamodule.tokenizer, "unk_id", None)
-    if unk_id is not None:  # how much of the text the vocabulary does not cover (another corpus: maybe much)
+    if unk_id is not None and whole:  # how much of the text the vocabulary does not cover (another corpus: maybe much)
         encoded = datamodule.encoded(split)
         ids = np.asarray(getattr(encoded, "ids", encoded))
         result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
-    if datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece":
+    if (datamodule.level == "char" or datamodule.tokenizer.kind == "sentencepiece") and units.chars:
         result["bpc"] = nats / units.chars / math.log(2)
-    if datamodule.tokenizer.kind == "sentencepiece":  # per-word perplexity over the original text
+    if datamodule.tokenizer.kind == "sentencepiece" and units.words:  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     return result
 
@@ -453,6 +471,8 @@ def describe(result: dict[str, Any], char_level: bool) -> str:
             f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
             f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
         )
+    if result.get("max_tokens"):
+        settings.append(f"the first {result['max_tokens']:,} tokens' windows")
     unknown = f", {result['unk_rate']:.2%} of them <unk>" if result.get("unk_rate") else ""
     return (
         f"{result['corpus']} {result['split']}: {metric(result)}  (loss {result['loss']:.4f} nats/token over "
