@@ -1,4 +1,10 @@
-"""Shared test helpers, and the one rule for finding the real corpora.
+"""Shared test helpers, the one tiny fit every module trains, and the one rule for finding the real corpora.
+
+The tiny fit (:data:`TINY_FIT`, written by :func:`write_tiny_recipe` with a module's own changes merged in) is a 1 x 8
+LSTM on :func:`write_word_corpus`'s 40 words for 8 SGD steps; :func:`tiny_run` trains it once per session, and a test
+that changes the run gets its own copy (:func:`trained`). ``workdir`` is a test's folder, its working directory and
+its own corpus cache. Tests import helpers from here and from helper modules (``tests/hub_server.py``), never from
+another test module.
 
 Real-data tests read the corpora root :data:`DATA_ROOT`: ``$LM_ZOO_DATA`` if set, else ``../shared/data`` beside the
 checkout; a test that needs a corpus carries ``@needs_data("<corpus>", ...)`` and is skipped, with the path it
@@ -10,11 +16,13 @@ it starts find the same corpora: ``make test`` needs no ``LM_ZOO_DATA`` in a che
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
 import random
 import re
+import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +32,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zoo import settings
@@ -140,6 +149,145 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
         return out
+
+
+# ----------------------------------------------------------------------------------------------------- the tiny fit
+#: The tiny fit: a 1 x 8 LSTM on a word corpus, 8 SGD steps, nothing printed. ``{root}`` and ``{corpus}`` are filled in
+#: by :func:`write_tiny_recipe`.
+TINY_FIT: dict[str, Any] = {
+    "seed_everything": 1,
+    "trainer": {
+        "max_epochs": 1,
+        "limit_train_batches": 8,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": "{root}",
+    },
+    "model": {
+        "class_path": "lightning_modules.LanguageModel",
+        "init_args": {"architecture": "lstm", "embedding_size": 8, "hidden_size": 8, "num_layers": 1},
+    },
+    "data": {
+        "class_path": "datamodules.TextDataModule",
+        "init_args": {"corpus": "{corpus}", "batch_size": 4, "bptt": 6, "eval_batch_size": 2, "eval_bptt": 5},
+    },
+    "checkpoint": {"dirpath": "{root}/checkpoints"},
+    "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 1.0}},
+}
+
+
+def _merged(base: Any, changes: Any) -> Any:
+    """``base`` with ``changes`` merged in, key by key; a mapping naming another ``class_path`` replaces the whole
+    section, ``None`` removes a key."""
+    if not isinstance(base, dict) or not isinstance(changes, dict):
+        return copy.deepcopy(changes)
+    if changes.get("class_path", base.get("class_path")) != base.get("class_path"):
+        return copy.deepcopy(changes)
+    merged = copy.deepcopy(base)
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merged(merged[key], value) if key in merged else copy.deepcopy(value)
+    return merged
+
+
+def _filled(value: Any, fields: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {key: _filled(item, fields) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_filled(item, fields) for item in value]
+    return value.format(**fields) if isinstance(value, str) else value
+
+
+def tiny_recipe(root: Path, corpus: Path | str, **changes: Any) -> dict[str, Any]:
+    """:data:`TINY_FIT` writing under ``root`` and reading ``corpus``, with ``changes`` (sections, merged key by key:
+    ``trainer={"max_epochs": 2}``, ``model={"init_args": {"tie_weights": True}}``; ``None`` removes a key)."""
+    return _filled(_merged(TINY_FIT, changes), {"root": str(root), "corpus": str(corpus)})
+
+
+def write_tiny_recipe(path: Path, corpus: Path | str, root: Path | None = None, **changes: Any) -> Path:
+    """Write :func:`tiny_recipe` (under ``root``, default ``path`` without its suffix) to ``path``; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recipe = tiny_recipe(root if root is not None else path.with_suffix(""), corpus, **changes)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+#: The tiny fit as ``lm-zoo tune`` trials it (``write_tiny_recipe(path, corpus, root, **TINY_TUNE)``): validated every
+#: 2 steps, each trial's checkpoints where tune puts them, the runs under ``{root}/runs``.
+TINY_TUNE: dict[str, Any] = {
+    "trainer": {
+        "limit_val_batches": 3,
+        "val_check_interval": 2,
+        "num_sanity_val_steps": 0,
+        "default_root_dir": "{root}/runs",
+        "enable_progress_bar": None,
+        "enable_model_summary": None,
+    },
+    "checkpoint": None,
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's folder, as its working directory and with its own corpus cache (``$LM_ZOO_CACHE``)."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny fit, trained once for the session: a folder holding ``corpus/`` (seed ``"a"``), ``run.yaml`` and
+    ``run/checkpoints/{last,best}.ckpt``. Read it, never change it: :func:`trained` gives a test its own copy."""
+    import cli  # deferred: collecting the tests needs no CLI
+
+    folder = tmp_path_factory.mktemp("tiny-run")
+    corpus = write_word_corpus(folder / "corpus", "a")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LM_ZOO_CACHE", str(folder / "cache"))
+        env.chdir(folder)
+        assert cli.main(["fit", "--config", str(write_tiny_recipe(folder / "run.yaml", corpus))]) == 0
+    return folder
+
+
+@pytest.fixture
+def trained(tiny_run: Path, workdir: Path) -> Path:
+    """A copy of :func:`tiny_run` in ``workdir`` (``corpus/``, ``run.yaml`` naming the copy, ``run/``); returns its
+    ``last.ckpt``. The checkpoints still name the session's corpus, which is the same text."""
+    shutil.copytree(tiny_run / "corpus", workdir / "corpus")
+    shutil.copytree(tiny_run / "run", workdir / "run")
+    write_tiny_recipe(workdir / "run.yaml", workdir / "corpus")
+    return workdir / "run" / "checkpoints" / "last.ckpt"
+
+
+def fit_exported_run(root: Path, **publish: str) -> Path:
+    """Fit the tiny fit with tied weights and EMA weight averaging (decay 0.5), whose ``PublishBest`` exports the best
+    checkpoint into ``run/export`` (and publishes it, given ``publish``: its ``repo_id``, ``tag``, ``endpoint``), under
+    ``root`` (its corpus cache in ``root/cache``); returns ``root/run``."""
+    import cli  # deferred: collecting the tests needs no CLI
+
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.EMAWeightAveraging", "init_args": {"decay": 0.5}},
+        {"class_path": "checkpoints.callbacks.PublishBest", "init_args": {"out_dir": "{root}/export", **publish}},
+    ]
+    config = write_tiny_recipe(
+        root / "run.yaml",
+        write_word_corpus(root / "corpus", "export"),
+        trainer={"log_every_n_steps": 4, "callbacks": callbacks},
+        model={"init_args": {"tie_weights": True}},
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LM_ZOO_CACHE", str(root / "cache"))
+        assert cli.main(["fit", "--config", str(config)]) == 0
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def exported_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`fit_exported_run` once for the session (read it, never change it): the run folder, ``export/`` in it."""
+    return fit_exported_run(tmp_path_factory.mktemp("exported-run"))
 
 
 #: The tiny architecture search (``lm-zoo search --config``): one memorisation setting, one task on a small synthetic

@@ -37,15 +37,14 @@ from checkpoints.model_card import render_card
 from datamodules.corpora import sha256_file
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
-from tests.test_export import train_run
 from zoo import RecurrentLM
 
 TOKEN = "hf_test_token"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_run(tmp_path_factory.mktemp("bundle"))
+def run(exported_run: Path) -> Path:
+    return exported_run
 
 
 @pytest.fixture

@@ -27,41 +27,11 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 
 import cli
 from commands.lightning import describe_devices, in_process_devices, requested_devices, run_lightning
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 from zoo.errors import ConfigError
 from zoo.settings import matmul_precision_in_force, set_matmul_precision
 
 ROOT = Path(__file__).resolve().parents[1]
-
-TINY = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 4
-  limit_val_batches: 2
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  default_root_dir: {root}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture(autouse=True)
@@ -74,10 +44,10 @@ def torch_flags_restored() -> Any:
 
 
 def tiny_config(workdir: Path, name: str = "run") -> Path:
+    """The tiny fit, 4 steps and a 2-batch validation without the sanity check."""
     corpus = write_word_corpus(workdir / "corpus", "devices")
-    path = workdir / f"{name}.yaml"
-    path.write_text(TINY.format(root=workdir / name, corpus=corpus))
-    return path
+    steps = {"limit_train_batches": 4, "limit_val_batches": 2, "num_sanity_val_steps": 0}
+    return write_tiny_recipe(workdir / f"{name}.yaml", corpus, trainer=steps)
 
 
 def saved_config(run: Path) -> dict[str, Any]:

@@ -22,9 +22,8 @@ import checkpoints
 import cli
 from checkpoints.format import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from checkpoints.hub import hub_settings
-from tests.conftest import one_line_error
+from tests.conftest import fit_exported_run, one_line_error
 from tests.hub_server import FakeHub
-from tests.test_export import train_run
 
 TOKEN = "hf_test_token"
 
@@ -38,11 +37,10 @@ def hub() -> Iterator[FakeHub]:
 @pytest.fixture(scope="module")
 def run(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny run; its PublishBest callback exports the best checkpoint and publishes it as alice/tiny, tag v1."""
-    publish = f", repo_id: alice/tiny, tag: v1, endpoint: '{hub.url}'"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HF_TOKEN", TOKEN)
         env.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home-fit")))
-        return train_run(tmp_path_factory.mktemp("hub"), publish=publish)
+        return fit_exported_run(tmp_path_factory.mktemp("hub"), repo_id="alice/tiny", tag="v1", endpoint=hub.url)
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,15 @@ from datamodules.gbw import GBWDataModule
 from datamodules.streams import LMBatch
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.perplexity import evaluate
-from tests.conftest import DATA_ROOT, LargestTensor, needs_data, one_line_error, quiet_trainer, write_word_corpus
-from tests.test_cli import TINY_CONFIG
+from tests.conftest import (
+    DATA_ROOT,
+    LargestTensor,
+    needs_data,
+    one_line_error,
+    quiet_trainer,
+    write_tiny_recipe,
+    write_word_corpus,
+)
 from zoo.errors import ConfigError
 from zoo.heads import SoftmaxHead, chunked_nll, scores_nll
 from zoo.nce import NCEHead, UnigramNoise, alias_table
@@ -250,8 +257,7 @@ def test_training_without_counts_is_one_clear_line(tmp_path: Path, capsys: pytes
         LanguageModel(30, head="nce", noise_sampler="cdf")
     # Through the CLI: a byte-level corpus has no vocabulary counts.
     corpus = write_word_corpus(tmp_path / "corpus", "b")
-    config = tmp_path / "run.yaml"
-    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))
+    config = write_tiny_recipe(tmp_path / "run.yaml", corpus)
     args = ["--model.init_args.head", "nce", "--data.init_args.tokenizer", "byte", "--trainer.logger", "false"]
     one_line_error(
         capsys, cli.main(["fit", "--config", str(config), *args]), "unigram counts", "set_noise_distribution"

@@ -22,8 +22,7 @@ import pytest
 import cli
 from lightning_modules.search.evolution import STUDY
 from lightning_modules.search.tasks import MEMORISE
-from tests.conftest import TINY_SEARCH, one_line_error, write_word_corpus
-from tests.test_tuning import TINY as TINY_FIT
+from tests.conftest import TINY_SEARCH, TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,7 +127,7 @@ def test_tune_runs_a_trial_through_the_server(
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     corpus = write_word_corpus(tmp_path / "corpus", "tuning")
-    (tmp_path / "tiny.yaml").write_text(TINY_FIT.format(root=tmp_path, corpus=corpus))
+    write_tiny_recipe(tmp_path / "tiny.yaml", corpus, tmp_path, **TINY_TUNE)
     (tmp_path / "space.yaml").write_text("optimizer.init_args.lr: {type: loguniform, low: 0.3, high: 3.0}\n")
     argv = ["tune", "--config", "tiny.yaml", "--space", "space.yaml", "--trials", "1", "--storage", url]
     assert cli.main(argv) == 0

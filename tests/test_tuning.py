@@ -12,39 +12,17 @@ import yaml
 
 import cli
 from commands.tune import load_space
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 # 8 steps, a validation check (3 batches) every 2 steps: 4 reports per trial.
-TINY = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  limit_val_batches: 3
-  val_check_interval: 2
-  num_sanity_val_steps: 0
-  default_root_dir: {root}/runs
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    corpus = write_word_corpus(tmp_path / "corpus", "tuning")
-    (tmp_path / "tiny.yaml").write_text(TINY.format(root=tmp_path, corpus=corpus))
-    return tmp_path
+def workdir(workdir: Path) -> Path:
+    """The test's folder (conftest's), holding ``tiny.yaml``: the tiny fit as tune trials it."""
+    write_tiny_recipe(workdir / "tiny.yaml", write_word_corpus(workdir / "corpus", "tuning"), workdir, **TINY_TUNE)
+    return workdir
 
 
 def write_space(path: Path, text: str) -> Path:
@@ -102,7 +80,7 @@ def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: py
     argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--trials", "2", "--storage", storage]
     assert cli.main([*argv, "--pruner", "none", "--seed", "3", "--first-trial-from-config"]) == 0
     trials = optuna.load_study(study_name="tiny-space", storage=storage).trials
-    assert trials[0].params == {"optimizer.init_args.lr": 1.0, "model.init_args.hidden_size": 8}  # TINY's own
+    assert trials[0].params == {"optimizer.init_args.lr": 1.0, "model.init_args.hidden_size": 8}  # the tiny fit's own
     capsys.readouterr()
     # A config value outside the space cannot be a trial of it: one line, before any training.
     narrow = write_space(workdir / "narrow.yaml", "optimizer.init_args.lr: {type: float, low: 2.0, high: 3.0}\n")
