@@ -62,6 +62,31 @@ def cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
             monkeypatch.setattr(kind, "is_available", staticmethod(lambda: False))
 
 
+@pytest.fixture(autouse=True)
+def process_state_restored() -> Iterator[None]:
+    """Every test starts from the same process state, whatever ran before it, and leaves it as it found it.
+
+    What the suite's own in-process runs leave behind made later tests depend on the order and speed of earlier ones:
+    ``lm-zoo search`` and ``lm-zoo tune --jobs N`` set torch's thread count for the process (``test_reverse_copy``
+    set 1) and a later figure summed in another order; a search with a time budget draws from the global generators
+    as many times as it had time for, so a later test's unseeded draws depended on the machine's speed; an in-process
+    DDP fit left its rendezvous (``MASTER_PORT``, ``WORLD_SIZE``) in ``os.environ``; fits and evaluations set the
+    float32 matmul precision. So the global generators are seeded, and the environment, working directory, thread
+    count and matmul flags put back afterwards."""
+    environment, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    matmul, tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    yield
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
 def needs_data(*parts: str) -> pytest.MarkDecorator:
     """Skip the test, saying what is missing, unless ``DATA_ROOT/<parts>`` exists (a corpus folder or file)."""
     path = DATA_ROOT.joinpath(*parts)

@@ -34,15 +34,6 @@ from zoo.settings import matmul_precision_in_force, set_matmul_precision
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def torch_flags_restored() -> Any:
-    """Fits and evaluations set the process's matmul precision; the next test starts from torch's flags as they were."""
-    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    yield
-    torch.set_float32_matmul_precision(before[0])
-    torch.backends.cudnn.allow_tf32 = before[1]
-
-
 def tiny_config(workdir: Path, name: str = "run") -> Path:
     """The tiny fit, 4 steps and a 2-batch validation without the sanity check."""
     corpus = write_word_corpus(workdir / "corpus", "devices")
