@@ -51,6 +51,7 @@ def test_a_run_writes_a_new_file_and_continues_one_only_when_asked(
     )
 
 
+@pytest.mark.slow
 def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     argv = ["--arch", "fs_rnn", "lstm", "mogrifier", "--batch", "2", "--bptt", "3", "--hidden", "8", "--rounds", "1"]
@@ -67,6 +68,7 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
 
 
+@pytest.mark.slow
 def test_reverse_copy_runs_both_models_at_one_budget_and_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

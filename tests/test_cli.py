@@ -513,6 +513,7 @@ class RecordProcessGroupTimeout(L.Callback):
         RecordProcessGroupTimeout.seen = trainer.strategy._timeout
 
 
+@pytest.mark.slow
 def test_the_process_group_timeout_is_a_recorded_setting(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Ten minutes by default (PyTorch's is thirty), set on the DDP strategy, written to the run's config.yaml."""
     from datetime import timedelta

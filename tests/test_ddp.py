@@ -144,6 +144,7 @@ def uninterrupted(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted: Path) -> None:
     rank_0, rank_1 = (read_checkpoint(uninterrupted / "draws" / f"rank_{rank}.pt") for rank in (0, 1))
     assert 0.3 < rank_0["mask"].float().mean() < 0.7 and 0.3 < rank_1["mask"].float().mean() < 0.7
@@ -154,6 +155,7 @@ def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted:
     assert rank_0["noise"].unique().numel() > 8  # really drawn words, not a constant
 
 
+@pytest.mark.slow
 def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_ranks(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
@@ -169,6 +171,7 @@ def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_
     assert torch.equal(single["noise"], rank_0["noise"])  # what the GBW config says a 4-GPU run shares
 
 
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_bit_for_bit(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
@@ -209,6 +212,7 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(
             assert torch.equal(ours, theirs), rank
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_only_in_the_world_size_that_wrote_it(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -242,6 +246,7 @@ def test_rank_state_reads_both_layouts() -> None:
         rank_state(keyed, rank=3, world_size=4)
 
 
+@pytest.mark.slow
 def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
     ddp_workspace: tuple[Path, Path, dict[str, str]],
 ) -> None:
@@ -304,6 +309,7 @@ def _same_weights_as(expected_run: Path, final_run: Path) -> None:
         assert torch.equal(final["state_dict"][name], tensor), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signame", "rank", "group", "code"),
     [("SIGTERM", 1, False, 143), ("SIGINT", 0, True, 130)],
@@ -339,6 +345,7 @@ def test_a_signal_on_any_rank_stops_every_rank_at_one_step_and_resumes_bit_for_b
     _same_weights_as(uninterrupted, resumed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "raise"])
 def test_a_lost_rank_stops_the_others_with_one_line_naming_it(

@@ -143,6 +143,7 @@ def test_a_matmul_precision_that_does_not_exist_is_one_line(workdir: Path, capsy
 
 
 # ------------------------------------------------------------------------------------------- a real 2-process run
+@pytest.mark.slow
 def test_a_two_process_ddp_fit_says_once_what_it_chose(tmp_path: Path) -> None:
     """``python -m cli fit`` is its own command line, which Lightning re-runs for rank 1: two gloo ranks."""
     config = tiny_config(tmp_path)

@@ -87,6 +87,7 @@ class RecordCheckpointIO(L.Callback):
         RecordCheckpointIO.seen = trainer.strategy.checkpoint_io
 
 
+@pytest.mark.slow
 def test_a_write_killed_half_way_leaves_the_previous_checkpoint_usable(workdir: Path) -> None:
     recipe = _recipe(workdir, "[{class_path: tests.test_faults.RecordCheckpointIO}]")
     assert cli.main(["fit", "--config", str(recipe)]) == 0

@@ -119,6 +119,7 @@ def test_publish_download_and_load(
         assert torch.equal(original.model(ids)[0], downloaded_model.model(ids)[0])
 
 
+@pytest.mark.slow
 def test_sharded_weights_publish_and_download(
     run: Path, hub: FakeHub, tmp_path: Path, environment: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -155,6 +156,7 @@ def test_publish_to_a_branch_and_replace_stale_files(export: Path, hub: FakeHub,
     assert checkpoints.load("carol/tiny", revision="dev").tokenizer.kind == "byte"
 
 
+@pytest.mark.slow
 def test_download_a_registered_short_name(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -172,6 +174,7 @@ def test_download_a_registered_short_name(
 
 
 # ------------------------------------------------------------------------------------------------- offline
+@pytest.mark.slow
 def test_offline_from_the_cache(
     monkeypatch: pytest.MonkeyPatch, environment: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

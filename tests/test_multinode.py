@@ -139,6 +139,7 @@ def two_nodes(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_two_nodes_run_as_torchrun_and_read_the_columns_of_their_global_rank(one_node: Path, two_nodes: Path) -> None:
     local, remote = _placements(one_node), _placements(two_nodes)
     assert [(p["environment"], p["node_rank"], p["local_rank"]) for p in local] == [
@@ -159,6 +160,7 @@ def test_two_nodes_run_as_torchrun_and_read_the_columns_of_their_global_rank(one
     assert "lm-zoo: training on 2 nodes x 1 cpu device (ddp), 4 columns per rank, 8 in all" in logs, logs[-3000:]
 
 
+@pytest.mark.slow
 def test_two_nodes_end_bit_for_bit_where_two_processes_on_one_node_end(one_node: Path, two_nodes: Path) -> None:
     expected, final = (
         read_checkpoint(one_node / "checkpoints" / "last.ckpt"),
@@ -175,6 +177,7 @@ def test_two_nodes_end_bit_for_bit_where_two_processes_on_one_node_end(one_node:
         assert torch.equal(final[RESUME_KEY][rank]["rng"]["torch"], expected[RESUME_KEY][rank]["rng"]["torch"])
 
 
+@pytest.mark.slow
 def test_two_nodes_validate_as_two_processes_on_one_node(
     one_node: Path,
     two_nodes: Path,

@@ -163,6 +163,7 @@ def marginal_baseline_nll(train: PianoRolls, test: PianoRolls) -> float:
     return float(-log_likelihood.mean())
 
 
+@pytest.mark.slow
 @needs_music
 def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
     torch.manual_seed(0)
@@ -224,6 +225,7 @@ def test_a_piano_roll_has_a_time_axis_and_a_pitch_axis():
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
+@pytest.mark.slow
 @needs_music
 def test_fit_evaluate_and_generate_a_music_model_through_the_cli(tmp_path, capsys, monkeypatch):
     import json
@@ -288,6 +290,7 @@ def test_the_music_module_takes_every_network_argument_with_the_same_default():
     assert expected == {name: (p.default, p.annotation) for name, p in module.items() if name not in TRAINING_OPTIONS}
 
 
+@pytest.mark.slow
 @needs_music
 def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in_length(tmp_path, monkeypatch):
     # Shuffled pieces packed into columns make each epoch a different number of windows. Lightning validates when the

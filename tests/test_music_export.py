@@ -117,6 +117,7 @@ def _logits(model: PianoRollLM, frames: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ the export format
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path, exported: Path) -> None:
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
@@ -153,6 +154,7 @@ def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path,
     assert from_callback["head"] == MUSIC_HEAD and from_callback["results"] == config["results"][1:]
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_float16_storage_computes_in_float32_within_rounding(run: Path, tmp_path: Path) -> None:
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
@@ -166,6 +168,7 @@ def test_float16_storage_computes_in_float32_within_rounding(run: Path, tmp_path
     torch.testing.assert_close(_logits(half.model, frames), _logits(ckpt.model, frames), atol=5e-3, rtol=5e-3)
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_evaluate_and_generate_an_export_as_the_checkpoint(
     run: Path, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -185,6 +188,7 @@ def test_evaluate_and_generate_an_export_as_the_checkpoint(
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_a_broken_music_export_is_one_clear_line(
     exported: Path, run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -258,6 +262,7 @@ def bundle_env(bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return bundle / "pretrained" / NAME
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_bundle_build_measures_samples_and_cards_a_music_model(
     bundle_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -343,6 +348,7 @@ def hub() -> Iterator[FakeHub]:
         yield server
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_publish_and_download_a_music_bundle(
     bundle_env: Path, hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

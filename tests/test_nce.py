@@ -291,6 +291,7 @@ def _train_on_gbw_sample(head: str, cache: Path, steps: int = 200, seed: int = 0
     return evaluate(model, data, "valid")["ppl"], data.vocab_size
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @needs_data("gbw-sample")
 def test_nce_reaches_the_full_softmax_perplexity_on_the_gbw_sample(

@@ -53,6 +53,7 @@ def test_the_fused_layers_compute_in_the_autocast_dtype(name: str, mode: str) ->
     assert ran["gradients"] == {torch.float32}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", ["softmax", "mos", "nce", "sampled_softmax", "adaptive"])
 def test_every_head_trains_under_bf16_autocast(head: str) -> None:
     torch.manual_seed(0)
@@ -89,6 +90,7 @@ def test_every_head_trains_under_bf16_autocast(head: str) -> None:
         assert torch.bfloat16 in ran.products("outside"), ran.ran["outside"]
 
 
+@pytest.mark.slow
 def test_bf16_mixed_fit_lowers_the_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lightning's ``bf16-mixed`` precision, 50 steps of a tiny Mogrifier (the most hand-written kernels)."""
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))

@@ -62,6 +62,7 @@ def test_bundle_files_match_the_registry(name: str) -> None:
     assert config["training"]["run"]["commit"] == entry.training["commit"]
 
 
+@pytest.mark.slow
 @needs_data()
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_registered_check_figure_reproduces(name: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,6 +76,7 @@ def test_registered_check_figure_reproduces(name: str, capsys: pytest.CaptureFix
 
 
 @pytest.mark.verify_pretrained
+@pytest.mark.slow
 @needs_data()
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_registered_test_figure_reproduces(name: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -235,6 +237,7 @@ def hub() -> Iterator[FakeHub]:
         yield server
 
 
+@pytest.mark.slow
 def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,6 +265,7 @@ def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
 XML = [name for name, entry in ENTRIES.items() if "xml_nesting" in entry.training]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", XML)
 def test_registered_xml_nesting_reproduces(name: str) -> None:
     recorded = ENTRIES[name].training["xml_nesting"]

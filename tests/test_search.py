@@ -96,6 +96,7 @@ def scripted_worker(
 CHILD = format_genome(parse("h: h' = tanh(lin0(x) + lin1(h))"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("accuracy", "reached", "listed"),
     [
@@ -332,6 +333,7 @@ def test_a_config_error_inside_an_evaluation_is_one_line(
     assert [t.state.name for t in store.study.get_trials(deepcopy=False)] == ["FAIL"]
 
 
+@pytest.mark.slow
 def test_two_workers_search_one_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """A real (tiny) search: two processes train candidates and write to one SQLite file; every evaluation is
     there once, both wrote, mutants were proposed, and the report counts them."""
@@ -411,6 +413,7 @@ def test_epochs_of_a_slice_read_on_through_the_split(tmp_path: Path, monkeypatch
         assert from_zeros == (index % len(split) == 0), index
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_path: Path) -> None:
     """kill -9 a worker mid-evaluation: once its heartbeat is stale the evaluation is failed (not counted, its setting
     free again), everything it finished stays, and a restarted search continues in the same store."""
@@ -594,6 +597,7 @@ store.record(sys.argv[2], "xml", setting, lambda: Outcome(0.9, 1, 4, 100))
 """
 
 
+@pytest.mark.slow
 def test_a_claim_left_by_a_worker_killed_before_marking_its_trial_is_claimed_again(tmp_path: Path) -> None:
     """The evaluation is not claimed for good: while the killed worker's trial still counts as running, nobody takes
     it; once its heartbeat is stale the next worker claims the next generation and evaluates it, once."""

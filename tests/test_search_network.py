@@ -25,6 +25,9 @@ from lightning_modules.search.tasks import MEMORISE
 from tests.conftest import TINY_SEARCH, TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every test here starts a storage server in a process of its own (and most, workers beside it): all slow. The
+# search's own logic is tests/test_search.py's quick lane.
+pytestmark = pytest.mark.slow
 
 
 def start(command: list[str], cwd: Path, **options: Any) -> subprocess.Popen[str]:

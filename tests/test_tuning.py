@@ -30,6 +30,7 @@ def write_space(path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -70,6 +71,7 @@ def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
     assert printed["model"]["init_args"]["cell_options"] == best["model"]["init_args"]["cell_options"]
 
 
+@pytest.mark.slow
 def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     space = write_space(
         workdir / "space.yaml",
@@ -90,6 +92,7 @@ def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: py
     one_line_error(capsys, code, "sets optimizer.init_args.lr to 1.0", "outside the space's range")
 
 
+@pytest.mark.slow
 def test_trials_is_the_studys_total_so_a_rerun_adds_only_the_missing_trials(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -132,6 +135,7 @@ def test_only_trials_that_tried_their_setting_count(workdir: Path, capsys: pytes
     assert states == ["RUNNING", "FAIL", "FAIL", "COMPLETE"]
 
 
+@pytest.mark.slow
 def test_median_pruning_stops_a_clearly_worse_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lr 3 brings the tiny model's validation loss down at every check; lr 1e-6 leaves it at its initial value.
     space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: categorical, choices: [3.0, 1.0e-6]}\n")
