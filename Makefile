@@ -1,4 +1,4 @@
-# lm-zoo: `make test` (set up .venv and run the tests), `make demo` (train, evaluate and sample a small model),
+# lm-zoo: `make test` (set up .venv and run the tests; `make quick` without the slow ones), `make demo` (train, evaluate and sample a small model),
 # `make verify-pretrained` (re-measure every registered pretrained figure at its own eval batch size; CI runs it),
 # `make docs` (render the README's and docs/' tables from the registry and benchmarks/results/).
 VENV ?= .venv
@@ -6,7 +6,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: setup test verify-pretrained docs demo publish-pretrained clean
+.PHONY: setup quick test verify-pretrained docs demo publish-pretrained clean
 
 setup: $(VENV)/.installed
 
@@ -21,10 +21,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -e ".[dev]"
 	touch $@
 
+# The quick lane while working: every module's quick tests (the verify_pretrained ones are slow too).
+quick: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The registered figures themselves (most at eval batch 1); `make test` re-measures each model's check figure instead.
+# The registered figures themselves (the whole test split, most at eval batch 1); `make test` re-measures each model's
+# check figure (the split's first windows) instead.
 verify-pretrained: setup
 	$(BIN)/python -m pytest -q -m verify_pretrained
 

@@ -281,17 +281,19 @@ def measure(
     bptt: int | None = None,
     data_root: str | None = None,
     device: str = "cpu",
+    max_tokens: int | None = None,
 ) -> list[EvaluationResult]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
     A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
-    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax).
+    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax); ``max_tokens``: only
+    up to the window holding each split's this-many-th token (frame), as ``lm-zoo evaluate --max-tokens``.
     """
     splits = list(splits)
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
-    return [score(loaded, datamodule, split, batch_size, bptt, device) for split in splits]
+    return [score(loaded, datamodule, split, batch_size, bptt, device, max_tokens) for split in splits]
 
 
 def score(
@@ -301,16 +303,27 @@ def score(
     batch_size: int | None = None,
     bptt: int | None = None,
     device: str = "cpu",
+    max_tokens: int | None = None,
     **procedure: Any,
 ) -> EvaluationResult:
     """Score one split of ``datamodule`` with ``loaded``, as its kind is scored: a text model by
     :func:`lightning_modules.evaluation.perplexity.evaluate` with ``procedure`` (its keyword arguments: temperature,
     MC dropout, dynamic evaluation, ...), a music model by :func:`lightning_modules.evaluation.music.evaluate_music`,
-    which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`).
+    which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`);
+    ``max_tokens``: only the windows up to the one holding the split's this-many-th token (or frame).
     """
     if loaded.kind is MUSIC:
-        return evaluate_music(loaded.model, datamodule, split, batch_size, bptt, device)  # type: ignore[arg-type]
-    return evaluate(loaded.model, datamodule, split, batch_size, bptt, device, **procedure)  # type: ignore[arg-type]
+        return evaluate_music(loaded.model, datamodule, split, batch_size, bptt, device, max_tokens)  # type: ignore[arg-type]
+    return evaluate(
+        loaded.model,
+        datamodule,
+        split,
+        batch_size,
+        bptt,
+        device,
+        max_tokens=max_tokens,
+        **procedure,  # type: ignore[arg-type]
+    )
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

@@ -27,12 +27,12 @@ at; a music model's holds ``nll_per_step`` (nats per frame, summed over the 88 n
 ``tokens``, e.g. ``{"nll_per_step": 8.54, "eval_batch_size": 20, "bptt": 35, "frames": 4725}``.
 
 ``results`` are the figures a user quotes (at eval batch size 1, the papers' convention, where the model was measured
-there). ``check_results`` hold the same model's test figure at the training recipe's own eval batch size (10 or 16;
-GBW's 64; a music model's data module's), as the same result objects. Splitting the test stream into more columns
-moves a figure in its 4th digit (ptb-lstm-small: 113.76 at batch 1, 113.80 at batch 10), which is why both are kept;
-but the larger batch re-measures 2-7x faster on a 2-core CPU (ptb-lstm-medium 61-76 s -> 27 s, ptb-char-lstm 84-145 s
--> 20 s), so the test suite re-measures ``check_results`` on every run and ``make verify-pretrained`` ``results``.
-Where ``results`` were measured at that batch size already (GBW, music), the two are the same figure.
+there). ``check_results`` hold the same model's test figure over a fixed part of the split: the windows up to the one
+holding its :data:`CHECK_TOKENS`-th token (``max_tokens``; ``lm-zoo evaluate --max-tokens``), at the training
+recipe's own eval batch size (10 or 16; GBW's 64; a music model's data module's), as the same result objects with
+``max_tokens`` added. It runs the same weights, files and code path as the registered figure in a few seconds, so the
+test suite re-measures ``check_results`` on every run and ``make verify-pretrained`` the whole-split ``results``.
+``lm-zoo bundle check`` measures them again and records them.
 ``int8_results`` are the test figure of the model run with ``--quantize int8`` (:mod:`zoo.quantization`), where that
 applies and was measured (``benchmarks/quantize.py``).
 
@@ -69,7 +69,11 @@ REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REQUIRED = {"repo_id", "revision", "dataset", "architecture", "results"}
 _OPTIONAL = {"check_results", "int8_results", "description", "num_parameters", "size_bytes", "files", "training"}
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-_RESULT_KEYS = {*METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames"}
+_RESULT_KEYS = {*METRICS, "nll_per_note", "eval_batch_size", "bptt", "tokens", "frames", "max_tokens"}
+# A check figure scores the test split up to the window holding this token (a music model's: frame), at the recipe's
+# eval batch size: 2-8% of the bundled models' test splits (GBW's, PTB's, WikiText-2's 245k tokens), so each takes
+# seconds where its whole split took up to minutes on a 2-core CPU.
+CHECK_TOKENS = 5000
 
 
 @dataclass(frozen=True)
@@ -252,19 +256,22 @@ def bundled(entry: RegistryEntry) -> Path | None:
     return directory
 
 
-def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) -> RegistryEntry:
+def entry_for(
+    config: dict[str, Any], name: str, repo_id: str, revision: str, check: dict[str, Any] | None = None
+) -> RegistryEntry:
     """A registry entry for a published export (from its ``config.json``), to add to ``registry.json``.
 
     Per split it keeps the result at eval batch size 1 when there is one (the papers' convention), else the first;
-    and as ``check_results`` the test result at the largest eval batch size measured (``python -m release build``
-    measures batch 1 and the run's own), which the test suite re-measures. A music model's keeps its NLL per frame and
-    the frames it was measured on.
+    and as ``check_results`` ``check`` (``python -m release build`` measures it over the first :data:`CHECK_TOKENS`),
+    else the test result at the largest eval batch size measured. A music model's keeps its NLL per frame and the
+    frames it was measured on.
     """
     results: dict[str, dict[str, float | int]] = {}
     for result in sorted(config.get("results", []), key=lambda r: r["eval_batch_size"] != 1, reverse=True):
-        results[result["split"]] = _registry_result(result)  # a later (batch-1) result replaces an earlier one
+        results[result["split"]] = registry_result(result)  # a later (batch-1) result replaces an earlier one
     tests = [r for r in config.get("results", []) if r["split"] == "test"]
-    check = max(tests, key=lambda r: r["eval_batch_size"], default=None)  # the first of the largest batch size
+    if check is None:
+        check = max(tests, key=lambda r: r["eval_batch_size"], default=None)  # the first of the largest batch size
     data = config.get("training", {}).get("data", {})
     corpus = Path(str(data.get(kind_of_config(config).data_key) or "unknown")).name
     model = config.get("model", {})
@@ -275,20 +282,21 @@ def entry_for(config: dict[str, Any], name: str, repo_id: str, revision: str) ->
         dataset=corpus,
         architecture=str(config.get("architecture")),
         results=results,
-        check_results={"test": _registry_result(check)} if check is not None else {},
+        check_results={"test": registry_result(check)} if check is not None else {},
         description=f"{model.get('num_layers')} x {model.get('hidden_size')} {config.get('architecture')} on {corpus}",
     )
 
 
-def _registry_result(result: dict[str, Any]) -> dict[str, float | int]:
+def registry_result(result: dict[str, Any]) -> dict[str, float | int]:
     """A ``config.json`` result as the registry keeps it: its metric (a music model's NLL per frame, a character
-    model's bpc, else ppl), eval batch size, BPTT and token (frame) count."""
+    model's bpc, else ppl), eval batch size, BPTT, token (frame) count and, for a part of the split, ``max_tokens``."""
     metric, count = result_figures(result)[0], kind_of_result(result).count
     return {
         metric: result[metric],
         "eval_batch_size": result["eval_batch_size"],
         "bptt": result["bptt"],
         **({count: result[count]} if count in result else {}),
+        **({"max_tokens": result["max_tokens"]} if result.get("max_tokens") is not None else {}),
     }
 
 
@@ -300,6 +308,22 @@ def write_entry(entry: RegistryEntry, path: str | Path | None = None) -> None:
     fields = {k: v for k, v in entry.to_json().items() if k != "name" and (k in _REQUIRED or v not in (None, {}, ""))}
     models = {**data["models"], entry.name: fields}
     data = {"format_version": REGISTRY_VERSION, "models": dict(sorted(models.items()))}
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def update_check_results(name: str, check_results: dict[str, dict[str, Any]], path: str | Path | None = None) -> None:
+    """Record a model's re-measured check figures (:func:`release.bundle.measure_check`) in its entry's
+    ``check_results``, nothing else.
+
+    Raises:
+        ConfigError: the registry is malformed, has no entry ``name``, or a result is malformed.
+    """
+    path = Path(path) if path is not None else registry_path()
+    if name not in load_registry(path):
+        raise ConfigError(f"{name!r} is not in the registry {path}")
+    _check_results(check_results, f"{name}: check_results")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["models"][name]["check_results"] = check_results
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

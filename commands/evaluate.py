@@ -33,6 +33,13 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--batch-size", type=int, help="parallel streams (default: the training run's eval batch size)")
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
+    parser.add_argument(
+        "--max-tokens",
+        type=option("--max-tokens", int, 1),
+        metavar="N",
+        help="score only the windows up to the one holding the split's N-th token (a music model's: frame), a fixed "
+        "part of it that is quick to re-measure; the result records N (default: the whole split)",
+    )
     parser.add_argument("--corpus", help="another corpus or directory to score (default: the training corpus)")
     parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     parser.add_argument(
@@ -43,7 +50,9 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
 
     procedure = procedure_from_args(args)  # mc, dynamic, tune_trials
-    check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, **procedure)  # before loading
+    check_settings(  # before loading
+        args.batch_size, args.bptt, args.long_context, args.temperature, **procedure, max_tokens=args.max_tokens
+    )
     if args.quantize and (procedure["mc"] or procedure["dynamic"]):
         raise ConfigError(
             f"--quantize {args.quantize} scores with fixed int8 weights: --mc-samples needs dropout and --dynamic "
@@ -56,7 +65,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
         loaded.kind.refuse(PROCEDURES, loaded.source)  # a music model is scored as it is
     options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
-    result = score(loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, **options)
+    result = score(loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, args.max_tokens, **options)
     result.source = loaded.source
     result.matmul_precision = args.matmul_precision  # a setting the figure depends on, as the eval batch size
     result.quantize = args.quantize

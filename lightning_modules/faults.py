@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,10 @@ from zoo.errors import PeerLost, clip
 # 4 x 2048 model writes some 13 GB), short enough that a hung peer does not hold a GPU node for half an hour.
 DEFAULT_PROCESS_GROUP_TIMEOUT = 600
 _PREFIX = "lm-zoo/"  # this module's keys in the rendezvous store, apart from torch's own
+# A killed process's sockets are closed (so the others' collective fails) before the kernel makes it a zombie: on a
+# loaded machine a rank can look for it in between and find it still running. It looks again for this long (seconds)
+# before saying that no rank of this machine is gone.
+_GONE_WAIT, _GONE_POLL = 2.0, 0.05
 
 
 @dataclass
@@ -119,13 +124,15 @@ def _what_stopped(peers: _Peers) -> str:
     except Exception:  # noqa: BLE001 - the store is served from rank 0's process: it went with it
         return "rank 0 was lost (killed, or its machine went away), and the run's rendezvous store with it"
     host = socket.gethostname()
-    gone = [
-        f"rank {rank} (process {pid}) {fate}"
-        for rank, (where, pid) in places.items()
-        if where == host and (fate := _fate(int(pid))) is not None
-    ]
-    if gone:
-        return "; ".join(gone)
+    here = [(rank, int(pid)) for rank, (where, pid) in places.items() if where == host]
+    deadline = time.monotonic() + _GONE_WAIT
+    while here:
+        gone = [f"rank {rank} (process {pid}) {fate}" for rank, pid in here if (fate := _fate(pid)) is not None]
+        if gone:
+            return "; ".join(gone)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_GONE_POLL)
     return "another rank stopped without a report (on another machine, or killed where this one cannot see it)"
 
 

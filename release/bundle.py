@@ -7,10 +7,12 @@
     python -m release publish                 # every bundled model to its registered repo id and revision (HF_TOKEN)
     python -m release table                   # the README's "Pretrained models" table, from the registry
     python -m release card ptb-lstm-small     # its card rendered again from config.json (registry hashes updated)
+    python -m release check                   # every bundled model's check figure measured again into the registry
 
 ``build`` turns a finished run into what a user downloads: it exports the checkpoint (float32, or float16 with
 ``--dtype``), loads that export back and measures it — valid and test at eval batch size 1 (the papers' convention)
-and at the run's own eval batch size — so every recorded figure is one of the stored weights; draws the learning curve
+and at the run's own eval batch size, with the check figure the tests re-measure over a fixed part of the test split
+(:func:`check_figure`) — so every recorded figure is one of the stored weights; draws the learning curve
 from the run's TensorBoard events, in the card's unit, with the exported checkpoint marked, and keeps its points in
 ``config.json`` (``training.run.curve``); samples three texts; writes the model card with how the model was made
 (command, seed, commit, torch version, hardware, wall time, tokens/s); and records the sha256 of every file in the
@@ -256,12 +258,12 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     curve = render_record(run["curve"], out.parent / f".{name}.{CURVE_NAME}", curve_title(name, run))
     try:
-        _export_measured(
+        check = _export_measured(
             source, out, run, curve, dtype, repo_id, revision, max_sample_tokens, data_root, max_shard_size
         )
     finally:
         curve.unlink(missing_ok=True)
-    entry = _registry_entry(out, name, repo_id, revision, description, run)
+    entry = _registry_entry(out, name, repo_id, revision, description, run, check)
     registry.write_entry(entry)
     return entry
 
@@ -334,8 +336,9 @@ def _export_measured(
     max_sample_tokens: int,
     data_root: str | None,
     max_shard_size: int | None = None,
-) -> None:
-    """Export ``source`` into ``out`` with the figures, samples and card of its stored weights.
+) -> dict[str, Any]:
+    """Export ``source`` into ``out`` with the figures, samples and card of its stored weights; return its check
+    figure (:func:`check_figure`), which the registry keeps and the card does not show.
 
     Args:
         source: the checkpoint, with its run's config.
@@ -354,6 +357,7 @@ def _export_measured(
     stored = load_export(out)
     stored = replace(stored, data=source.data, training={**source.training, "run": run})
     results = _results(stored, data_root)
+    check = check_figure(stored, data_root)
     with tempfile.TemporaryDirectory() as staging:
         assets = {}
         if stored.kind.sample_files:
@@ -380,6 +384,52 @@ def _export_measured(
             revision=revision,
             max_shard_size=max_shard_size,
         )
+    return check
+
+
+def check_figure(
+    loaded: LoadedModel, data_root: str | None = None, batch_size: int | None = None, bptt: int | None = None
+) -> dict[str, Any]:
+    """A model's check figure: its test split up to the window holding the :data:`checkpoints.registry.CHECK_TOKENS`-th
+    token (frame), at ``batch_size`` and ``bptt`` (default: the run's eval batch size and BPTT), as ``lm-zoo evaluate
+    --max-tokens`` measures it; the figure the test suite re-measures on every run (:mod:`checkpoints.registry`)."""
+    if batch_size is None and loaded.kind is not MUSIC:
+        batch_size = int(loaded.data.get("eval_batch_size") or 1)
+    [result] = measure(loaded, ("test",), batch_size, bptt, data_root, max_tokens=registry.CHECK_TOKENS)
+    return result.to_json(stored=True)
+
+
+def measure_checks(names: Sequence[str] = (), data_root: str | None = None) -> dict[str, dict[str, Any]]:
+    """Measure every bundled model's check figure again (or those named) and record it in the registry's
+    ``check_results`` (that field only), at the batch size and BPTT it records (a model without one: the run's).
+
+    For when :data:`checkpoints.registry.CHECK_TOKENS` or the evaluation changes; the whole-split ``results`` stay.
+
+    Returns:
+        Each model's check result, as the registry now records it.
+
+    Raises:
+        ConfigError: a name is not registered.
+        CheckpointError: a bundle is missing or does not match the registry.
+    """
+    entries = registry.load_registry()
+    unknown = [n for n in names if n not in entries]
+    if unknown:
+        raise ConfigError(f"{unknown[0]!r} is not in the registry: lm-zoo models --pretrained lists the models")
+    measured = {}
+    for entry in [entries[n] for n in names] if names else entries.values():
+        directory = registry.bundled(entry)
+        if directory is None:
+            raise CheckpointError(
+                f"{entry.name} has no bundle at {registry.bundle_root() / entry.name}: build it first"
+            )
+        old = entry.check_results.get("test") or {}
+        check = check_figure(
+            load_export(directory, source=entry.name), data_root, old.get("eval_batch_size"), old.get("bptt")
+        )
+        measured[entry.name] = {"test": registry.registry_result(check)}
+        registry.update_check_results(entry.name, measured[entry.name])
+    return measured
 
 
 def render_again(name: str) -> dict[str, str]:
@@ -439,12 +489,18 @@ def render_again(name: str) -> dict[str, str]:
 
 
 def _registry_entry(
-    out: Path, name: str, repo_id: str, revision: str, description: str, run: dict[str, Any]
+    out: Path,
+    name: str,
+    repo_id: str,
+    revision: str,
+    description: str,
+    run: dict[str, Any],
+    check: dict[str, Any],
 ) -> registry.RegistryEntry:
-    """The registry entry of the export in ``out``: its config's summary, the sha256 and size of its files, and the
-    run's record (:data:`REGISTRY_TRAINING_KEYS`)."""
+    """The registry entry of the export in ``out``: its config's summary, its check figure, the sha256 and size of its
+    files, and the run's record (:data:`REGISTRY_TRAINING_KEYS`)."""
     config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
-    entry = registry.entry_for(config, name, repo_id, revision)
+    entry = registry.entry_for(config, name, repo_id, revision, check)
     files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and is_export_file(p.name)}
     return replace(
         entry,

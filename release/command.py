@@ -1,5 +1,5 @@
-"""``python -m release build|publish|table|card``: maintainers' commands for the models shipped under ``pretrained/``,
-with ``lm-zoo``'s one-line errors (:func:`cli.run_command`)."""
+"""``python -m release build|publish|table|card|check``: maintainers' commands for the models shipped under
+``pretrained/``, with ``lm-zoo``'s one-line errors (:func:`cli.run_command`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from checkpoints import registry
 from cli import run_command
 from commands.common import CommandParser
 from commands.sharing import shard_size
-from release.bundle import REPO_OWNER, build, publish_all, render_again, write_table
+from release.bundle import REPO_OWNER, build, measure_checks, publish_all, render_again, write_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +53,11 @@ def release(argv: Sequence[str]) -> None:
         "card", help="render bundled cards again from config.json (registry hashes updated); no run needed"
     )
     card_parser.add_argument("names", nargs="*", help="default: every registered model")
+    check_parser = commands.add_parser(
+        "check", help="measure the bundled models' check figures again and record them in the registry"
+    )
+    check_parser.add_argument("names", nargs="*", help="default: every registered model")
+    check_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
     args = parser.parse_args(argv)
     if args.action == "build":
         entry = build(
@@ -80,5 +85,8 @@ def release(argv: Sequence[str]) -> None:
         for name in args.names or list(registry.load_registry()):
             changed = render_again(name)
             print(f"{name}: {', '.join(sorted(changed)) or 'unchanged'}")
+    elif args.action == "check":
+        for name, check in measure_checks(args.names, args.data_root).items():
+            print(f"{name}: {json.dumps(check['test'])}")
     else:
         write_table(args.readme)

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import cli
 from lightning_modules.averaging import WeightAveragingOnPlateau, non_monotonic, patience_exhausted
-from tests.conftest import write_word_corpus
+from tests.conftest import write_tiny_recipe, write_word_corpus
 
 
 def first_trigger(rule, history: list[float], n: int) -> int | None:
@@ -209,41 +209,26 @@ class RecordRun(Callback):
         torch.save({"after_step": self.after_step, "val_losses": self.val_losses}, self.path)
 
 
-LM_CONFIG = """
-seed_everything: 3
-trainer:
-  max_epochs: 2
-  limit_train_batches: 8
-  val_check_interval: 2
-  limit_val_batches: 4
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  default_root_dir: {root}
-  callbacks:
-    - class_path: lightning_modules.WeightAveragingOnPlateau
-      init_args: {{patience: 2, start_fraction: null}}
-    - class_path: tests.test_averaging.RecordRun
-      init_args: {{path: {root}/record.pt}}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, tie_weights: true}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 3.0}}
-"""
-
-
 def test_lm_zoo_fit_saves_the_uniform_average(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = write_word_corpus(tmp_path / "corpus", "averaging")
-    config = tmp_path / "run.yaml"
-    config.write_text(LM_CONFIG.format(root=tmp_path, corpus=corpus))
+    callbacks = [
+        {
+            "class_path": "lightning_modules.WeightAveragingOnPlateau",
+            "init_args": {"patience": 2, "start_fraction": None},
+        },
+        {"class_path": "tests.test_averaging.RecordRun", "init_args": {"path": "{root}/record.pt"}},
+    ]
+    trainer = {"max_epochs": 2, "val_check_interval": 2, "limit_val_batches": 4, "num_sanity_val_steps": 0}
+    config = write_tiny_recipe(
+        tmp_path / "run.yaml",
+        corpus,
+        tmp_path,
+        seed_everything=3,
+        trainer={**trainer, "callbacks": callbacks},
+        model={"init_args": {"tie_weights": True}},
+        optimizer={"init_args": {"lr": 3.0}},
+    )
     assert cli.main(["fit", "--config", str(config)]) == 0
 
     record = torch.load(tmp_path / "record.pt", weights_only=False)

@@ -51,6 +51,7 @@ def test_a_run_writes_a_new_file_and_continues_one_only_when_asked(
     )
 
 
+@pytest.mark.slow
 def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     argv = ["--arch", "fs_rnn", "lstm", "mogrifier", "--batch", "2", "--bptt", "3", "--hidden", "8", "--rounds", "1"]
@@ -67,6 +68,7 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
 
 
+@pytest.mark.slow
 def test_reverse_copy_runs_both_models_at_one_budget_and_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,11 +114,11 @@ def test_search_table1_trains_each_cell_with_the_same_settings(tmp_path: Path, m
     """benchmarks/search_table1.py at a tiny size: every architecture is trained with the same drawn settings, the
     best accuracy is one of its runs', and the table holds the paper's row beside ours."""
     from benchmarks import search_table1
-    from tests.test_search import TINY
+    from tests.conftest import TINY_SEARCH
 
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY.format())
+    config.write_text(TINY_SEARCH)
     results = tmp_path / "table1.json"
     argv = ["--config", str(config), "--tasks", "xml", "--architectures", "LSTM", "MUT1", "--out", str(results)]
     search_table1.main([*argv, "--settings", "2"])
@@ -279,7 +281,7 @@ def test_xml_bits_by_role_add_up_to_the_models_evaluation_and_the_generators_dra
     from benchmarks import xml_nesting
     from checkpoints import load
     from datamodules.synthetic import xml_document
-    from tests.test_synthetic import drawn_bits
+    from tests.conftest import drawn_bits
 
     loaded = load("synthetic-xml-lstm")
     rng = random.Random(5)

@@ -41,15 +41,14 @@ from release.curves import (
 )
 from tests.conftest import one_line_error
 from tests.hub_server import FakeHub
-from tests.test_export import train_run
 from zoo import RecurrentLM
 
 TOKEN = "hf_test_token"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_run(tmp_path_factory.mktemp("bundle"))
+def run(exported_run: Path) -> Path:
+    return exported_run
 
 
 @pytest.fixture
@@ -98,12 +97,23 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     assert test["eval_batch_size"] == 1 and test["bptt"] == 5
     again = _evaluate(capsys, "tiny", "--split", "test", "--batch-size", "1")
     assert again["ppl"] == pytest.approx(test["ppl"], rel=1e-4) and again["tokens"] == test["tokens"]
-    # The check figure, which the suite re-measures: the test split at the run's own eval batch size.
+    # The check figure, which the suite re-measures: the test split's first CHECK_TOKENS tokens' windows at the run's
+    # own eval batch size (here the whole split, which is shorter), not shown on the card.
     check = entry["check_results"]["test"]
     at_two = next(r for r in config["results"] if (r["split"], r["eval_batch_size"]) == ("test", 2))
-    assert check == {"ppl": at_two["ppl"], "eval_batch_size": 2, "bptt": 5, "tokens": at_two["tokens"]}
-    again = _evaluate(capsys, "tiny", "--split", "test", "--batch-size", "2")
-    assert again["ppl"] == pytest.approx(check["ppl"], rel=1e-4)
+    assert at_two["tokens"] < registry.CHECK_TOKENS
+    assert check == {
+        "ppl": at_two["ppl"],
+        "eval_batch_size": 2,
+        "bptt": 5,
+        "tokens": at_two["tokens"],
+        "max_tokens": registry.CHECK_TOKENS,
+    }
+    again = _evaluate(
+        capsys, "tiny", "--split", "test", "--batch-size", "2", "--max-tokens", str(registry.CHECK_TOKENS)
+    )
+    assert again["ppl"] == pytest.approx(check["ppl"], rel=1e-4) and again["max_tokens"] == registry.CHECK_TOKENS
+    assert all("max_tokens" not in r for r in config["results"])
     # How it was made, on the card and in config.json.
     made = config["training"]["run"]
     assert (made["commit"], made["command"], made["seed"]) == ("abc123", "lm-zoo fit --config run.yaml", 1)

@@ -17,53 +17,16 @@ import torch
 import cli
 from commands.common import device_argument
 from lightning_modules.training import continue_logging_in
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(  # not recipes: tune/ holds search spaces, search/ architecture searches
     p for p in (ROOT / "configs").rglob("*.yaml") if p.parent.name not in ("tune", "search")
 )
 
-TINY_CONFIG = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  enable_progress_bar: false
-  enable_model_summary: false
-  default_root_dir: {root}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
 
 def _config(workdir: Path, corpus: Path, name: str = "run") -> Path:
-    path = workdir / f"{name}.yaml"
-    path.write_text(TINY_CONFIG.format(root=workdir / name, corpus=corpus))
-    return path
-
-
-@pytest.fixture
-def trained(workdir: Path) -> Path:
-    corpus = write_word_corpus(workdir / "corpus", "a")
-    assert cli.main(["fit", "--config", str(_config(workdir, corpus))]) == 0
-    return workdir / "run" / "checkpoints" / "last.ckpt"
+    return write_tiny_recipe(workdir / f"{name}.yaml", corpus)
 
 
 # --------------------------------------------------------------------------------------------------------- help
@@ -132,6 +95,33 @@ def test_fit_evaluate_generate(trained: Path, workdir: Path, capsys: pytest.Capt
     assert samples[0] == samples[1]  # same seed, same samples
     lines = samples[0].strip("\n").split("\n")
     assert len(lines) == 3 and all(line.startswith("w1 <unk>") for line in lines)  # unknown prompt word -> <unk>
+
+
+def test_max_tokens_scores_the_first_windows_of_each_stream(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-tokens N``: the windows up to the one holding the N-th predicted token, summed by hand here from the
+    network's own per-token NLL; the result says N, and N past the split's end is the whole split."""
+    import checkpoints
+
+    last = str(tiny_run / "run" / "checkpoints" / "last.ckpt")
+    capsys.readouterr()
+    assert cli.main(["evaluate", last, "--max-tokens", "23", "--json"]) == 0
+    part = json.loads(capsys.readouterr().out)
+    loaded = checkpoints.load(last)
+    nats, tokens, state = 0.0, 0, None
+    with torch.no_grad():
+        for batch in loaded.datamodule().stream("test", batch_size=2, bptt=5):  # the run's eval sizes
+            if tokens >= 23:
+                break
+            nll, state = loaded.model.eval().token_nll(batch.inputs, batch.targets, state, batch.reset)
+            nats, tokens = nats + float(nll.sum()), tokens + int((batch.targets != -100).sum())
+    assert part["tokens"] == tokens == 30 and part["max_tokens"] == 23  # 3 windows of 2 x 5
+    assert part["loss"] == pytest.approx(nats / tokens, rel=1e-6)
+    assert cli.main(["evaluate", last, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["tokens"] > 100 and "max_tokens" not in whole
+    assert cli.main(["evaluate", last, "--max-tokens", str(10 * whole["tokens"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(whole["loss"], rel=1e-9)
+    one_line_error(capsys, cli.main(["evaluate", last, "--max-tokens", "0"]), "--max-tokens must be an integer >= 1")
 
 
 def test_validate_and_test_through_lightning(trained: Path, workdir: Path) -> None:
@@ -540,6 +530,7 @@ class RecordProcessGroupTimeout(L.Callback):
         RecordProcessGroupTimeout.seen = trainer.strategy._timeout
 
 
+@pytest.mark.slow
 def test_the_process_group_timeout_is_a_recorded_setting(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Ten minutes by default (PyTorch's is thirty), set on the DDP strategy, written to the run's config.yaml."""
     from datetime import timedelta

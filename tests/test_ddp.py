@@ -27,52 +27,11 @@ import torch.nn.functional as F
 import cli
 from lightning_modules.resume import RESUME_KEY, keyed_by_rank, rank_state
 from tests.conftest import ROOT
+from tests.ddp_runs import MAX_STEPS, ddp_recipe, read_checkpoint
 from zoo.errors import CheckpointError, TrainingDivergedError
 
 TIMEOUT = 180  # seconds: a hung rank (the bug this file guards against) fails the test instead of blocking it
 
-RECIPE = """
-seed_everything: 3
-trainer:
-  max_steps: {max_steps}
-  accelerator: cpu
-  devices: 2
-  strategy: ddp
-  num_sanity_val_steps: 0
-  limit_val_batches: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  logger: false
-  default_root_dir: {root}
-  callbacks:
-{callbacks}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args:
-    architecture: lstm
-    embedding_size: 16
-    hidden_size: 16
-    num_layers: 2
-    dropout: 0.3
-    head: nce
-    noise_samples: 8
-data:
-  class_path: datamodules.TextDataModule
-  init_args:
-    corpus: {corpus}
-    batch_size: 4
-    bptt: 8
-    variable_bptt: true
-    seed: 5
-checkpoint:
-  dirpath: {root}/checkpoints
-last_checkpoint:
-  every_n_train_steps: 5
-optimizer:
-  class_path: torch.optim.Adam
-  init_args: {{lr: 0.01}}
-"""
-MAX_STEPS = 12  # all in epoch 0 (each rank has ~28 windows of its 4 columns)
 KILL_AT_STEP = 8  # three steps after the periodic last.ckpt of step 5, which the resumed run must redo identically
 DIVERGE_AT_STEP = 3
 
@@ -140,14 +99,6 @@ def _callback(class_name: str, **init_args: Any) -> str:
     return f"    - class_path: tests.test_ddp.{class_name}\n      init_args: {{{args}}}\n"
 
 
-def _recipe(directory: Path, corpus: Path, *callbacks: str, max_steps: int = MAX_STEPS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    recipe = directory / "recipe.yaml"
-    listed = "".join(callbacks) or "    []\n"
-    recipe.write_text(RECIPE.format(max_steps=max_steps, root=directory, corpus=corpus, callbacks=listed))
-    return recipe
-
-
 # torchrun starting the 2 ranks on this machine (what the torchrun console script runs), instead of Lightning's launcher
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
@@ -184,21 +135,18 @@ def _fit(recipe: Path, env: dict[str, str], *args: str) -> None:
     assert code == 0, recipe.with_suffix(".log").read_text()[-2000:] + stderr[-3000:]
 
 
-def _read(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     """An uninterrupted 2-process run, recording each rank's first draws; its directory."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "uninterrupted"
-    _fit(_recipe(run, corpus, _callback("RecordDraws", directory=run / "draws")), env)
+    _fit(ddp_recipe(run, corpus, _callback("RecordDraws", directory=run / "draws")), env)
     return run
 
 
+@pytest.mark.slow
 def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted: Path) -> None:
-    rank_0, rank_1 = (_read(uninterrupted / "draws" / f"rank_{rank}.pt") for rank in (0, 1))
+    rank_0, rank_1 = (read_checkpoint(uninterrupted / "draws" / f"rank_{rank}.pt") for rank in (0, 1))
     assert 0.3 < rank_0["mask"].float().mean() < 0.7 and 0.3 < rank_1["mask"].float().mean() < 0.7
     # Independent masks of 256 units agree on about half of them; the same seed would make all 256 agree.
     assert (rank_0["mask"] == rank_1["mask"]).float().mean() < 0.75
@@ -207,24 +155,29 @@ def test_each_rank_draws_its_own_dropout_masks_and_the_same_noise(uninterrupted:
     assert rank_0["noise"].unique().numel() > 8  # really drawn words, not a constant
 
 
+@pytest.mark.slow
 def test_one_process_with_the_same_global_batch_draws_the_same_noise_as_the_two_ranks(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
     tmp_path, corpus, _ = ddp_workspace
     run = tmp_path / "one_process_draws"
-    recipe = _recipe(run, corpus, _callback("RecordDraws", directory=run / "draws"), max_steps=1)
+    recipe = ddp_recipe(run, corpus, _callback("RecordDraws", directory=run / "draws"), max_steps=1)
     one_process = ["--trainer.devices=1", "--trainer.strategy=auto", "--data.init_args.batch_size=8"]
     assert cli.main(["fit", "--config", str(recipe), *one_process]) == 0
-    single, rank_0 = _read(run / "draws" / "rank_0.pt"), _read(uninterrupted / "draws" / "rank_0.pt")
+    single, rank_0 = (
+        read_checkpoint(run / "draws" / "rank_0.pt"),
+        read_checkpoint(uninterrupted / "draws" / "rank_0.pt"),
+    )
     assert torch.equal(single["noise"], rank_0["noise"])  # what the GBW config says a 4-GPU run shares
 
 
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_bit_for_bit(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
 ) -> None:
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "killed"
-    recipe = _recipe(run, corpus, _callback("PauseAt", step=KILL_AT_STEP, marker=run / "paused"))
+    recipe = ddp_recipe(run, corpus, _callback("PauseAt", step=KILL_AT_STEP, marker=run / "paused"))
     process = _start(recipe, env)
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -235,7 +188,7 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # both ranks, as a lost machine would
         process.communicate()
-    saved = _read(run / "checkpoints" / "last.ckpt")
+    saved = read_checkpoint(run / "checkpoints" / "last.ckpt")
     assert saved["global_step"] == KILL_AT_STEP - 3
     resume = saved[RESUME_KEY]
     assert resume["world_size"] == 2 and set(resume) == {"world_size", "rank_0", "rank_1"}
@@ -245,8 +198,11 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(
     assert torch.equal(resume["rank_0"]["shared_rng"]["state"], resume["rank_1"]["shared_rng"]["state"])
 
     resumed = tmp_path / "resumed"
-    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
-    expected, final = _read(uninterrupted / "checkpoints" / "last.ckpt"), _read(resumed / "checkpoints" / "last.ckpt")
+    _fit(ddp_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    expected, final = (
+        read_checkpoint(uninterrupted / "checkpoints" / "last.ckpt"),
+        read_checkpoint(resumed / "checkpoints" / "last.ckpt"),
+    )
     assert final["global_step"] == expected["global_step"] == MAX_STEPS
     assert len(expected["state_dict"]) == len(final["state_dict"]) > 5
     for name, tensor in expected["state_dict"].items():
@@ -256,11 +212,12 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(
             assert torch.equal(ours, theirs), rank
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_only_in_the_world_size_that_wrote_it(
     uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     tmp_path, corpus, _ = ddp_workspace
-    recipe = _recipe(tmp_path / "one_process", corpus, max_steps=MAX_STEPS + 2)
+    recipe = ddp_recipe(tmp_path / "one_process", corpus, max_steps=MAX_STEPS + 2)
     code = cli.main(
         [
             "fit",
@@ -289,12 +246,13 @@ def test_rank_state_reads_both_layouts() -> None:
         rank_state(keyed, rank=3, world_size=4)
 
 
+@pytest.mark.slow
 def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
     ddp_workspace: tuple[Path, Path, dict[str, str]],
 ) -> None:
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "diverging"
-    recipe = _recipe(
+    recipe = ddp_recipe(
         run, corpus, _callback("DivergeOn", rank=1, step=DIVERGE_AT_STEP, value=1.0e4, directory=run / "raised")
     )
     code, stderr = _finish(_start(recipe, env))  # fails, killing both, if a rank hangs
@@ -342,12 +300,16 @@ class FaultAt(L.Callback):
 
 
 def _same_weights_as(expected_run: Path, final_run: Path) -> None:
-    expected, final = _read(expected_run / "checkpoints" / "last.ckpt"), _read(final_run / "checkpoints" / "last.ckpt")
+    expected, final = (
+        read_checkpoint(expected_run / "checkpoints" / "last.ckpt"),
+        read_checkpoint(final_run / "checkpoints" / "last.ckpt"),
+    )
     assert final["global_step"] == expected["global_step"] == MAX_STEPS
     for name, tensor in expected["state_dict"].items():
         assert torch.equal(final["state_dict"][name], tensor), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signame", "rank", "group", "code"),
     [("SIGTERM", 1, False, 143), ("SIGINT", 0, True, 130)],
@@ -368,21 +330,22 @@ def test_a_signal_on_any_rank_stops_every_rank_at_one_step_and_resumes_bit_for_b
     run = tmp_path / f"signal_{signame}"
     fault = f"{signame} to the group" if group else signame
     signalled = _callback("FaultAt", step=6, rank=rank, fault=f"'{fault}'", directory=run / "marks")
-    returncode, stderr = _finish(_start(_recipe(run, corpus, signalled), env))
+    returncode, stderr = _finish(_start(ddp_recipe(run, corpus, signalled), env))
     elapsed = time.time() - float((run / "marks" / "struck").read_text())
     print(f"\n{signame} to {'the group' if group else f'rank {rank}'} at step 6: every rank gone {elapsed:.2f} s later")
     assert returncode == code, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     stops = re.findall(rf"lm-zoo: interrupted: {signame} on rank {rank} at step (\d+) \(epoch 0\)", stderr)
     assert len(stops) == 2 and stops[0] == stops[1], stderr[-3000:]  # one line per rank, the same step
-    saved = _read(run / "checkpoints" / "last.ckpt")
+    saved = read_checkpoint(run / "checkpoints" / "last.ckpt")
     assert saved["global_step"] == int(stops[0]) == 7  # the signalled step ends, and its state is kept
     assert set(saved[RESUME_KEY]) == {"world_size", "rank_0", "rank_1"}
     resumed = tmp_path / f"resumed_{signame}"
-    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    _fit(ddp_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
     _same_weights_as(uninterrupted, resumed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "raise"])
 def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
@@ -393,7 +356,7 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
     uninterrupted run's weights."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / f"lost_{how}_{launcher}"
-    recipe = _recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks"))
+    recipe = ddp_recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks"))
     process = _start(recipe, env, torchrun=launcher == "torchrun")
     returncode, stderr = _finish(process)  # fails, killing every process, if a rank is left waiting
     elapsed = time.time() - float((run / "marks" / "struck").read_text())
@@ -404,7 +367,7 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
     line = re.search(r"lm-zoo: error: rank 1 [^\n]*, so rank 0 stops too[^\n]*--ckpt_path last[^\n]*", stderr)
     assert line is not None and said in line[0], stderr[-3000:]
     assert "[rank0]" not in stderr and "Connection reset by peer" not in stderr, stderr[-3000:]  # no gloo traceback
-    assert _read(run / "checkpoints" / "last.ckpt")["global_step"] == 5
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 5
     resumed = tmp_path / f"resumed_lost_{how}_{launcher}"
-    _fit(_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    _fit(ddp_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
     _same_weights_as(uninterrupted, resumed)

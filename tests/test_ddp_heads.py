@@ -61,6 +61,7 @@ def tail_targets_per_rank(corpus: Path) -> list[list[int]]:
     return counts
 
 
+@pytest.mark.slow
 def test_adaptive_head_trains_under_ddp_with_a_tail_cluster_empty_on_one_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +160,7 @@ def _count_broadcasts(rank: int, port: int, results: Any) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """The four vocabulary-sized tables (20 bytes a word) were buffers, which DDP broadcast from rank 0 before every
     forward: 20,000 bytes a forward here, measured. Each rank computes them itself from the same counts."""

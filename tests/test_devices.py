@@ -28,57 +28,18 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 import cli
 from commands.fit import run_lightning
 from lightning_modules.training import describe_devices, in_process_devices, requested_devices
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 from zoo.errors import ConfigError
 from zoo.settings import matmul_precision_in_force, set_matmul_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 4
-  limit_val_batches: 2
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  default_root_dir: {root}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture(autouse=True)
-def torch_flags_restored() -> Any:
-    """Fits and evaluations set the process's matmul precision; the next test starts from torch's flags as they were."""
-    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    yield
-    torch.set_float32_matmul_precision(before[0])
-    torch.backends.cudnn.allow_tf32 = before[1]
-
 
 def tiny_config(workdir: Path, name: str = "run") -> Path:
+    """The tiny fit, 4 steps and a 2-batch validation without the sanity check."""
     corpus = write_word_corpus(workdir / "corpus", "devices")
-    path = workdir / f"{name}.yaml"
-    path.write_text(TINY.format(root=workdir / name, corpus=corpus))
-    return path
+    steps = {"limit_train_batches": 4, "limit_val_batches": 2, "num_sanity_val_steps": 0}
+    return write_tiny_recipe(workdir / f"{name}.yaml", corpus, trainer=steps)
 
 
 def saved_config(run: Path) -> dict[str, Any]:
@@ -183,6 +144,7 @@ def test_a_matmul_precision_that_does_not_exist_is_one_line(workdir: Path, capsy
 
 
 # ------------------------------------------------------------------------------------------- a real 2-process run
+@pytest.mark.slow
 def test_a_two_process_ddp_fit_says_once_what_it_chose(tmp_path: Path) -> None:
     """``python -m cli fit`` is its own command line, which Lightning re-runs for rank 1: two gloo ranks."""
     config = tiny_config(tmp_path)

@@ -27,52 +27,13 @@ from checkpoints.export_read import CONFIG_NAME, HASHES_KEY, VOCAB_NAME, WEIGHTS
 from checkpoints.export_write import export_model
 from datamodules.tokenizers import build_tokenizer
 from lightning_modules import LanguageModel
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error
 from zoo import LMConfig, RecurrentLM
-
-# A tied 1 x 8 LSTM trained for 8 steps with EMA weight averaging; PublishBest exports the best checkpoint.
-RUN_CONFIG = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  enable_progress_bar: false
-  enable_model_summary: false
-  log_every_n_steps: 4
-  default_root_dir: {root}
-  callbacks:
-    - class_path: lightning.pytorch.callbacks.EMAWeightAveraging
-      init_args: {{decay: 0.5}}
-    - class_path: checkpoints.callbacks.PublishBest
-      init_args: {{out_dir: {root}/export{publish}}}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, tie_weights: true}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
-def train_run(root: Path, publish: str = "") -> Path:
-    """Fit the tiny run under ``root`` (its cache in ``root/cache``); returns ``root``."""
-    corpus = write_word_corpus(root / "corpus", "export")
-    config = root / "run.yaml"
-    config.write_text(RUN_CONFIG.format(root=root / "run", corpus=corpus, publish=publish))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("LM_ZOO_CACHE", str(root / "cache"))
-        assert cli.main(["fit", "--config", str(config)]) == 0
-    return root / "run"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_run(tmp_path_factory.mktemp("export"))
+def run(exported_run: Path) -> Path:
+    return exported_run
 
 
 @pytest.fixture(autouse=True)

@@ -15,57 +15,35 @@ from typing import IO, Any
 import lightning as L
 import pytest
 import torch
+import yaml
 
 import checkpoints
 import cli
 from checkpoints.ckpt_write import AtomicCheckpointIO, temporary_path
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 from zoo.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RECIPE = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  enable_progress_bar: false
-  enable_model_summary: false
-  logger: false
-  default_root_dir: {root}
-  callbacks: {callbacks}
-  gradient_clip_val: {clip}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1, dropout: 0.1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-last_checkpoint:
-  every_n_train_steps: 2
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    write_word_corpus(tmp_path / "corpus", "faults")
-    return tmp_path
+def workdir(workdir: Path) -> Path:
+    """The test's folder (conftest's), holding the corpus the recipe reads."""
+    write_word_corpus(workdir / "corpus", "faults")
+    return workdir
 
 
 def _recipe(workdir: Path, callbacks: str = "[]", clip: float | None = None) -> Path:
-    path = workdir / "recipe.yaml"
-    clip_value = "null" if clip is None else clip
-    path.write_text(
-        RECIPE.format(root=workdir / "run", corpus=workdir / "corpus", callbacks=callbacks, clip=clip_value)
+    """The tiny fit with dropout, no logger and a ``last.ckpt`` every 2 steps; ``callbacks`` a YAML list."""
+    trainer = {"logger": False, "callbacks": yaml.safe_load(callbacks), "gradient_clip_val": clip}
+    return write_tiny_recipe(
+        workdir / "recipe.yaml",
+        workdir / "corpus",
+        workdir / "run",
+        trainer=trainer,
+        model={"init_args": {"dropout": 0.1}},
+        last_checkpoint={"every_n_train_steps": 2},
     )
-    return path
 
 
 def _finite(ckpt: dict[str, Any]) -> bool:
@@ -109,6 +87,7 @@ class RecordCheckpointIO(L.Callback):
         RecordCheckpointIO.seen = trainer.strategy.checkpoint_io
 
 
+@pytest.mark.slow
 def test_a_write_killed_half_way_leaves_the_previous_checkpoint_usable(workdir: Path) -> None:
     recipe = _recipe(workdir, "[{class_path: tests.test_faults.RecordCheckpointIO}]")
     assert cli.main(["fit", "--config", str(recipe)]) == 0

@@ -114,7 +114,7 @@ def test_dynamic_evaluation_runs_on_cuda_and_equals_cpu(tmp_path: Path, monkeypa
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @needs_data("gbw-sample")
 def test_two_gpu_ddp_matches_one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_gbw_ddp import TOLERANCE, fit, validation_ppl
+    from tests.gbw_runs import TOLERANCE, fit, validation_ppl
 
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     single = validation_ppl(fit(tmp_path, "single", devices=1, seed=1, accelerator="gpu"))
@@ -131,7 +131,7 @@ def test_two_gpu_ddp_matches_one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("name", FUSED)
 def test_the_fused_layers_compute_in_the_autocast_dtype_on_cuda(name: str, mode: str) -> None:
     """autocast's own wrapper for cuDNN's RNNs would run them in float16 under bf16 (zoo/base.py's module doc)."""
-    from tests.test_precision import AUTOCAST_MODES, fused_layer_dtypes
+    from tests.precision_checks import AUTOCAST_MODES, fused_layer_dtypes
 
     if mode == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
@@ -148,7 +148,7 @@ def test_the_fused_layers_compute_in_the_autocast_dtype_on_cuda(name: str, mode:
 def test_every_architecture_computes_in_the_autocast_dtype_on_cuda(name: str, dtype: torch.dtype) -> None:
     """The CPU test's checks on CUDA: the per-step loops (state dropout and a mid-window reset force them) in the
     autocast dtype, the hand-written window kernels in float32, results close to float32."""
-    from tests.test_precision import check_architecture_under_autocast
+    from tests.precision_checks import check_architecture_under_autocast
 
     if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
@@ -244,7 +244,7 @@ def test_sampled_heads_train_with_sparse_gradients_on_cuda(head: str) -> None:
 def test_a_mixed_precision_fit_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
     """Lightning's mixed precision on CUDA: the fused LSTM in the autocast dtype, a gradient scaler with 16-mixed and
     none with bf16-mixed, and the loss falls (a scaler that skipped every step would leave it where it was)."""
-    from tests.test_precision import tiny_mixed_fit
+    from tests.precision_checks import tiny_mixed_fit
 
     if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")

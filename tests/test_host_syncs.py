@@ -58,6 +58,7 @@ def by_site(steps: list[tuple[Counter[str], Counter[str]]]) -> list[dict[str, in
     return [dict(Counter({site.rsplit(":", 1)[0]: n for site, n in sites.items()})) for _, sites in steps]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["ptb-lstm", "gbw-lstm4-per-step", "gbw-lstm4-packed"])
 def test_a_training_step_synchronises_once_and_a_validation_step_never(
     setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -22,9 +22,8 @@ import checkpoints
 import cli
 from checkpoints.export_read import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from checkpoints.hub import hub_settings
-from tests.conftest import one_line_error
+from tests.conftest import fit_exported_run, one_line_error
 from tests.hub_server import FakeHub
-from tests.test_export import train_run
 
 TOKEN = "hf_test_token"
 
@@ -38,11 +37,10 @@ def hub() -> Iterator[FakeHub]:
 @pytest.fixture(scope="module")
 def run(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny run; its PublishBest callback exports the best checkpoint and publishes it as alice/tiny, tag v1."""
-    publish = f", repo_id: alice/tiny, tag: v1, endpoint: '{hub.url}'"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HF_TOKEN", TOKEN)
         env.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home-fit")))
-        return train_run(tmp_path_factory.mktemp("hub"), publish=publish)
+        return fit_exported_run(tmp_path_factory.mktemp("hub"), repo_id="alice/tiny", tag="v1", endpoint=hub.url)
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +119,7 @@ def test_publish_download_and_load(
         assert torch.equal(original.model(ids)[0], downloaded_model.model(ids)[0])
 
 
+@pytest.mark.slow
 def test_sharded_weights_publish_and_download(
     run: Path, hub: FakeHub, tmp_path: Path, environment: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -157,6 +156,7 @@ def test_publish_to_a_branch_and_replace_stale_files(export: Path, hub: FakeHub,
     assert checkpoints.load("carol/tiny", revision="dev").tokenizer.kind == "byte"
 
 
+@pytest.mark.slow
 def test_download_a_registered_short_name(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -174,6 +174,7 @@ def test_download_a_registered_short_name(
 
 
 # ------------------------------------------------------------------------------------------------- offline
+@pytest.mark.slow
 def test_offline_from_the_cache(
     monkeypatch: pytest.MonkeyPatch, environment: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -55,6 +55,7 @@ def test_training_step_detaches_and_carries_state() -> None:
     assert model._state["train"][0] is not first[0]
 
 
+@pytest.mark.slow
 def test_evaluate_equals_independent_nll_sum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = write_word_corpus(tmp_path, "0")
@@ -142,6 +143,7 @@ def test_tied_weights_share_storage_with_projection_when_sizes_differ() -> None:
     assert same.model.projection is None
 
 
+@pytest.mark.slow
 def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = write_word_corpus(tmp_path, "1")
@@ -228,6 +230,7 @@ def test_generate_samples_what_a_plain_forward_loop_samples(architecture: str, m
     assert model.generate(prompt, 25, temperature=0.8, generator=torch.Generator().manual_seed(2)) == reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("every", "expected"), [(3, [0, 2, 5, 8]), (0, list(range(11)))])
 def test_training_figures_are_logged_at_the_steps_lightning_writes_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int, expected: list[int]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING_STACK = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "optuna")
 
@@ -21,6 +23,7 @@ def _modules_after(code: str) -> set[str]:
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_loading_a_pretrained_model_imports_no_training_stack() -> None:
     loaded = _modules_after(
         "from checkpoints import from_pretrained\n"
@@ -31,11 +34,13 @@ def test_loading_a_pretrained_model_imports_no_training_stack() -> None:
     assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
 
 
+@pytest.mark.slow
 def test_the_zoo_imports_no_training_stack() -> None:
     loaded = _modules_after("import zoo\nzoo.build('lstm', 4, 4)\nimport datamodules.tokenizers")
     assert not loaded & set(TRAINING_STACK), sorted(loaded & set(TRAINING_STACK))
 
 
+@pytest.mark.slow
 def test_scoring_a_text_model_imports_no_training_stack() -> None:
     """lm-zoo evaluate, score and generate of a text model read its corpus through datamodules.TextData, the data
     module without Lightning, whose import cost more than scoring a small model (docs/results.md). A bundled model
@@ -113,6 +118,7 @@ def test_no_module_imports_itself_through_others() -> None:
     assert _cycles(imports) == []
 
 
+@pytest.mark.slow
 def test_a_missing_optional_package_is_one_line_naming_its_extra() -> None:
     # None in sys.modules makes `import nltk` fail as an absent package does (ModuleNotFoundError, name "nltk").
     probe = "import sys\nsys.modules['nltk'] = None\nimport cli\nsys.exit(cli.main(['parse', 'ptb-on-lstm']))"

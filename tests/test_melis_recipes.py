@@ -86,6 +86,7 @@ def lamb_parameters(
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAMB))
 def test_recipe_is_lambs_released_configuration(name: str) -> None:
     from commands.tune import full_config
@@ -176,6 +177,7 @@ TWINS = [
 MOGRIFIER_ONLY = {"rounds", "rank", "round_bias"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mogrifier", "lstm", "vocab"), TWINS)
 def test_cpu_twins_differ_in_the_cell_alone_at_one_parameter_count(mogrifier: str, lstm: str, vocab: int) -> None:
     """Everything but the cell (and the width that keeps the parameter count) is the same in the pair: data,

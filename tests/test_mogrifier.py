@@ -350,6 +350,7 @@ def test_window_kernel_gradients_pass_gradcheck() -> None:
     assert torch.autograd.gradcheck(lambda *a: stack(a[0], (a[1], a[2]), reset)[0], (x, h0, c0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("input_size", [160, 16], ids=["input-as-wide", "narrow-input"])
 @pytest.mark.parametrize("batch", [4, 40], ids=["view", "packed-transpose"])
 def test_window_kernel_equals_the_per_step_path_through_onednn_in_float32(input_size: int, batch: int) -> None:

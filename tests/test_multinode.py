@@ -30,7 +30,7 @@ import cli
 from commands.common import user_error
 from lightning_modules.resume import RESUME_KEY
 from tests.conftest import ROOT, free_port
-from tests.test_ddp import MAX_STEPS, _read, _recipe
+from tests.ddp_runs import MAX_STEPS, ddp_recipe, read_checkpoint
 from zoo.errors import ConfigError
 
 TIMEOUT = 120  # seconds per run: a launcher left waiting at the rendezvous fails the test instead of blocking it
@@ -94,7 +94,7 @@ def one_node(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     """Two processes on one node, started by Lightning's own DDP launcher; the run's directory."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "one_node"
-    recipe = _recipe(run, corpus, _record_placement(run / "placement"))
+    recipe = ddp_recipe(run, corpus, _record_placement(run / "placement"))
     log = run / "fit.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -116,7 +116,7 @@ def two_nodes(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     directory (``node_<n>.log`` is launcher n's output, whichever global rank it got)."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / "two_nodes"
-    recipe = _recipe(run, corpus, _record_placement(run / "placement"))
+    recipe = ddp_recipe(run, corpus, _record_placement(run / "placement"))
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # what the torchrun console script runs
     launcher = [
         *torchrun,
@@ -139,6 +139,7 @@ def two_nodes(ddp_workspace: tuple[Path, Path, dict[str, str]]) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_two_nodes_run_as_torchrun_and_read_the_columns_of_their_global_rank(one_node: Path, two_nodes: Path) -> None:
     local, remote = _placements(one_node), _placements(two_nodes)
     assert [(p["environment"], p["node_rank"], p["local_rank"]) for p in local] == [
@@ -159,8 +160,12 @@ def test_two_nodes_run_as_torchrun_and_read_the_columns_of_their_global_rank(one
     assert "lm-zoo: training on 2 nodes x 1 cpu device (ddp), 4 columns per rank, 8 in all" in logs, logs[-3000:]
 
 
+@pytest.mark.slow
 def test_two_nodes_end_bit_for_bit_where_two_processes_on_one_node_end(one_node: Path, two_nodes: Path) -> None:
-    expected, final = _read(one_node / "checkpoints" / "last.ckpt"), _read(two_nodes / "checkpoints" / "last.ckpt")
+    expected, final = (
+        read_checkpoint(one_node / "checkpoints" / "last.ckpt"),
+        read_checkpoint(two_nodes / "checkpoints" / "last.ckpt"),
+    )
     assert final["global_step"] == expected["global_step"] == MAX_STEPS
     assert len(final["state_dict"]) == len(expected["state_dict"]) > 5
     for name, tensor in expected["state_dict"].items():
@@ -172,6 +177,7 @@ def test_two_nodes_end_bit_for_bit_where_two_processes_on_one_node_end(one_node:
         assert torch.equal(final[RESUME_KEY][rank]["rng"]["torch"], expected[RESUME_KEY][rank]["rng"]["torch"])
 
 
+@pytest.mark.slow
 def test_two_nodes_validate_as_two_processes_on_one_node(
     one_node: Path,
     two_nodes: Path,

@@ -14,7 +14,7 @@ from datamodules.midi import note_name, roll_layout, write_midi, write_png
 from datamodules.music import MusicDataModule
 from datamodules.piano_rolls import MUSIC_DATASETS, PianoRolls, read_pieces
 from lightning_modules.music import MusicModel
-from tests.conftest import DATA_ROOT, needs_data, quiet_trainer
+from tests.conftest import DATA_ROOT, needs_data, quiet_trainer, roll_from_midi
 from zoo.errors import ConfigError, DataError
 from zoo.music import NUM_NOTES, PianoRollLM, bernoulli_nll
 
@@ -163,6 +163,7 @@ def marginal_baseline_nll(train: PianoRolls, test: PianoRolls) -> float:
     return float(-log_likelihood.mean())
 
 
+@pytest.mark.slow
 @needs_music
 def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
     torch.manual_seed(0)
@@ -178,26 +179,6 @@ def test_a_tiny_lstm_trained_briefly_on_jsb_beats_the_per_note_marginals():
 
 
 # ------------------------------------------------------------------------------------------------ MIDI and PNG
-def roll_from_midi(path: Path, frames: int, frame_beats: float) -> np.ndarray:
-    """Replay a MIDI file's note_on / note_off into a ``(frames, 88)`` piano roll, independently of the writer."""
-    import mido
-
-    midi = mido.MidiFile(path)
-    ticks_per_frame = round(midi.ticks_per_beat * frame_beats)
-    roll = np.zeros((frames, NUM_NOTES), dtype=np.uint8)
-    sounding: dict[int, int] = {}
-    now = 0
-    for message in midi.tracks[0]:
-        now += message.time
-        if message.type == "note_on" and message.velocity > 0:
-            sounding[message.note] = now
-        elif message.type in ("note_off", "note_on"):
-            start = sounding.pop(message.note)
-            roll[start // ticks_per_frame : now // ticks_per_frame, message.note - 21] = 1
-    assert not sounding
-    return roll
-
-
 def test_a_written_midi_file_reads_back_with_the_sampled_notes(tmp_path):
     model = PianoRollLM("gru", hidden_size=8).eval()
     torch.manual_seed(0)
@@ -244,6 +225,7 @@ def test_a_piano_roll_has_a_time_axis_and_a_pitch_axis():
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
+@pytest.mark.slow
 @needs_music
 def test_fit_evaluate_and_generate_a_music_model_through_the_cli(tmp_path, capsys, monkeypatch):
     import json
@@ -320,6 +302,7 @@ def test_lightningcli_reads_the_music_network_settings_from_pianorollconfig():
     assert dict(module.hparams) == settings  # a .ckpt records every setting, the defaults too
 
 
+@pytest.mark.slow
 @needs_music
 def test_every_training_epoch_ends_with_its_validation_although_epochs_differ_in_length(tmp_path, monkeypatch):
     # Shuffled pieces packed into columns make each epoch a different number of windows. Lightning validates when the

@@ -39,10 +39,8 @@ from datamodules.piano_rolls import MUSIC_DATASETS
 from lightning_modules import LanguageModel
 from release.bundle import SAMPLE_FRAMES, SAMPLE_SEED, table
 from release.command import main as release_main
-from tests.conftest import DATA_ROOT, needs_data, one_line_error
+from tests.conftest import DATA_ROOT, assert_same_figure, needs_data, one_line_error, registered_figure, roll_from_midi
 from tests.hub_server import FakeHub
-from tests.test_music import roll_from_midi
-from tests.test_pretrained import _assert_same_figure, _test_figure
 from zoo.errors import CheckpointError, ConfigError
 from zoo.music import NUM_NOTES, PianoRollLM
 
@@ -121,6 +119,7 @@ def _logits(model: PianoRollLM, frames: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ the export format
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path, exported: Path) -> None:
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
@@ -157,6 +156,7 @@ def test_an_export_holds_the_music_model_and_loads_to_the_same_logits(run: Path,
     assert from_callback["head"] == MUSIC_HEAD and from_callback["results"] == config["results"][1:]
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_float16_storage_computes_in_float32_within_rounding(run: Path, tmp_path: Path) -> None:
     ckpt = checkpoints.load(run / "checkpoints" / "best.ckpt")
@@ -170,6 +170,7 @@ def test_float16_storage_computes_in_float32_within_rounding(run: Path, tmp_path
     torch.testing.assert_close(_logits(half.model, frames), _logits(ckpt.model, frames), atol=5e-3, rtol=5e-3)
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_evaluate_and_generate_an_export_as_the_checkpoint(
     run: Path, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -189,6 +190,7 @@ def test_evaluate_and_generate_an_export_as_the_checkpoint(
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_a_broken_music_export_is_one_clear_line(
     exported: Path, run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -262,6 +264,7 @@ def bundle_env(bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return bundle / "pretrained" / NAME
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_bundle_build_measures_samples_and_cards_a_music_model(
     bundle_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -275,8 +278,8 @@ def test_bundle_build_measures_samples_and_cards_a_music_model(
     assert set(test) == {"nll_per_step", "eval_batch_size", "bptt", "frames"}
     assert (test["eval_batch_size"], test["bptt"]) == (16, 40)  # the run's own: batching cannot change the figure
     # What tests/test_pretrained.py does for every registered model: re-measure the figure at its batch size.
-    expected, measured = _test_figure(capsys, NAME, expected=test)
-    _assert_same_figure(expected, measured)
+    expected, measured = registered_figure(capsys, NAME, expected=test)
+    assert_same_figure(expected, measured)
     # The sample: the model's own piece (seed 1, from silence), read back from the MIDI file with mido.
     config = json.loads((directory / CONFIG_NAME).read_text())
     sample = config["training"]["run"]["sample"]
@@ -347,6 +350,7 @@ def hub() -> Iterator[FakeHub]:
         yield server
 
 
+@pytest.mark.slow  # trains the module's music model (JSB Chorales read and encoded, six steps, its export measured)
 @needs_music
 def test_publish_and_download_a_music_bundle(
     bundle_env: Path, hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

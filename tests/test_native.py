@@ -95,6 +95,7 @@ def test_cpp_loops_equal_their_python_twins_in_float64(cpp, rounds: int, rank: i
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same ATen ops in the same order
 
 
+@pytest.mark.slow
 def test_cpp_loops_equal_their_python_twins_through_onednn_in_float32(cpp) -> None:
     width = 160  # W_x, W_h take oneDNN's packed route
     assert 4 * width * width >= ONEDNN_MIN_WEIGHT

@@ -12,7 +12,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cli
 from datamodules import TextDataModule
@@ -20,8 +19,15 @@ from datamodules.gbw import GBWDataModule
 from datamodules.windows import LMBatch
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.perplexity import evaluate
-from tests.conftest import DATA_ROOT, needs_data, one_line_error, quiet_trainer, write_word_corpus
-from tests.test_cli import TINY_CONFIG
+from tests.conftest import (
+    DATA_ROOT,
+    LargestTensor,
+    needs_data,
+    one_line_error,
+    quiet_trainer,
+    write_tiny_recipe,
+    write_word_corpus,
+)
 from zoo.errors import ConfigError
 from zoo.heads import SoftmaxHead, chunked_nll, scores_nll
 from zoo.nce import NCEHead, UnigramNoise, alias_table
@@ -139,21 +145,6 @@ def test_sampled_softmax_equals_its_formula_written_out(per_row: bool) -> None:
     torch.testing.assert_close(total, expected, atol=1e-10, rtol=0)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation produces, in elements held (a sparse tensor holds its values)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        for value in out if isinstance(out, tuple | list) else [out]:
-            if isinstance(value, torch.Tensor):
-                self.largest = max(self.largest, value._values().numel() if value.is_sparse else value.numel())
-        return out
-
-
 @pytest.mark.parametrize("objective", ["nce", "sampled_softmax"])
 def test_training_touches_only_the_target_and_noise_rows(objective: str) -> None:
     vocab = 1000  # B*T*V = 6000 logits would be the largest tensor of a full softmax; the (V, D) gradient is 4000
@@ -161,7 +152,7 @@ def test_training_touches_only_the_target_and_noise_rows(objective: str) -> None
     h = torch.randn(B, T, D, requires_grad=True)
     targets = torch.randint(0, vocab, (B, T))
     noise = head.sample_noise(B, T)  # (T, K)
-    with _LargestTensor() as watch:
+    with LargestTensor() as watch:
         total, _ = head.training_loss(h, targets, noise)
         total.backward()
     assert watch.largest <= vocab * D < B * T * vocab
@@ -266,8 +257,7 @@ def test_training_without_counts_is_one_clear_line(tmp_path: Path, capsys: pytes
         LanguageModel(30, head="nce", noise_sampler="cdf")
     # Through the CLI: a byte-level corpus has no vocabulary counts.
     corpus = write_word_corpus(tmp_path / "corpus", "b")
-    config = tmp_path / "run.yaml"
-    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))
+    config = write_tiny_recipe(tmp_path / "run.yaml", corpus)
     args = ["--model.init_args.head", "nce", "--data.init_args.tokenizer", "byte", "--trainer.logger", "false"]
     one_line_error(
         capsys, cli.main(["fit", "--config", str(config), *args]), "unigram counts", "set_noise_distribution"
@@ -301,6 +291,7 @@ def _train_on_gbw_sample(head: str, cache: Path, steps: int = 200, seed: int = 0
     return evaluate(model, data, "valid").ppl, data.vocab_size
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @needs_data("gbw-sample")
 def test_nce_reaches_the_full_softmax_perplexity_on_the_gbw_sample(

@@ -126,6 +126,7 @@ def test_gold_sentence_keeps_words_drops_punctuation_traces_and_function_tags():
 
 
 # ------------------------------------------------------------------------------------------------- the real treebank
+@pytest.mark.slow
 @needs_data("treebank", "treebank.zip")
 def test_reads_the_nltk_sample_as_manifest_md_counts_it():
     trees = parsing.read_treebank(TREEBANK)
@@ -195,6 +196,7 @@ def test_evaluate_parsing_scores_layers_and_baselines_with_the_same_code(tokeniz
     assert "layer 1" in parsing.describe(result) and "right-branching" in parsing.describe(result)
 
 
+@pytest.mark.slow
 def test_cli_parses_text_and_draws_it(tmp_path, tokenizer):
     from checkpoints import LoadedModel
     from checkpoints.export_write import export_model

@@ -3,9 +3,10 @@ model loads through the CLI, the plain module and the loopback Hub, the loaded n
 weights say (a re-implementation in plain torch, read from the files by hand), and re-evaluating it reproduces its
 registered figures. These tests are what keep the registry's numbers true.
 
-Each run re-measures every model's check figure (``check_results``: the test split at the recipe's eval batch size,
-a few seconds each); ``make verify-pretrained`` (``pytest -m verify_pretrained``, which CI runs after ``make test``)
-re-measures the registered batch-1 figures, which take minutes each on a CPU."""
+Each run re-measures every model's check figure (``check_results``: the first windows of the test split, up to its
+``max_tokens``-th token, at the recipe's eval batch size: a few seconds each); ``make verify-pretrained``
+(``pytest -m verify_pretrained``, which CI runs after ``make test``) re-measures the registered whole-split figures,
+most at batch 1, which take minutes each on a CPU."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from checkpoints import registry
 from datamodules.kinds import MUSIC
 from lightning_modules import LanguageModel, MusicModel
 from release.bundle import publish_all, table, xml_nesting
-from tests.conftest import needs_data
+from tests.conftest import assert_same_figure, needs_data, registered_figure
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
 from zoo.errors import ConfigError
@@ -41,24 +42,6 @@ def shipped_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("LM_ZOO_PRETRAINED", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-
-def _test_figure(capsys: pytest.CaptureFixture[str], name: str, expected: dict | None = None) -> tuple[dict, dict]:
-    """The registered test result (or ``expected``) and ``lm-zoo evaluate``'s at its batch size and BPTT."""
-    expected = expected or ENTRIES[name].results["test"]
-    capsys.readouterr()
-    argv = ["evaluate", name, "--split", "test", "--json"]
-    assert cli.main([*argv, "--batch-size", str(expected["eval_batch_size"]), "--bptt", str(expected["bptt"])]) == 0
-    return expected, json.loads(capsys.readouterr().out)
-
-
-def _assert_same_figure(expected: dict, measured: dict) -> None:
-    """The registered figure (a music model's: NLL per frame) re-measured, on as many tokens (frames)."""
-    metric = next(m for m in ("nll_per_step", "bpc", "ppl") if m in expected)
-    assert measured[metric] == pytest.approx(expected[metric], rel=1e-4)
-    assert (measured["eval_batch_size"], measured["bptt"]) == (expected["eval_batch_size"], expected["bptt"])
-    count = "frames" if metric == "nll_per_step" else "tokens"
-    assert measured[count] == expected[count]
 
 
 def test_the_registry_ships_models_and_the_readme_shows_them() -> None:
@@ -80,28 +63,27 @@ def test_bundle_files_match_the_registry(name: str) -> None:
     assert config["training"]["run"]["commit"] == entry.training["commit"]
 
 
+@pytest.mark.slow
 @needs_data()
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_registered_check_figure_reproduces(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """The test figure at the recipe's eval batch size: the same weights, files and code path as the registered
-    batch-1 figure (which ``make verify-pretrained`` re-measures), in a fraction of the time."""
+    """The test split's first windows at the recipe's eval batch size: the same weights, files and code path as the
+    registered whole-split figure (which ``make verify-pretrained`` re-measures), in a fraction of the time."""
     check = ENTRIES[name].check_results.get("test")
-    assert check is not None, f"{name} records no check_results.test: python -m release build records one"
-    expected, measured = _test_figure(capsys, name, check)
-    _assert_same_figure(expected, measured)
+    assert check is not None, f"{name} records no check_results.test: python -m release check records one"
+    assert check.get("max_tokens") == registry.CHECK_TOKENS, f"{name}'s check figure is stale: python -m release check"
+    expected, measured = registered_figure(capsys, name, check)
+    assert_same_figure(expected, measured)
 
 
 @pytest.mark.verify_pretrained
+@pytest.mark.slow
 @needs_data()
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_registered_test_figure_reproduces(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every registered test figure (most at eval batch 1), re-measured: ``make verify-pretrained``."""
-    if ENTRIES[name].results["test"] == ENTRIES[name].check_results.get("test"):
-        pytest.skip(
-            "the registered figure is the check figure, which test_registered_check_figure_reproduces re-measures"
-        )
-    expected, measured = _test_figure(capsys, name)
-    _assert_same_figure(expected, measured)
+    """Every registered test figure (the whole split, most at eval batch 1), re-measured: ``make verify-pretrained``."""
+    expected, measured = registered_figure(capsys, name)
+    assert_same_figure(expected, measured)
 
 
 def _piano_rolls(seed: int = 0, batch: int = 1) -> torch.Tensor:
@@ -280,6 +262,7 @@ def hub() -> Iterator[FakeHub]:
         yield server
 
 
+@pytest.mark.slow
 def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,6 +290,7 @@ def test_publish_every_bundled_model_and_download_it_into_a_fresh_cache(
 XML = [name for name, entry in ENTRIES.items() if "xml_nesting" in entry.training]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", XML)
 def test_registered_xml_nesting_reproduces(name: str) -> None:
     recorded = ENTRIES[name].training["xml_nesting"]

@@ -191,6 +191,7 @@ def test_the_cli_refuses_quantizing_a_music_model_or_a_procedure_that_trains(cap
     assert "--dynamic" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_data("ptb", "ptb.test.txt")
 def test_the_registered_int8_figure_reproduces(capsys: pytest.CaptureFixture) -> None:
     """ptb-lstm-small's int8 test perplexity at eval batch 1 (benchmarks/quantize.py measured all three); the others'
@@ -204,6 +205,7 @@ def test_the_registered_int8_figure_reproduces(capsys: pytest.CaptureFixture) ->
     assert measured["ppl"] != pytest.approx(ENTRIES["ptb-lstm-small"].results["test"]["ppl"], rel=1e-4)  # not float
 
 
+@pytest.mark.slow
 @pytest.mark.verify_pretrained
 @needs_data()
 @pytest.mark.parametrize("name", [name for name, entry in ENTRIES.items() if entry.int8_results])

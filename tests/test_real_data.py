@@ -15,7 +15,8 @@ import pytest
 import cli
 from tests.conftest import DATA_ROOT, needs_data
 
-pytestmark = needs_data("ptb", "ptb.train.txt")
+# Both tests train on PTB for hundreds of steps: all slow; the tiny fits elsewhere are the quick lane's.
+pytestmark = [needs_data("ptb", "ptb.train.txt"), pytest.mark.slow]
 
 CONFIG = """
 seed_everything: 1

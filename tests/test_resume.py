@@ -169,6 +169,7 @@ def _read(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.slow
 def test_sigkill_or_ctrl_c_then_resume_ends_like_an_uninterrupted_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

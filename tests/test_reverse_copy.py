@@ -141,6 +141,7 @@ optimizer:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("architecture", "options"), [("lstm", "{}"), ("mogrifier", "{rounds: 4, rank: 4}")])
 def test_a_small_model_learns_to_reverse(
     architecture: str, options: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

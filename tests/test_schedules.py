@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.optim.lr_scheduler import LinearLR
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import cli
 from lightning_modules import CosineDecay, DecayOnPlateau, HalveOnPlateau, LinearDecay
-from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_tiny_recipe, write_word_corpus
 
 
 class LearningRates(Callback):
@@ -172,33 +173,22 @@ def test_linear_lr_per_epoch_is_the_gbw_recipe(startlr: float, minlr: float, sat
     assert rates == pytest.approx(gbw_rates(startlr, minlr, saturate, saturate + 20), rel=1e-9, abs=1e-12)
 
 
-TINY = """
-seed_everything: 1
-trainer:
-  max_epochs: {max_epochs}
-  limit_train_batches: {steps}
-  limit_val_batches: 3
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  default_root_dir: {root}
-  callbacks:
-    - class_path: tests.test_schedules.LearningRates
-      init_args: {{path: {root}/rates.pt}}
-{callbacks}
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-checkpoint:
-  dirpath: {root}/checkpoints
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: {lr}}}
-{lr_scheduler}
-"""
+def write_recipe(
+    tmp_path: Path, max_epochs: int, steps: int, lr: float, lr_scheduler: str = "", callbacks: str = ""
+) -> Path:
+    """The tiny fit under ``tmp_path`` recording its learning rates (``rates.pt``), 3 validation batches a check;
+    ``lr_scheduler`` a YAML section, ``callbacks`` YAML list items after the recorder."""
+    corpus = write_word_corpus(tmp_path / "corpus", "schedules")
+    recorder = {"class_path": "tests.test_schedules.LearningRates", "init_args": {"path": "{root}/rates.pt"}}
+    trainer = {
+        "max_epochs": max_epochs,
+        "limit_train_batches": steps,
+        "limit_val_batches": 3,
+        "num_sanity_val_steps": 0,
+        "callbacks": [recorder, *(yaml.safe_load(callbacks) or [])],
+    }
+    sections = {"trainer": trainer, "optimizer": {"init_args": {"lr": lr}}, **(yaml.safe_load(lr_scheduler) or {})}
+    return write_tiny_recipe(tmp_path / "run.yaml", corpus, tmp_path, **sections)
 
 
 def fit_tiny(
@@ -211,10 +201,7 @@ def fit_tiny(
     callbacks: str = "",
 ) -> dict[str, list[float]]:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    corpus = write_word_corpus(tmp_path / "corpus", "schedules")
-    config = tmp_path / "run.yaml"
-    settings = {"max_epochs": max_epochs, "steps": steps, "lr": lr, "callbacks": callbacks}
-    config.write_text(TINY.format(root=tmp_path, corpus=corpus, lr_scheduler=lr_scheduler, **settings))
+    config = write_recipe(tmp_path, max_epochs, steps, lr, lr_scheduler, callbacks)
     assert cli.main(["fit", "--config", str(config)]) == 0
     return torch.load(tmp_path / "rates.pt")
 
@@ -261,11 +248,8 @@ def test_torch_reduce_on_plateau_without_monitor_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    corpus = write_word_corpus(tmp_path / "corpus", "schedules")
-    config = tmp_path / "run.yaml"
     scheduler = "lr_scheduler:\n  class_path: torch.optim.lr_scheduler.ReduceLROnPlateau"
-    settings = {"max_epochs": 1, "steps": 2, "lr": 1.0, "callbacks": ""}
-    config.write_text(TINY.format(root=tmp_path, corpus=corpus, lr_scheduler=scheduler, **settings))
+    config = write_recipe(tmp_path, max_epochs=1, steps=2, lr=1.0, lr_scheduler=scheduler)
     one_line_error(capsys, cli.main(["fit", "--config", str(config)]), "lightning.pytorch.cli.ReduceLROnPlateau")
 
 

@@ -24,7 +24,7 @@ from lightning_modules.search.evolution import (
     load_config,
 )
 from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
-from tests.conftest import one_line_error
+from tests.conftest import TINY_SEARCH, one_line_error
 from zoo.errors import ConfigError, DataError
 from zoo.genome import format_genome, parse
 
@@ -96,6 +96,7 @@ def scripted_worker(
 CHILD = format_genome(parse("h: h' = tanh(lin0(x) + lin1(h))"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("accuracy", "reached", "listed"),
     [
@@ -324,7 +325,7 @@ def test_a_config_error_inside_an_evaluation_is_one_line(
 
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "span.yaml"
-    path.write_text(TINY.format().replace("    epochs: 1\n", '    epochs: 1\n    scored_span: ["=", "."]\n'))
+    path.write_text(TINY_SEARCH.replace("    epochs: 1\n", '    epochs: 1\n    scored_span: ["=", "."]\n'))
     storage = f"sqlite:///{tmp_path / 'search.db'}"
     one_line_error(capfd, cli.main(["search", "--config", str(path), "--storage", storage, "--budget", "30s"]), "'='")
     store = SearchStore(storage)
@@ -332,33 +333,13 @@ def test_a_config_error_inside_an_evaluation_is_one_line(
     assert [t.state.name for t in store.study.get_trials(deepcopy=False)] == ["FAIL"]
 
 
-TINY = """
-search: {{settings_per_task: 1, baseline_settings: 1, memorise_threshold: 0.0, task_threshold: 0.0, top: 10}}
-grid: {{num_layers: [1]}}
-memorise:
-  data:
-    class_path: datamodules.ReverseCopyDataModule
-    init_args: {{num_symbols: 4, min_length: 2, max_length: 2, reverse: false, train_examples: 40, eval_examples: 10,
-                batch_size: 4, eval_batch_size: 5}}
-  num_params: [400]
-  epochs: 1
-tasks:
-  xml:
-    data:
-      class_path: datamodules.TextDataModule
-      init_args: {{corpus: synthetic-xml, tokenizer: char, batch_size: 4, bptt: 10, eval_batch_size: 4,
-                  corpus_options: {{seed: 0, train_chars: 600, valid_chars: 200, test_chars: 200}}}}
-    num_params: [2000]
-    epochs: 1
-"""
-
-
+@pytest.mark.slow
 def test_two_workers_search_one_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """A real (tiny) search: two processes train candidates and write to one SQLite file; every evaluation is
     there once, both wrote, mutants were proposed, and the report counts them."""
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.yaml"
-    path.write_text(TINY.format())
+    path.write_text(TINY_SEARCH)
     storage = f"sqlite:///{tmp_path / 'search.db'}"
     assert cli.main(["search", "--config", str(path), "--storage", storage, "--workers", "2", "--budget", "8s"]) == 0
     store = SearchStore(storage)
@@ -432,6 +413,7 @@ def test_epochs_of_a_slice_read_on_through_the_split(tmp_path: Path, monkeypatch
         assert from_zeros == (index % len(split) == 0), index
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_path: Path) -> None:
     """kill -9 a worker mid-evaluation: once its heartbeat is stale the evaluation is failed (not counted, its setting
     free again), everything it finished stays, and a restarted search continues in the same store."""
@@ -444,8 +426,8 @@ def test_a_killed_worker_loses_only_its_evaluation_and_a_restart_goes_on(tmp_pat
     slow, quick = tmp_path / "slow.yaml", tmp_path / "quick.yaml"
     # Memorisation stops at its first validation (threshold 0.0), so it is made slow by a long epoch: 10,000 steps,
     # seconds, not the milliseconds in which a 40-example epoch could finish between seeing it run and the kill.
-    slow.write_text(TINY.format().replace("train_examples: 40,", "train_examples: 40000,"))
-    quick.write_text(TINY.format())
+    slow.write_text(TINY_SEARCH.replace("train_examples: 40,", "train_examples: 40000,"))
+    quick.write_text(TINY_SEARCH)
     storage = f"sqlite:///{tmp_path / 'search.db'}"
     env = {**os.environ, "LM_ZOO_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "cli", "search", "--storage", storage, "--heartbeat", "1"]
@@ -615,6 +597,7 @@ store.record(sys.argv[2], "xml", setting, lambda: Outcome(0.9, 1, 4, 100))
 """
 
 
+@pytest.mark.slow
 def test_a_claim_left_by_a_worker_killed_before_marking_its_trial_is_claimed_again(tmp_path: Path) -> None:
     """The evaluation is not claimed for good: while the killed worker's trial still counts as running, nobody takes
     it; once its heartbeat is stale the next worker claims the next generation and evaluates it, once."""

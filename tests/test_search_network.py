@@ -22,11 +22,12 @@ import pytest
 import cli
 from lightning_modules.search.evolution import STUDY
 from lightning_modules.search.tasks import MEMORISE
-from tests.conftest import one_line_error, write_word_corpus
-from tests.test_search import TINY
-from tests.test_tuning import TINY as TINY_FIT
+from tests.conftest import TINY_SEARCH, TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every test here starts a storage server in a process of its own (and most, workers beside it): all slow. The
+# search's own logic is tests/test_search.py's quick lane.
+pytestmark = pytest.mark.slow
 
 
 def start(command: list[str], cwd: Path, **options: Any) -> subprocess.Popen[str]:
@@ -77,7 +78,7 @@ def test_two_workers_share_a_search_over_grpc_and_survive_a_kill(
     for name, examples in (("steady", 40), ("killed", 40000)):  # the killed one's memorisation runs for seconds
         home = tmp_path / name
         home.mkdir()
-        (home / "tiny.yaml").write_text(TINY.format().replace("train_examples: 40,", f"train_examples: {examples},"))
+        (home / "tiny.yaml").write_text(TINY_SEARCH.replace("train_examples: 40,", f"train_examples: {examples},"))
         budget = "12s" if name == "steady" else "120s"
         command = ["search", "--config", "tiny.yaml", "--storage", url, "--budget", budget, "--heartbeat", "1"]
         log = (home / "out.txt").open("w")  # a file, not a pipe: nobody reads it while the worker runs
@@ -129,7 +130,7 @@ def test_tune_runs_a_trial_through_the_server(
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     corpus = write_word_corpus(tmp_path / "corpus", "tuning")
-    (tmp_path / "tiny.yaml").write_text(TINY_FIT.format(root=tmp_path, corpus=corpus))
+    write_tiny_recipe(tmp_path / "tiny.yaml", corpus, tmp_path, **TINY_TUNE)
     (tmp_path / "space.yaml").write_text("optimizer.init_args.lr: {type: loguniform, low: 0.3, high: 3.0}\n")
     argv = ["tune", "--config", "tiny.yaml", "--space", "space.yaml", "--trials", "1", "--storage", url]
     assert cli.main(argv) == 0

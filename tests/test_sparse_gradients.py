@@ -17,9 +17,7 @@ from datamodules import TextDataModule
 from lightning_modules import LanguageModel
 from lightning_modules.evaluation.dynamic import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
-from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
-from tests.test_cli import TINY_CONFIG
-from tests.test_nce import _LargestTensor
+from tests.conftest import LargestTensor, one_line_error, quiet_trainer, write_tiny_recipe, write_word_corpus
 from zoo.errors import ConfigError
 from zoo.nce import NCEHead
 
@@ -42,7 +40,7 @@ def test_sparse_head_gradient_equals_the_dense_one_and_no_vocabulary_sized_tenso
     targets[0, 0] = -100
     noise = dense.sample_noise(B, T)  # (T, K)
     dense.training_loss(h, targets, noise)[0].backward()
-    with _LargestTensor() as watch:
+    with LargestTensor() as watch:
         sparse.training_loss(h, targets, noise)[0].backward()
     assert sparse.weight.grad.is_sparse
     assert sparse.weight.grad._nnz() == B * T + T * K  # one row per lookup, nothing else
@@ -148,8 +146,7 @@ def test_fit_with_sparse_gradients_trains_with_sgd_and_refuses_adam_in_one_line(
 ) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = write_word_corpus(tmp_path / "corpus", "a")
-    config = tmp_path / "run.yaml"
-    config.write_text(TINY_CONFIG.format(root=tmp_path / "run", corpus=corpus))  # SGD, lr 1, no momentum
+    config = write_tiny_recipe(tmp_path / "run.yaml", corpus)  # SGD, lr 1, no momentum
     args = ["--model.init_args.head", "nce", "--model.init_args.sparse_gradients", "true", "--trainer.logger", "false"]
     assert cli.main(["fit", "--config", str(config), *args, "--trainer.gradient_clip_val", "0.5"]) == 0
     assert list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))

@@ -169,6 +169,7 @@ def _exported_word_model(directory):
 SYNEVAL_CLI = [sys.executable, "-m", "cli", "syneval"]
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_file_that_is_not_a_template(tmp_path):
     exported = _exported_word_model(tmp_path / "word")
     templates = tmp_path / "templates"
@@ -179,6 +180,7 @@ def test_cli_refuses_a_file_that_is_not_a_template(tmp_path):
     assert refused.returncode == 2 and "x.pickle is not one of Marvin & Linzen's template files" in refused.stderr
 
 
+@pytest.mark.slow
 @needs_templates
 def test_cli_scores_a_word_model_and_refuses_a_character_model(tmp_path):
     from checkpoints import LoadedModel

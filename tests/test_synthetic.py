@@ -13,19 +13,19 @@ from datamodules.synthetic import (
     xml_document,
     xml_next_characters,
 )
+from tests.conftest import XML_TAG, drawn_bits
 from zoo.errors import DataError
 
-TAG = re.compile(r"<(/?)([^<>]*)>")
 ARITHMETIC = re.compile(r"(-?\d+)([+-])(-?\d+)=(-?\d+)\.")
 SMALL = {"train_chars": 3000, "valid_chars": 500, "test_chars": 500}
 
 
 def check_xml(doc: str) -> int:
     """Assert that ``doc`` is well formed as the paper generates it; return how many tags it opens."""
-    assert TAG.sub("", doc) == "", "only tags, nothing between them"
+    assert XML_TAG.sub("", doc) == "", "only tags, nothing between them"
     stack: list[str] = []
     opened = 0
-    for close, name in TAG.findall(doc):
+    for close, name in XML_TAG.findall(doc):
         assert re.fullmatch(r"[a-z]{2,10}", name), name
         if close:
             assert stack and stack[-1] == name, f"</{name}> does not close the latest open tag"
@@ -185,16 +185,6 @@ def test_the_generators_next_character_distribution_worked_out_by_hand():
     assert distributions[9] == {"<": 0.5, "\n": 0.5}  # a second top-level element, or the end
 
 
-def drawn_bits(document: str) -> float:
-    """The bits of the draws that wrote ``document``, read from its tags: each opening name's length (log2 9) and
-    letters (log2 26 each), and each decision (1 bit while the 50 steps last; one after the last tag ends the line)."""
-    tags = TAG.findall(document)
-    openings = [name for close, name in tags if not close]
-    decisions = len(tags)  # every tag after the first, then the one that ends the line
-    bits = len(openings) * math.log2(9) + sum(map(len, openings)) * math.log2(26)
-    return bits + min(decisions, synthetic.XML_MAX_ITERATIONS)
-
-
 def test_the_next_character_bits_add_up_to_the_generators_draws():
     """An independent path: a document's bits are those of the draws that made it, read from its tags (each opening
     name's length, log2 9, and letters, log2 26 each; each decision, 1 bit while the 50 steps last, and one decision
@@ -206,7 +196,7 @@ def test_the_next_character_bits_add_up_to_the_generators_draws():
         distributions = xml_next_characters(document)
         assert all(sum(d.values()) == pytest.approx(1.0) for d in distributions)
         per_character = -sum(math.log2(d[c]) for d, c in zip(distributions, document + "\n", strict=True))
-        forced += len(TAG.findall(document)) > synthetic.XML_MAX_ITERATIONS  # a decision per tag after the first, +1
+        forced += len(XML_TAG.findall(document)) > synthetic.XML_MAX_ITERATIONS  # one per tag after the first, +1
         assert per_character == pytest.approx(drawn_bits(document), abs=1e-9), document
     assert forced > 0, "some documents reach the forced closes"
 

@@ -12,39 +12,17 @@ import yaml
 
 import cli
 from lightning_modules.tuning import load_space
-from tests.conftest import one_line_error, write_word_corpus
+from tests.conftest import TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 # 8 steps, a validation check (3 batches) every 2 steps: 4 reports per trial.
-TINY = """
-seed_everything: 1
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  limit_val_batches: 3
-  val_check_interval: 2
-  num_sanity_val_steps: 0
-  default_root_dir: {root}/runs
-model:
-  class_path: lightning_modules.LanguageModel
-  init_args: {{architecture: lstm, embedding_size: 8, hidden_size: 8, num_layers: 1}}
-data:
-  class_path: datamodules.TextDataModule
-  init_args: {{corpus: {corpus}, batch_size: 4, bptt: 6, eval_batch_size: 2, eval_bptt: 5}}
-optimizer:
-  class_path: torch.optim.SGD
-  init_args: {{lr: 1.0}}
-"""
-
-
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    corpus = write_word_corpus(tmp_path / "corpus", "tuning")
-    (tmp_path / "tiny.yaml").write_text(TINY.format(root=tmp_path, corpus=corpus))
-    return tmp_path
+def workdir(workdir: Path) -> Path:
+    """The test's folder (conftest's), holding ``tiny.yaml``: the tiny fit as tune trials it."""
+    write_tiny_recipe(workdir / "tiny.yaml", write_word_corpus(workdir / "corpus", "tuning"), workdir, **TINY_TUNE)
+    return workdir
 
 
 def write_space(path: Path, text: str) -> Path:
@@ -52,6 +30,7 @@ def write_space(path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -92,6 +71,7 @@ def test_three_trials_in_two_processes_and_a_best_config_fit_accepts(
     assert printed["model"]["init_args"]["cell_options"] == best["model"]["init_args"]["cell_options"]
 
 
+@pytest.mark.slow
 def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     space = write_space(
         workdir / "space.yaml",
@@ -102,7 +82,7 @@ def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: py
     argv = ["tune", "--config", "tiny.yaml", "--space", str(space), "--trials", "2", "--storage", storage]
     assert cli.main([*argv, "--pruner", "none", "--seed", "3", "--first-trial-from-config"]) == 0
     trials = optuna.load_study(study_name="tiny-space", storage=storage).trials
-    assert trials[0].params == {"optimizer.init_args.lr": 1.0, "model.init_args.hidden_size": 8}  # TINY's own
+    assert trials[0].params == {"optimizer.init_args.lr": 1.0, "model.init_args.hidden_size": 8}  # the tiny fit's own
     capsys.readouterr()
     # A config value outside the space cannot be a trial of it: one line, before any training.
     narrow = write_space(workdir / "narrow.yaml", "optimizer.init_args.lr: {type: float, low: 2.0, high: 3.0}\n")
@@ -112,6 +92,7 @@ def test_the_first_trial_can_be_the_configs_own_values(workdir: Path, capsys: py
     one_line_error(capsys, code, "sets optimizer.init_args.lr to 1.0", "outside the space's range")
 
 
+@pytest.mark.slow
 def test_trials_is_the_studys_total_so_a_rerun_adds_only_the_missing_trials(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,6 +135,7 @@ def test_only_trials_that_tried_their_setting_count(workdir: Path, capsys: pytes
     assert states == ["RUNNING", "FAIL", "FAIL", "COMPLETE"]
 
 
+@pytest.mark.slow
 def test_median_pruning_stops_a_clearly_worse_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lr 3 brings the tiny model's validation loss down at every check; lr 1e-6 leaves it at its initial value.
     space = write_space(workdir / "space.yaml", "optimizer.init_args.lr: {type: categorical, choices: [3.0, 1.0e-6]}\n")

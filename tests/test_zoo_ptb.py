@@ -13,7 +13,9 @@ from benchmarks.short_budget import ptb, train_briefly
 from datamodules.data_modules import TextDataModule
 from tests.conftest import DATA_ROOT, needs_data
 
-pytestmark = needs_data("ptb", "ptb.train.txt")
+# Every test here trains an architecture for 150 steps on PTB (seconds to tens of seconds each): all slow; each
+# architecture's quick checks are tests/test_zoo.py's.
+pytestmark = [needs_data("ptb", "ptb.train.txt"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

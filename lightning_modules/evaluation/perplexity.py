@@ -31,6 +31,7 @@ from torch import Tensor
 from datamodules.kinds import BPC, TEXT, WORD_PPL
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
+from datamodules.tokenizers import TextUnits
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.evaluation.dynamic import (
     DynamicEvaluation,
@@ -79,7 +80,9 @@ def deterministic_nll(
 
 
 def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:
-    """The windows of a one-stream split up to the one holding its ``tokens``-th predicted token (all if ``None``)."""
+    """The windows up to the one holding the ``tokens``-th predicted token (all if ``None``), in whole windows: of a
+    one-stream split its first tokens; of ``B`` streams the same first windows of every stream (the split's text is
+    cut into ``B`` columns, so each column's beginning)."""
     seen = 0
     for batch in windows:
         if tokens is not None and seen >= tokens:
@@ -114,6 +117,7 @@ def check_settings(
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
     tune_tokens: int | None = None,
+    max_tokens: int | None = None,
 ) -> None:
     """Refuse settings that cannot work together, with one line that says what to do.
 
@@ -130,6 +134,8 @@ def check_settings(
         )
     if tune_trials < 0:
         raise ConfigError(f"--tune-trials must be at least 1, got {tune_trials}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
     if tune_tokens is not None and tune_tokens < 1:
         raise ConfigError(f"--tune-tokens must be at least 1, got {tune_tokens}")
     if tune_tokens is not None and not tune_trials:
@@ -319,6 +325,7 @@ def evaluate(
     dynamic: DynamicEvaluation | None = None,
     tune_trials: int = 0,
     tune_tokens: int | None = None,
+    max_tokens: int | None = None,
     seed: int = 0,
     temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
     cache_bytes: int = CACHE_BYTES,
@@ -341,6 +348,9 @@ def evaluate(
         tune_trials: with ``dynamic``: try this many settings over Table 6 on validation (Optuna TPE), keep the best.
         tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
             uses 30,000); ``None``: the whole split.
+        max_tokens: score ``split`` only up to the window holding its this-many-th predicted token
+            (:func:`first_tokens`): a fixed part of it, quick to re-measure (a registered model's check figure);
+            ``None``: the whole split. What is tuned or searched on validation first still reads all it reads.
         seed: seeds the MC masks and the tuning draws.
         temperature_range: the bracket of the temperature search.
         cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
@@ -354,7 +364,7 @@ def evaluate(
     Raises:
         ConfigError: settings that cannot work together (:func:`check_settings`).
     """
-    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens)
+    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens, max_tokens)
     temperature = parse_temperature(temperature)
     # Every split is scored at the evaluation sizes, the training split too (its stream would default to training's).
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
@@ -381,14 +391,14 @@ def evaluate(
         temperature, search, at_found = _search_temperature(
             model, datamodule, valid, procedure, mc, seed, temperature_range, cache_bytes
         )
-        if split == "valid":
+        if split == "valid" and max_tokens is None:
             scored = at_found
-    elif procedure.best_trial is not None and tune_tokens is None and split == "valid":
+    elif procedure.best_trial is not None and tune_tokens is None and max_tokens is None and split == "valid":
         scored = procedure.best_trial.nats, procedure.best_trial.tokens  # the winning trial was this very evaluation
 
     stream = _windows(datamodule, split, batch_size, procedure.steps)
     if scored is None:
-        scored = procedure.score(stream, float(temperature))
+        scored = procedure.score(first_tokens(stream, max_tokens), float(temperature))
     settings = ProcedureSettings(
         method=procedure.method,
         long_context=batch_size == 1,
@@ -400,14 +410,22 @@ def evaluate(
         mc_rows_per_call=procedure.mc_rows_per_call,
         seed=seed,
     )
-    figures = _metrics(datamodule, split, *scored)
-    return TextResult(**figures, eval_batch_size=stream.batch_size, bptt=stream.bptt, procedure=settings)
+    figures = _metrics(datamodule, split, *scored, whole=max_tokens is None)
+    return TextResult(
+        **figures, eval_batch_size=stream.batch_size, bptt=stream.bptt, procedure=settings, max_tokens=max_tokens
+    )
 
 
-def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[str, Any]:
+def _metrics(datamodule: TextData, split: str, nats: float, count: int, whole: bool = True) -> dict[str, Any]:
     """``split, corpus, tokenizer, tokens, loss, ppl``, ``unk_rate`` and ``bpc`` / ``word_ppl`` where they apply: a
-    :class:`TextResult`'s figures, and a temperature search's record of the validation split."""
+    :class:`TextResult`'s figures, and a temperature search's record of the validation split.
+
+    ``whole``: ``count`` tokens are the whole split. Of a part of it only the tokens are counted, so a part has a
+    ``bpc`` only where every token is one character (the split's characters are its tokens) and no ``word_ppl``.
+    """
     units = datamodule.units(split)
+    if not whole:
+        units = TextUnits(tokens=count, chars=count if units.chars == units.tokens else 0, words=0)
     loss = nats / count
     result: dict[str, Any] = {
         "split": split,
@@ -418,13 +436,13 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int) -> dict[
         "ppl": math.exp(loss),
     }
     unk_id = getattr(datamodule.tokenizer, "unk_id", None)
-    if unk_id is not None:  # how much of the text the vocabulary does not cover (another corpus: maybe much)
+    if unk_id is not None and whole:  # how much of the text the vocabulary does not cover (another corpus: maybe much)
         encoded = datamodule.encoded(split)
         ids = np.asarray(getattr(encoded, "ids", encoded))
         result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
     figures = TEXT.figures(datamodule.level == "char", datamodule.tokenizer.kind)
-    if BPC in figures:
+    if BPC in figures and units.chars:
         result["bpc"] = nats / units.chars / math.log(2)
-    if WORD_PPL in figures:  # per-word perplexity over the original text
+    if WORD_PPL in figures and units.words:  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     return result

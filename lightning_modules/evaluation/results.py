@@ -144,6 +144,11 @@ class _Result:
             )
         return cls(**values)
 
+    def _part(self, units: str) -> list[str]:
+        """How much of the split was scored, where it was not the whole (``max_tokens``)."""
+        max_tokens = getattr(self, "max_tokens", None)
+        return [f"the first {max_tokens:,} {units}' windows"] if max_tokens else []
+
     def _precision(self) -> list[str]:
         """The matmul precision in words, where it is not the default full float32 (the JSON always records it)."""
         if self.matmul_precision in (None, DEFAULT_MATMUL_PRECISION):
@@ -173,6 +178,8 @@ class TextResult(_Result):
         eval_batch_size: parallel streams (each starts without context, so the figure depends on it).
         bptt: window length.
         procedure: how it was scored.
+        max_tokens: only the windows up to the one holding the split's this-many-th token were scored (a check
+            figure, never to be read as the whole split's); ``None``: the whole split.
         unk_rate: the share of ``<unk>`` tokens, for a tokenizer that has one (not stored).
         source: the model scored (not stored: a local path).
         matmul_precision: float32 matmul precision (not stored).
@@ -191,6 +198,7 @@ class TextResult(_Result):
     eval_batch_size: int
     bptt: int
     procedure: ProcedureSettings = field(default_factory=ProcedureSettings)
+    max_tokens: int | None = field(default=None, metadata=_OPTIONAL)
     unk_rate: float | None = field(default=None, metadata=_LOCAL_OPTIONAL)
     source: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
     matmul_precision: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
@@ -209,7 +217,7 @@ class TextResult(_Result):
     def describe(self) -> str:
         """The human-readable line of ``lm-zoo evaluate``: the figure, then every setting it depends on."""
         sizes = [f"eval batch size {self.eval_batch_size}", f"bptt {self.bptt}"]
-        settings = [*sizes, *self.procedure.details(), *self._precision()]
+        settings = [*sizes, *self.procedure.details(), *self._part("tokens"), *self._precision()]
         unknown = f", {self.unk_rate:.2%} of them <unk>" if self.unk_rate else ""
         return (
             f"{self.corpus} {self.split}: {self.headline()}  (loss {self.loss:.4f} nats/token over "
@@ -230,6 +238,8 @@ class MusicResult(_Result):
         pieces: the pieces they belong to.
         eval_batch_size: pieces side by side (each from a zero state: it does not change the figure).
         bptt: frames per window (nor does it).
+        max_tokens: only the windows up to the one holding the split's this-many-th frame were scored; ``None``: the
+            whole split.
         source, matmul_precision, quantize: as :class:`TextResult`'s (not stored).
     """
 
@@ -242,6 +252,7 @@ class MusicResult(_Result):
     pieces: int | None = field(default=None, metadata=_OPTIONAL)
     eval_batch_size: int
     bptt: int
+    max_tokens: int | None = field(default=None, metadata=_OPTIONAL)
     source: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
     matmul_precision: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
     quantize: str | None = field(default=None, metadata=_LOCAL_OPTIONAL)
@@ -256,7 +267,11 @@ class MusicResult(_Result):
 
     def describe(self) -> str:
         """One line for a human: the NLL per frame and per note, what was read, and how."""
-        settings = [f"eval batch size {self.eval_batch_size}, bptt {self.bptt}", *self._precision()]
+        settings = [
+            f"eval batch size {self.eval_batch_size}, bptt {self.bptt}",
+            *self._part("frames"),
+            *self._precision(),
+        ]
         return (
             f"{self.split}: {self.nll_per_step:.4f} nats per frame (negative log-likelihood per time step, summed "
             f"over the notes), {self.nll_per_note:.5f} per note; {self.frames:,} frames in {self.pieces:,} pieces of "
