@@ -259,9 +259,6 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_signals()
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_signals()
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save after every validation (also right after a periodic save at the same step: that one predates the
         validation, and a resume from it would have to run the validation again)."""
@@ -269,6 +266,11 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Save the final state, unless the last save was at this step already."""
+        """Save the final state, unless the last save was at this step already; give the signals back."""
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        # Here, not at on_fit_end: Lightning puts back the handlers it found in its teardown, after training ends and
+        # before on_fit_end, so ours go first and Lightning's after them. Put back at on_fit_end, Lightning's SIGTERM
+        # handler outlived the fit, and a process that had trained in-process ignored SIGTERM: a multiprocessing
+        # Pool's terminate() then waited forever for its workers (GBW's word counting, now and then in the suite).
+        self._restore_signals()

@@ -190,6 +190,23 @@ def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert checkpoints.load(checkpoint_dir / "last.ckpt").training["global_step"] == saved_step
 
 
+def _exit_on_term(_: int) -> int:
+    return 0
+
+
+def test_a_fit_in_this_process_leaves_the_signal_handlers_it_found(workdir: Path) -> None:
+    """Training takes Ctrl-C and SIGTERM (LastCheckpoint) and Lightning takes them too; after the fit both are the
+    process's own again. Left as Lightning's, a later SIGTERM was swallowed: a forked multiprocessing.Pool (GBW's word
+    counting) waited forever in terminate() for workers that no longer died of it, now and then, in the suite."""
+    import multiprocessing
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    assert cli.main(["fit", "--config", str(_recipe(workdir))]) == 0
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # terminate() on leaving: SIGTERM to idle workers
+        assert pool.map(_exit_on_term, [1, 2]) == [0, 0]
+
+
 # ----------------------------------------------------------------------------------------------- the options
 def test_last_checkpoint_takes_steps_or_time_not_both(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe = _recipe(workdir)
