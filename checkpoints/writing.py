@@ -259,9 +259,6 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_signals()
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_signals()
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save after every validation (also right after a periodic save at the same step: that one predates the
         validation, and a resume from it would have to run the validation again)."""
@@ -269,6 +266,12 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Save the final state, unless the last save was at this step already."""
+        """Save the final state, unless the last save was at this step already; then give the signals back.
+
+        Here, not at ``on_fit_end``: Lightning puts back the handlers it found before that hook, so handing back its
+        own there (what this callback found at train start) left Lightning's SIGTERM handler, which only takes note,
+        in the process after an in-process fit: the process ignored SIGTERM from then on, and so did every child it
+        forked (the GBW data module's worker pool, which ``Pool.terminate`` then waited for for ever)."""
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._restore_signals()

@@ -191,6 +191,15 @@ def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
 
 
 # ----------------------------------------------------------------------------------------------- the options
+def test_an_in_process_fit_gives_the_signal_handlers_back(workdir: Path) -> None:
+    """After ``lm-zoo fit`` in a process of the caller's (a test, a notebook, tune's trials), SIGINT and SIGTERM do
+    what they did before. It used to leave Lightning's SIGTERM handler, which only takes note: the process, and every
+    child it forked since (the GBW data module's worker pool), no longer stopped on SIGTERM."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    assert cli.main(["fit", "--config", str(_recipe(workdir))]) == 0
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
 def test_last_checkpoint_takes_steps_or_time_not_both(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe = _recipe(workdir)
     code = cli.main(["fit", "--config", str(recipe), "--last_checkpoint.train_time_interval", "0:10:00"])
