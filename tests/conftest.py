@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,10 +72,12 @@ def process_state_restored() -> Iterator[None]:
     set 1) and a later figure summed in another order; a search with a time budget draws from the global generators
     as many times as it had time for, so a later test's unseeded draws depended on the machine's speed; an in-process
     DDP fit left its rendezvous (``MASTER_PORT``, ``WORLD_SIZE``) in ``os.environ``; fits and evaluations set the
-    float32 matmul precision. So the global generators are seeded, and the environment, working directory, thread
-    count and matmul flags put back afterwards."""
+    float32 matmul precision; an in-process fit left Lightning's SIGTERM handler, which only takes note, so a worker
+    pool forked later (the GBW data module's) could not be stopped and the test hung. So the global generators are
+    seeded, and the environment, working directory, thread count, matmul flags and signal handlers put back."""
     environment, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
     matmul, tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
@@ -85,6 +88,8 @@ def process_state_restored() -> Iterator[None]:
     torch.set_num_threads(threads)
     torch.set_float32_matmul_precision(matmul)
     torch.backends.cudnn.allow_tf32 = tf32
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 def needs_data(*parts: str) -> pytest.MarkDecorator:
