@@ -32,7 +32,7 @@ holding its :data:`CHECK_TOKENS`-th token (``max_tokens``; ``lm-zoo evaluate --m
 recipe's own eval batch size (10 or 16; GBW's 64; a music model's data module's), as the same result objects with
 ``max_tokens`` added. It runs the same weights, files and code path as the registered figure in a few seconds, so the
 test suite re-measures ``check_results`` on every run and ``make verify-pretrained`` the whole-split ``results``.
-``lm-zoo bundle check`` measures them again and records them.
+``python -m release check`` measures them again and records them.
 ``int8_results`` are the test figure of the model run with ``--quantize int8`` (:mod:`zoo.quantization`), where that
 applies and was measured (``benchmarks/quantize.py``).
 
