@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import socket
 import threading
 import time
@@ -124,35 +125,41 @@ def has_optuna_heartbeat(storage: optuna.storages.BaseStorage) -> bool:
 # ------------------------------------------------------------------------------------------------- liveness
 @contextlib.contextmanager
 def beating(storage: optuna.storages.BaseStorage, trial_id: int, interval: float) -> Iterator[None]:
-    """While the block runs, a daemon thread writes the trial's heartbeat (:data:`BEAT`) every ``interval`` seconds,
-    the first at once.
+    """While the block runs, the trial's heartbeat (:data:`BEAT`) is written every ``interval`` seconds: the first
+    before the block starts, the others by a daemon thread.
 
     A beat that the storage refuses because the trial has finished (a watcher failed it) ends the thread; one that
     cannot reach the server is tried again at the next beat, so a server restarted within the grace period loses
     nothing.
     """
     stop = threading.Event()
+    count = itertools.count(1)
 
-    def beat() -> None:
-        count = 0
-        while True:
-            count += 1
-            try:
-                storage.set_trial_system_attr(trial_id, BEAT, [count, interval])
-            except optuna.exceptions.UpdateFinishedTrialError:
-                return
-            except Exception:  # noqa: BLE001 - the network: the next beat tries again, the trial's own calls report
-                pass
-            if stop.wait(interval):
-                return
+    def beat() -> bool:
+        """One beat; ``False`` once the storage says the trial has finished."""
+        try:
+            storage.set_trial_system_attr(trial_id, BEAT, [next(count), interval])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        except Exception:  # noqa: BLE001 - the network: the next beat tries again, the trial's own calls report
+            pass
+        return True
 
-    thread = threading.Thread(target=beat, name=f"lm-zoo heartbeat of trial {trial_id}", daemon=True)
-    thread.start()
+    def beats() -> None:
+        while not stop.wait(interval) and beat():
+            pass
+
+    # The first beat here, before the block runs, not when the thread first gets to run: a worker killed before any
+    # beat would leave a trial that no watcher can tell from a live one, running (and holding its claim) for good.
+    thread = threading.Thread(target=beats, name=f"lm-zoo heartbeat of trial {trial_id}", daemon=True)
+    if beat():
+        thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join()
+        if thread.is_alive():
+            thread.join()
 
 
 @dataclass

@@ -280,6 +280,10 @@ class SearchStore:
                     trial.set_user_attr(key, value)
                 trial.set_user_attr("parent", parent)
                 trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
+                if self.watcher is None:
+                    # Optuna's heartbeat thread writes the trial's first beat when it first gets to run: a worker
+                    # killed before that left a trial that never went stale, holding its claim for good.
+                    self.storage.record_heartbeat(trial._trial_id)
                 generation = self.claim(wanted, trial._trial_id)
                 if generation is None:
                     raise optuna.TrialPruned("another worker holds this evaluation")
