@@ -312,18 +312,10 @@ def score(
     which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`);
     ``max_tokens``: only the windows up to the one holding the split's this-many-th token (or frame).
     """
+    network, sizes = loaded.model, (split, batch_size, bptt, device)
     if loaded.kind is MUSIC:
-        return evaluate_music(loaded.model, datamodule, split, batch_size, bptt, device, max_tokens)  # type: ignore[arg-type]
-    return evaluate(
-        loaded.model,
-        datamodule,
-        split,
-        batch_size,
-        bptt,
-        device,
-        max_tokens=max_tokens,
-        **procedure,  # type: ignore[arg-type]
-    )
+        return evaluate_music(network, datamodule, *sizes, max_tokens=max_tokens)  # type: ignore[arg-type]
+    return evaluate(network, datamodule, *sizes, max_tokens=max_tokens, **procedure)  # type: ignore[arg-type]
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

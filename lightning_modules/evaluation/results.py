@@ -110,6 +110,7 @@ class _Result:
     split: str
     eval_batch_size: int
     bptt: int
+    max_tokens: int | None
     matmul_precision: str | None
     quantize: str | None
 
@@ -146,8 +147,7 @@ class _Result:
 
     def _part(self, units: str) -> list[str]:
         """How much of the split was scored, where it was not the whole (``max_tokens``)."""
-        max_tokens = getattr(self, "max_tokens", None)
-        return [f"the first {max_tokens:,} {units}' windows"] if max_tokens else []
+        return [f"the first {self.max_tokens:,} {units}' windows"] if self.max_tokens else []
 
     def _precision(self) -> list[str]:
         """The matmul precision in words, where it is not the default full float32 (the JSON always records it)."""
