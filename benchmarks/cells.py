@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import zoo  # noqa: E402
 from benchmarks import output  # noqa: E402
+from zoo import settings, window  # noqa: E402
 from zoo.genome import GENOMES  # noqa: E402
 
 NAME = "cells"  # results: a new benchmarks/results/cells-<time>.json, or --out
@@ -113,14 +114,23 @@ def runs_a_kernel(model: nn.Module) -> bool:
 
 
 def training_step(
-    model: nn.Module, x: Tensor, direction: Tensor, optimizer: torch.optim.Optimizer, autocast: bool = False
+    model: nn.Module,
+    x: Tensor,
+    direction: Tensor,
+    optimizer: torch.optim.Optimizer,
+    autocast: bool = False,
+    eager: bool = False,
 ) -> Callable:
     """A closure that runs one training step; the loss projects the outputs on a fixed random direction. With
-    ``autocast``, the forward runs under bf16 autocast (Lightning's ``bf16-mixed``)."""
+    ``autocast``, the forward runs under bf16 autocast (Lightning's ``bf16-mixed``); with ``eager``, a per-step
+    cell's window runs eagerly on CUDA instead of as a captured graph (``LM_ZOO_WINDOW_GRAPHS=0``, zoo/window.py)."""
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        with (
+            settings.overridden(window_graphs=not eager),
+            torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast),
+        ):
             y, _ = model(x)
             loss = (y.float() * direction).sum()
         extra = model.regularization_loss() if hasattr(model, "regularization_loss") else None
@@ -137,16 +147,22 @@ def _sync(device: torch.device) -> None:
 
 def measure(
     builders: dict[str, Callable[[], nn.Module]], batch: int, bptt: int, hidden: int, rounds: int, device: torch.device
-) -> dict[str, float]:
-    """Median seconds per training step of each model, timed in interleaved rounds."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per training step of each model, timed in interleaved rounds, and each model's first step
+    (allocator, oneDNN/cuDNN plans, a window graph's capture)."""
     x = torch.randn(batch, bptt, hidden, device=device)
     direction = torch.randn(batch, bptt, hidden, device=device)
     steps = {}
+    first_step: dict[str, float] = {}
     for name, build in builders.items():
         model = build().to(device).train()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-        steps[name] = training_step(model, x, direction, optimizer, autocast=name.endswith(BF16))
-        steps[name]()  # warm-up: allocator, oneDNN/cuDNN plans
+        steps[name] = training_step(model, x, direction, optimizer, name.endswith(BF16), name.endswith(EAGER))
+        _sync(device)
+        start = time.perf_counter()
+        steps[name]()  # warm-up
+        _sync(device)
+        first_step[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in builders}
     order = list(steps)
     for round_index in range(rounds):
@@ -160,10 +176,11 @@ def measure(
             step()
             _sync(device)
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: statistics.median(values) for name, values in times.items()}, first_step
 
 
 BF16 = " (bf16)"  # a model timed under bf16 autocast: its name ends with this
+EAGER = " (eager)"  # a per-step cell whose CUDA windows run eagerly, not as captured graphs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,6 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--bf16", action="store_true", help="also time every zoo architecture under bf16 autocast (bf16-mixed)"
+    )
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time every per-step architecture with its CUDA windows run eagerly (LM_ZOO_WINDOW_GRAPHS=0): "
+        "the path before zoo/window.py",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -228,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.bf16:
             builders[name + BF16] = builders[name]
             yardstick_depth[name + BF16] = depth
+        if args.eager and window.captures(probe.train(), torch.empty(0, device=device)):
+            builders[name + EAGER] = builders[name]
+            yardstick_depth[name + EAGER] = depth
         if args.loop and runs_a_kernel(probe):
             builders[f"{name} (loop)"] = lambda name=name: zoo.build(name, hidden, hidden, layers, fused=False)
             yardstick_depth[f"{name} (loop)"] = depth
@@ -244,17 +270,23 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for batch in args.batch:
         for bptt in args.bptt:
-            seconds = measure(builders, batch, bptt, hidden, args.rounds, device)
+            seconds, first_step = measure(builders, batch, bptt, hidden, args.rounds, device)
             print(f"\n## batch {batch}, bptt {bptt}")
-            print(f"| {'model':<22} | {'LSTM layers':>11} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} |")
-            print(f"|{'-' * 24}|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|")
+            print(
+                f"| {'model':<22} | {'LSTM layers':>11} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} "
+                f"| {'step ms':>8} | {'first step s':>12} |"
+            )
+            print(f"|{'-' * 24}|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|{'-' * 9}:|{'-' * 13}:|")
             for name, step_time in seconds.items():
                 depth = yardstick_depth[name]
                 tokens_per_s = batch * bptt / step_time
                 vs_fused = seconds[f"nn.LSTM{suffix(depth)}"] / step_time
                 naive = f"naive{suffix(depth)}"
                 vs_naive = seconds[naive] / step_time if naive in seconds else float("nan")
-                print(f"| {name:<22} | {depth:>11} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} |")
+                print(
+                    f"| {name:<22} | {depth:>11} | {tokens_per_s:>9.0f} | {vs_fused:>9.2f} | {vs_naive:>8.2f} "
+                    f"| {step_time * 1e3:>8.2f} | {first_step[name]:>12.2f} |"
+                )
                 results.append(
                     {
                         "model": name,
@@ -264,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
                         "tokens_per_s": tokens_per_s,
                         "ratio_nn_lstm": vs_fused,
                         "ratio_naive": vs_naive,
+                        "step_ms": step_time * 1e3,
+                        "first_step_s": first_step[name],
                     }
                 )
             if hasattr(os, "getloadavg"):

@@ -5,8 +5,8 @@
 # README; not huggingface_hub: transformers there, which torchmetrics imports, refuses 2.x); lm-zoo runs from the
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
-#     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: suite autocast cells
-#                                                               evaluation syncs nce xml; default all)
+#     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
+#                                                               cells evaluation syncs nce xml; default all)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # The tool brings back 8 files at most, each under 16 MiB: name few steps per call when one of them is xml.
@@ -53,9 +53,12 @@ step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in
     tail -n 25 "$OUT/$log"
 }
 
+# The captured windows first (zoo/window.py, issue 45): equal to the plain path, dropout, a Lightning fit.
+want windows && step 150 gpu_windows.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider \
+    -k "captured or replay or per_step_cell"
 want suite && step 300 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
 want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
-want cells && step 100 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 \
+want cells && step 150 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 --eager \
     --out "$OUT/cells_cuda.json"
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
 want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"

@@ -302,3 +302,69 @@ def test_the_adaptive_head_on_cuda_equals_cpu() -> None:
         results.append([total.detach().cpu().clone(), *grads])
     for on_gpu, on_cpu in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(on_gpu, on_cpu, atol=1e-4, rtol=1e-3)
+
+
+# ------------------------------------------------------------------------------- captured windows (zoo/window.py)
+CAPTURED = [name for name in zoo.names() if name not in FUSED]
+
+
+def _window_pass(stack: torch.nn.Module, x: torch.Tensor, state: tuple, reset: torch.Tensor | None) -> list:
+    stack.zero_grad()
+    x = x.detach().requires_grad_()  # as an embedding's output: the window's input needs its gradient
+    y, final = stack(x, state, reset=reset)
+    loss = y.sin().sum() + sum(s.cos().sum() for s in final)
+    extra = stack.regularization_loss()
+    (loss if extra is None else loss + extra).backward()
+    return [y, *final, x.grad, *(p.grad.clone() for p in stack.parameters() if p.grad is not None)]
+
+
+@pytest.mark.parametrize("name", [*CAPTURED, "skip_lstm+budget"])
+def test_a_captured_window_equals_the_plain_path_on_cuda(name: str) -> None:
+    """Outputs, final state and every gradient, through the graph and through the plain per-step path, for the window
+    that was captured and for later replays on other values, with and without resets; and nothing fell back."""
+    from zoo import settings
+
+    architecture, _, budget = name.partition("+")
+    stack, size = _stack(architecture)
+    if budget:  # Skip RNN's budget loss: a term the graph returns beside the window's outputs
+        stack = zoo.build("skip_lstm", size, size, 2, budget_weight=0.5)
+    stack.cuda().train()
+    reset = torch.zeros(3, 8, dtype=torch.bool, device="cuda")
+    reset[1, 5] = reset[2, 0] = True
+    for window_reset in (None, reset, reset.roll(1, 1)):
+        for _ in range(2):
+            x = torch.randn(3, 8, size, device="cuda")
+            state = tuple(torch.randn_like(s) for s in stack.initial_state(3, x))
+            with settings.overridden(window_graphs=False):
+                plain = _window_pass(stack, x, state, window_reset)
+            graphed = _window_pass(stack, x, state, window_reset)
+            assert len(plain) == len(graphed)
+            for a, b in zip(plain, graphed, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    graphs = stack._window_graphs()
+    assert not graphs.failed
+    assert len(graphs.graphs) == 2  # without resets, with them (any pattern: one graph)
+
+
+def test_dropout_in_a_captured_window_draws_new_masks_at_each_replay() -> None:
+    stack = zoo.build("mogrifier", 16, 16, 2, rounds=5, dropout=0.5, state_dropout=0.3, weight_drop=0.3).cuda().train()
+    x = torch.randn(4, 6, 16, device="cuda", requires_grad=True)
+    outputs = [stack(x)[0].detach().clone() for _ in range(3)]
+    assert len(stack._window_graphs().graphs) == 1
+    assert not torch.equal(outputs[1], outputs[2])
+    with torch.no_grad():
+        stack.eval()
+        assert torch.equal(stack(x)[0], stack(x)[0])
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_fit_of_a_per_step_cell_runs_captured_windows_on_cuda(tmp_path: Path, precision: str) -> None:
+    """Lightning's automatic optimization around the graphed window: the loss falls, every window after the first of
+    its shape was a replay, and no capture failed."""
+    from tests.precision_checks import tiny_mixed_fit
+
+    _, ran, trainer = tiny_mixed_fit(tmp_path, precision, "mogrifier", accelerator="gpu", rounds=3)
+    graphs = trainer.lightning_module.model.rnn._window_graphs()
+    assert not graphs.failed
+    assert 1 <= len(graphs.graphs) <= 2  # the data module's last, shorter window may be a second shape
+    print(f"{precision}: captured in {graphs.capture_seconds} s")

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from zoo import window
 from zoo.errors import ConfigError
 from zoo.kernels import plain_kernels
 from zoo.state import KeepAt, Resets, Segments, State, mask_state
@@ -408,6 +409,10 @@ class RecurrentStack(nn.Module):
             if merged is not None:
                 y, final = merged(x, state if len(state) > 1 else state[0])  # state: (L, B, H), nn.RNNBase's layout
                 return y, final if isinstance(final, tuple) else (final,)
+        if window.captures(self, x):
+            graphed = self._window_graphs().run(self, x, state, reset)
+            if graphed is not None:
+                return graphed
         keep_at: dict[int, Tensor] = {}
         if reset is not None:
             # Where the resets fall is host data: a Resets brings it (worked out before the batch moved to the
@@ -416,6 +421,30 @@ class RecurrentStack(nn.Module):
             keep = (~resets.mask).to(x.dtype)  # (B, T)
             state = mask_state(state, keep[:, 0])
             keep_at = KeepAt({t: keep[:, t] for t in resets.steps}, resets.segments)
+        return self._run_layers(x, state, keep_at)
+
+    def run_layers(self, x: Tensor, state: State, keep: Tensor | None) -> tuple[Tensor, State]:
+        """The window with its resets applied as a keep mask at every step, what a captured graph runs
+        (:mod:`zoo.window`): no host decision on where the resets fall. Equal to :meth:`forward` with ``reset =
+        keep == 0`` (a keep of 1 multiplies exactly).
+
+        Args:
+            x: ``(B, T, I)``.
+            state: the state, each ``(L, B, ...)``.
+            keep: ``(B, T)`` 1 to keep a stream's state before a step, 0 to reset it; ``None``: no resets.
+        """
+        if keep is None:
+            return self._run_layers(x, state, {})
+        state = mask_state(state, keep[:, 0])
+        return self._run_layers(x, state, {t: keep[:, t] for t in range(1, x.size(1))})
+
+    def _window_graphs(self) -> window.WindowGraphs:
+        graphs = self.__dict__.get("_graphs")
+        if graphs is None:
+            graphs = self.__dict__["_graphs"] = window.WindowGraphs()  # not a submodule: see its doc
+        return graphs
+
+    def _run_layers(self, x: Tensor, state: State, keep_at: dict[int, Tensor]) -> tuple[Tensor, State]:
         layer_input = x
         new_state: list[State] = []
         summed: Tensor | None = None
@@ -509,6 +538,10 @@ class RecurrentStack(nn.Module):
 
     def regularization_loss(self) -> Tensor | None:
         """The sum of the layers' extra training-loss terms for the last window, or ``None`` if they have none."""
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None and graphs.regularization is not None:  # the last window was a graph's replay
+            loss, graphs.regularization = graphs.regularization, None
+            return loss
         terms = [loss for loss in (layer.regularization_loss() for layer in self.layers) if loss is not None]
         return torch.stack(terms).sum() if terms else None
 

@@ -3,6 +3,7 @@
 ==========================  ===========================================================================================
 ``LM_ZOO_KERNELS=plain``    the reference path of plain autograd ops everywhere (:mod:`zoo.kernels`); default: fast
 ``LM_ZOO_CPP=0``            the Mogrifier's Python window loops instead of building the C++ ones (:mod:`zoo.native`)
+``LM_ZOO_WINDOW_GRAPHS=0``  the per-step cells' training windows on CUDA run eagerly, not as graphs (:mod:`zoo.window`)
 ``LM_ZOO_PROGRESS_SECONDS`` seconds between two progress lines where stderr is no terminal (default 30)
 ``LM_ZOO_MALLOC=default``   glibc's own malloc settings instead of lm-zoo's (:mod:`zoo.allocator`)
 ==========================  ===========================================================================================
@@ -36,12 +37,14 @@ class Settings:
         plain_kernels: run the reference path (plain autograd ops: no oneDNN private op, no C++ extension, no fused
             ``nn.LSTM``/``nn.GRU``) instead of the fast paths.
         cpp_kernels: build and use the C++ window loops of the Mogrifier (else its Python twins).
+        window_graphs: capture each training window of a per-step stack on CUDA as a CUDA graph (:mod:`zoo.window`).
         progress_seconds: seconds between two progress lines where stderr is not a terminal.
         tune_malloc: apply lm-zoo's malloc settings at start-up (``lm-zoo`` only).
     """
 
     plain_kernels: bool = False
     cpp_kernels: bool = True
+    window_graphs: bool = True
     progress_seconds: float = DEFAULT_PROGRESS_SECONDS
     tune_malloc: bool = True
 
@@ -55,6 +58,7 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
     return Settings(
         plain_kernels=environ.get("LM_ZOO_KERNELS", "").strip().lower() == "plain",
         cpp_kernels=environ.get("LM_ZOO_CPP", "1").strip().lower() not in _OFF,
+        window_graphs=environ.get("LM_ZOO_WINDOW_GRAPHS", "1").strip().lower() not in _OFF,
         progress_seconds=seconds,
         tune_malloc=environ.get("LM_ZOO_MALLOC", "").strip().lower() != "default",
     )

@@ -1,0 +1,91 @@
+"""The captured-window path (zoo/window.py) where it can be checked without a GPU: what the graph runs equals the
+plain path, and what decides whether a window is captured. The captures themselves are the GPU suite's
+(tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import zoo
+from zoo import settings, window
+from zoo.state import Resets
+
+
+def _stack(name: str) -> tuple[torch.nn.Module, int]:
+    options = dict(zoo.preset(name, "tiny"))
+    size, hidden = options.pop("input_size"), options.pop("hidden_size")
+    options.pop("num_layers")
+    torch.manual_seed(0)
+    return zoo.build(name, size, hidden, 2, **options), size
+
+
+def _grads(stack: torch.nn.Module, y: torch.Tensor, state: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    stack.zero_grad()
+    loss = y.sin().sum() + sum(s.cos().sum() for s in state)
+    extra = stack.regularization_loss()
+    (loss if extra is None else loss + extra).backward()
+    return [y, *state, *(p.grad for p in stack.parameters() if p.grad is not None)]
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_a_keep_mask_at_every_step_equals_the_resets_where_they_fall(name: str) -> None:
+    # What a graph runs (resets as a mask multiplied in at every step, no host decision) against the plain path, which
+    # masks only at the steps where some stream resets. A keep of 1 multiplies exactly, so the forward is bit for bit;
+    # the extra nodes can change the order in which autograd sums a state's gradient, so gradients to rounding.
+    stack, size = _stack(name)
+    stack.train()
+    x = torch.randn(3, 7, size)
+    state = tuple(s + torch.randn_like(s) for s in stack.initial_state(3, x))
+    reset = torch.zeros(3, 7, dtype=torch.bool)
+    reset[1, 4] = True
+    reset[2, 0] = True
+    with settings.overridden(plain_kernels=True):  # a cell's fast kernels take the same keep masks as the loop
+        torch.manual_seed(1)
+        plain = [t.clone() for t in _grads(stack, *stack(x, state, reset=Resets.from_mask(reset)))]
+        torch.manual_seed(1)
+        masked = _grads(stack, *stack.run_layers(x, state, window.keep_mask(reset, x.dtype)))
+    assert len(plain) == len(masked)
+    assert torch.equal(plain[0], masked[0])
+    for a, b in zip(plain, masked, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _on(device: str) -> SimpleNamespace:
+    """What :func:`window.captures` reads of a window's input (its device), without the device itself."""
+    return SimpleNamespace(device=torch.device(device))
+
+
+def test_training_windows_on_cuda_are_captured_unless_switched_off() -> None:
+    stack, _ = _stack("mogrifier")
+    assert window.captures(stack.train(), _on("cuda"))
+    assert not window.captures(stack, _on("cpu"))
+    assert not window.captures(stack.eval(), _on("cuda"))
+    stack.train()
+    with torch.no_grad():
+        assert not window.captures(stack, _on("cuda"))
+    with settings.overridden(window_graphs=False):
+        assert not window.captures(stack, _on("cuda"))
+    with settings.overridden(plain_kernels=True):
+        assert not window.captures(stack, _on("cuda"))
+    assert settings.from_environment({"LM_ZOO_WINDOW_GRAPHS": "0"}).window_graphs is False
+    assert settings.from_environment({}).window_graphs is True
+
+
+def test_stacks_on_cudnn_are_not_captured() -> None:
+    # nn.LSTM/nn.GRU layers already run one kernel a window; with fused=False they run the per-step loop, captured.
+    assert not window.captures(zoo.build("lstm", 4, 4, 2).train(), _on("cuda"))
+    assert window.captures(zoo.build("lstm", 4, 4, 2, fused=False).train(), _on("cuda"))
+
+
+def test_a_copy_of_a_stack_starts_without_graphs() -> None:
+    stack, _ = _stack("on_lstm")
+    graphs = stack._window_graphs()
+    graphs.failed[("a signature",)] = "refused"
+    for copied in (copy.deepcopy(stack), pickle.loads(pickle.dumps(stack))):
+        assert copied._window_graphs() is not graphs
+        assert not copied._window_graphs().failed

@@ -1,0 +1,213 @@
+"""A training window of a recurrent stack as one captured CUDA graph: the per-step cells at the GPU's pace.
+
+Why: a per-step cell runs a few small kernels per layer and step (the Mogrifier some twenty forward and twice as many
+backward). On a GPU each kernel takes a few microseconds and its launch from Python ten or more, so the step time is
+the host's: on one H100 a 2 x 650 Mogrifier took 58 ms a training step at batch 20 and at batch 64 alike
+(``benchmarks/results/gpu-h100/cells.txt``, issue 45). Replayed from a CUDA graph, the same kernels run back to back
+with no Python between them.
+
+The route is PyTorch's own :func:`torch.cuda.make_graphed_callables`: it captures the window's forward and its
+backward as two graphs and returns an autograd node that replays them, so Lightning's automatic optimization, the
+optimizer and gradient clipping see ordinary gradients. It replays whatever kernels the capture ran, so the zoo's
+autograd Functions that keep Python state between a window's forward and backward (``zoo.kernels.RecurrentMatmul``)
+are captured as they are. ``torch.compile(mode="reduce-overhead")`` would capture the window as well, but must trace
+it first: through those Functions it cannot, and the unrolled window costs tens of seconds of compilation per shape.
+
+What a graph needs, and how a window provides it:
+
+* static shapes: one graph per window signature (shapes, dtypes, which inputs need a gradient, the autocast dtype,
+  the parameters' storage), captured at its first window; at most :data:`MAX_GRAPHS` per stack, after which new
+  signatures run the plain path (variable BPTT draws a handful of lengths; a data module's last, shorter batch is one);
+* no host decision: a window with resets multiplies the state by its keep mask at *every* step (``keep = 1`` where no
+  stream resets, an exact no-op in floating point), instead of finding on the host where the resets fall;
+* the same random numbers drawn anew at each replay: dropout masks come from the CUDA generator, which capture
+  registers so that each replay advances its offset.
+
+The plain path stays: a stack runs it on the CPU, in evaluation and without gradients, wherever a layer runs cuDNN's
+fused kernel (already one kernel a window), under ``LM_ZOO_WINDOW_GRAPHS=0`` or ``LM_ZOO_KERNELS=plain``
+(:mod:`zoo.settings`), and for a signature whose capture failed (one warning says why). The GPU suite holds the two
+equal (outputs, final state, every gradient).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from zoo import settings
+from zoo.state import Resets, State
+
+if TYPE_CHECKING:  # pragma: no cover
+    from zoo.base import RecurrentStack
+
+#: Graphs kept per stack: each holds its own memory pool (a window's activations), so a stack that met many shapes
+#: would hold many windows' memory. Further signatures run the plain path.
+MAX_GRAPHS = 8
+
+
+def keep_mask(reset: Tensor | Resets, dtype: torch.dtype) -> Tensor:
+    """``(B, T)`` 1 where a stream keeps its state before a step, 0 where it resets, from a reset mask or
+    :class:`~zoo.state.Resets` (device ops only: no host synchronisation)."""
+    mask = reset.mask if isinstance(reset, Resets) else reset
+    return (~mask).to(dtype)
+
+
+@dataclass
+class _Graph:
+    """One captured window: the graphed callable and the shape of its outputs."""
+
+    run: Callable[..., tuple[Tensor, ...]]
+    state_size: int
+    has_regularization: bool
+    capture_seconds: float
+
+
+class _Window(nn.Module):
+    """A stack's window as a module of tensor arguments, for capture: ``(x, *state[, keep]) -> (y, *state[, loss])``.
+
+    The stack is held outside ``_modules`` (it owns this wrapper, not the other way around); :meth:`parameters` is
+    the stack's, which is what :func:`torch.cuda.make_graphed_callables` differentiates the captured backward for.
+    """
+
+    def __init__(self, stack: RecurrentStack, state_size: int, has_keep: bool) -> None:
+        super().__init__()
+        self.__dict__["stack"] = stack
+        self.state_size = state_size
+        self.has_keep = has_keep
+        self.has_regularization = False
+        self.training = stack.training
+
+    def parameters(self, recurse: bool = True) -> Any:  # type: ignore[override]
+        return self.stack.parameters(recurse)
+
+    def forward(self, x: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        state = rest[: self.state_size]
+        keep = rest[self.state_size] if self.has_keep else None
+        y, final = self.stack.run_layers(x, state, keep)
+        loss = self.stack.regularization_loss()
+        self.has_regularization = loss is not None
+        return (y, *final) if loss is None else (y, *final, loss)
+
+
+class WindowGraphs:
+    """The captured windows of one stack, by signature; see the module doc.
+
+    Kept in the stack's ``__dict__`` (not a submodule, not in its state dict); a copy of the stack (``deepcopy``,
+    as weight averaging makes, or pickling) starts with none, since a graph replays on the memory it was captured
+    on.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple, _Graph] = {}
+        self.failed: dict[tuple, str] = {}
+        self.regularization: Tensor | None = None
+
+    def __deepcopy__(self, memo: dict) -> WindowGraphs:
+        return WindowGraphs()
+
+    def __reduce__(self) -> tuple:
+        return (WindowGraphs, ())
+
+    @property
+    def capture_seconds(self) -> list[float]:
+        """Seconds each capture took (warm-up runs included), in the order the signatures came."""
+        return [graph.capture_seconds for graph in self.graphs.values()]
+
+    def run(
+        self, stack: RecurrentStack, x: Tensor, state: State, reset: Tensor | Resets | None
+    ) -> tuple[Tensor, State] | None:
+        """The window through its graph (captured now if its signature is new), or ``None``: run the plain path.
+
+        Args:
+            stack: the stack whose window this is (its parameters are the graph's).
+            x: ``(B, T, I)``.
+            state: the stack's state, each ``(L, B, ...)``.
+            reset: ``(B, T)`` bool or :class:`~zoo.state.Resets`, or ``None``.
+        """
+        self.regularization = None
+        args = (x, *state) if reset is None else (x, *state, keep_mask(reset, x.dtype))
+        key = _signature(stack, args, reset is not None)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if key in self.failed or len(self.graphs) >= MAX_GRAPHS:
+                return None
+            graph = self._capture(stack, args, key, reset is not None)
+            if graph is None:
+                return None
+        outputs = graph.run(*args)
+        y, final = outputs[0], tuple(outputs[1 : 1 + graph.state_size])
+        self.regularization = outputs[-1] if graph.has_regularization else None
+        return y, final
+
+    def _capture(self, stack: RecurrentStack, args: tuple[Tensor, ...], key: tuple, has_keep: bool) -> _Graph | None:
+        window = _Window(stack, len(args) - 1 - has_keep, has_keep)
+        start = time.perf_counter()
+        try:
+            with _capturable_autocast(args[0].device.type):
+                # The sample arguments are copies: capture writes into them, and the caller's own stay as they are.
+                samples = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+                run = torch.cuda.make_graphed_callables(window, samples, allow_unused_input=True)
+        except Exception as error:  # noqa: BLE001 - whatever capture refuses, the plain path computes the same
+            self.failed[key] = f"{type(error).__name__}: {error}"
+            warnings.warn(
+                f"lm-zoo: this window could not be captured as a CUDA graph ({self.failed[key]}); it runs the plain "
+                "per-step path",
+                stacklevel=3,
+            )
+            return None
+        graph = _Graph(run, window.state_size, window.has_regularization, time.perf_counter() - start)
+        self.graphs[key] = graph
+        return graph
+
+
+def _signature(stack: nn.Module, args: tuple[Tensor, ...], has_keep: bool) -> tuple:
+    """What a captured window is valid for: the arguments' shapes, dtypes and gradient needs, the mode, the autocast
+    dtype, and the parameters' storage (a graph reads them where they were at capture)."""
+    device = args[0].device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return (
+        tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args),
+        has_keep,
+        stack.training,
+        autocast,
+        tuple(p.data_ptr() for p in stack.parameters()),
+    )
+
+
+class _capturable_autocast:
+    """Autocast as it is, without its cast cache, which :func:`torch.cuda.make_graphed_callables` refuses (a cached
+    cast would be made once, at capture, and then stay stale across replays while the weights change)."""
+
+    def __init__(self, device: str) -> None:
+        enabled = torch.is_autocast_enabled(device)
+        self.context = (
+            torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False) if enabled else None
+        )
+
+    def __enter__(self) -> None:
+        if self.context is not None:
+            self.context.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.context is not None:
+            self.context.__exit__(*exc)
+
+
+def captures(stack: RecurrentStack, x: Tensor) -> bool:
+    """Whether ``stack``'s window over ``x`` runs through a captured graph: training on CUDA with gradients, graphs
+    on (:mod:`zoo.settings`), not already inside a capture, and no layer running cuDNN's fused kernel."""
+    return (
+        x.device.type == "cuda"
+        and stack.training
+        and torch.is_grad_enabled()
+        and settings.current().window_graphs
+        and not settings.current().plain_kernels
+        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())  # inside a capture
+        and not any(getattr(layer, "fused", False) for layer in stack.layers)
+    )
