@@ -9,6 +9,8 @@
 #                                                               cells evaluation syncs nce xml; default all)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
+# LM_ZOO_COMMIT=$(git rev-parse --short=12 HEAD) names the commit measured (the results files record it): the copy
+# there is a working tree, its git not this checkout's.
 # The tool brings back 8 files at most, each under 16 MiB: name few steps per call when one of them is xml.
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -56,9 +58,9 @@ step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in
 # The captured windows first (zoo/window.py, issue 45): equal to the plain path, dropout, a Lightning fit.
 want windows && step 150 gpu_windows.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider \
     -k "captured or replay or per_step_cell"
-want suite && step 300 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
+want suite && step 200 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
 want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
-want cells && step 150 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 --eager \
+want cells && step 150 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 --eager --loop \
     --out "$OUT/cells_cuda.json"
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
 want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"

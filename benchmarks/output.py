@@ -46,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str, resumable: bool = 
 
 def commit() -> str:
     """The checkout's commit (12 digits), ``-dirty`` with uncommitted changes to tracked files; ``unknown`` outside
-    git: which code a result measured."""
+    git: which code a result measured. ``LM_ZOO_COMMIT`` names it where the checkout's git is not the one measured
+    (the lent GPU machine's copy of the working tree)."""
+    if os.environ.get("LM_ZOO_COMMIT"):
+        return os.environ["LM_ZOO_COMMIT"]
     root = RESULTS.parents[1]
     try:
         head = subprocess.run(

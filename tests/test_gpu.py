@@ -315,7 +315,11 @@ def _window_pass(stack: torch.nn.Module, x: torch.Tensor, state: tuple, reset: t
     loss = y.sin().sum() + sum(s.cos().sum() for s in final)
     extra = stack.regularization_loss()
     (loss if extra is None else loss + extra).backward()
-    return [y, *final, x.grad, *(p.grad.clone() for p in stack.parameters() if p.grad is not None)]
+    # Values only: a result that kept its autograd graph alive would keep the parameters' gradient accumulators made
+    # on the default stream, which a later capture (on its own stream) must not meet.
+    return [
+        t.detach().clone() for t in (y, *final, x.grad, *(p.grad for p in stack.parameters() if p.grad is not None))
+    ]
 
 
 @pytest.mark.parametrize("name", [*CAPTURED, "skip_lstm+budget"])

@@ -31,8 +31,10 @@ equal (outputs, final state, every gradient).
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,11 +79,21 @@ class _Window(nn.Module):
 
     def __init__(self, stack: RecurrentStack, state_size: int, has_keep: bool) -> None:
         super().__init__()
-        self.__dict__["stack"] = stack
+        # A weak reference: the stack holds its graphs, which hold this wrapper. A cycle would leave a dropped stack's
+        # graphs to the garbage collector, which can run in the middle of another capture, and freeing a graph
+        # during a capture invalidates it (seen on an H200: a model's capture failed when the previous setting's
+        # models were collected).
+        self._stack = weakref.ref(stack)
         self.state_size = state_size
         self.has_keep = has_keep
         self.has_regularization = False
         self.training = stack.training
+
+    @property
+    def stack(self) -> RecurrentStack:
+        stack = self._stack()
+        assert stack is not None, "a window's graph outlived its stack"
+        return stack
 
     def parameters(self, recurse: bool = True) -> Any:  # type: ignore[override]
         return self.stack.parameters(recurse)
@@ -148,6 +160,9 @@ class WindowGraphs:
     def _capture(self, stack: RecurrentStack, args: tuple[Tensor, ...], key: tuple, has_keep: bool) -> _Graph | None:
         window = _Window(stack, len(args) - 1 - has_keep, has_keep)
         start = time.perf_counter()
+        collecting = gc.isenabled()
+        gc.collect()  # what is garbage now is freed before the capture, not during it (see _Window)
+        gc.disable()
         try:
             with _capturable_autocast(args[0].device.type):
                 # The sample arguments are copies: capture writes into them, and the caller's own stay as they are.
@@ -161,6 +176,9 @@ class WindowGraphs:
                 stacklevel=3,
             )
             return None
+        finally:
+            if collecting:
+                gc.enable()
         graph = _Graph(run, window.state_size, window.has_regularization, time.perf_counter() - start)
         self.graphs[key] = graph
         return graph
