@@ -818,10 +818,21 @@ def cells_cuda() -> str:
     lines = [
         f"`{result['command']}` ({result['device']}, torch {result['torch']}; {result['layers']} layers of "
         f"{result['hidden']} units): tokens per second of a training step (forward, backward, SGD update), and the "
-        "ratio to `nn.LSTM` of the same depth.",
+        "ratio to `nn.LSTM` of the same depth"
+        + (
+            "; the first step's seconds, which for a per-step cell include capturing its window as a CUDA graph "
+            "(`(eager)`: the same cell with `LM_ZOO_WINDOW_GRAPHS=0`, the path before; `(loop)`: a fused layer's "
+            "per-step path, captured)."
+            if "first_step_s" in result["results"][0]
+            else "."
+        ),
         "",
         "| model | LSTM layers | "
-        + " | ".join(f"batch {b} x BPTT {t}: tokens/s, x nn.LSTM" for b, t in settings)
+        + " | ".join(
+            f"batch {b} x BPTT {t}: tokens/s, x nn.LSTM"
+            + (", first step" if "first_step_s" in result["results"][0] else "")
+            for b, t in settings
+        )
         + " |",
         "|---|---:|" + "---:|" * len(settings),
     ]
@@ -829,7 +840,11 @@ def cells_cuda() -> str:
     by_key = {(row["model"], row["batch"], row["bptt"]): row for row in result["results"]}
     for model in models:
         rows = [by_key[(model, b, t)] for b, t in settings]
-        cells = [f"{row['tokens_per_s']:,.0f}, {row['ratio_nn_lstm']:.2f}" for row in rows]
+        cells = [
+            f"{row['tokens_per_s']:,.0f}, {row['ratio_nn_lstm']:.2f}"
+            + (f", {row['first_step_s']:.2f} s" if "first_step_s" in row else "")
+            for row in rows
+        ]
         lines.append(_row([f"`{model}`", rows[0]["lstm_layers"], *cells]))
     lines += ["", gpu_provenance("cells_cuda.json")]
     return "\n".join(lines)

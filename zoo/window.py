@@ -3,8 +3,8 @@
 Why: a per-step cell runs a few small kernels per layer and step (the Mogrifier some twenty forward and twice as many
 backward). On a GPU each kernel takes a few microseconds and its launch from Python ten or more, so the step time is
 the host's: on one H100 a 2 x 650 Mogrifier took 58 ms a training step at batch 20 and at batch 64 alike
-(``benchmarks/results/gpu-h100/cells.txt``, issue 45). Replayed from a CUDA graph, the same kernels run back to back
-with no Python between them.
+(``benchmarks/results/gpu-h100/cells.txt``). Replayed from a CUDA graph, the same kernels run back to back with no
+Python between them: ``benchmarks/cells.py --device cuda --eager`` measures both (docs/results.md).
 
 The route is PyTorch's own :func:`torch.cuda.make_graphed_callables`: it captures the window's forward and its
 backward as two graphs and returns an autograd node that replays them, so Lightning's automatic optimization, the
