@@ -161,10 +161,13 @@ class HostSyncCounter(TorchFunctionMode):
         if name in ("to", "cuda"):
             return self._copy(name, args, kwargs)
         if name == "copy_" and len(args) > 1:
+            # The copy lands where `this` lives. One to the host is asynchronous only into pinned memory, which this
+            # counter cannot see (the CPU has none); the CUDA count, by CUDA's own sync debug mode, checks it.
             source_on_device = self.on_device(args[1])
+            where = DEVICE if self.on_device(this) else HOST
             if self.on_device(this) != source_on_device and not kwargs.get("non_blocking", False):
-                return ("copy_ to the host" if source_on_device else "copy_ from the host (blocking)"), None
-            return None, None
+                return ("copy_ to the host" if source_on_device else "copy_ from the host (blocking)"), where
+            return None, where
         device = kwargs.get("device")
         if device is None:
             return None, None

@@ -205,7 +205,7 @@ class LanguageModel(StatefulTraining):
     def training_step(self, batch: LMBatch, batch_idx: int) -> Tensor:
         total, count, raw, dropped = self._window(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted token
-        # Checked with the gradients, in one host copy, before the optimizer step (on_before_optimizer_step).
+        # Checked with the gradients, in one copy to the host, at the optimizer step (on_before_optimizer_step).
         self._train_loss = loss.detach()
         if self.model.decoder.reports_nats:  # a sampled objective (NCE) is not nats: no training perplexity
             self.metrics["train_nll"].update(loss.detach(), weight=count)

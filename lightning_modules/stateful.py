@@ -95,7 +95,11 @@ class StatefulTraining(L.LightningModule):
         self._state["train"] = None
 
     def on_validation_epoch_start(self) -> None:
+        self.settle_divergence_check()  # no validation of a diverged step's weights
         self._state["val"] = None
+
+    def on_train_end(self) -> None:
+        self.settle_divergence_check()  # the last step's check
 
     def on_test_epoch_start(self) -> None:
         self._state["test"] = None
@@ -161,6 +165,7 @@ class StatefulTraining(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Never write non-finite weights (the previous checkpoint stays the last good one); add what an exact resume
         needs: the carried training state, the epoch's training-loss accumulator and the random number generators."""
+        self.settle_divergence_check()  # a diverged step is named as such, before its weights are looked at
         parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}  # not buffers
         bad = [
             name
@@ -206,6 +211,7 @@ class StatefulTraining(L.LightningModule):
         Raises:
             CheckpointError: the checkpoint was written by another number of processes (:func:`rank_state`).
         """
+        self.__dict__.pop("_pending_check", None)  # a module fitted again starts with none
         resume, self._resume = self._resume, None
         # Rank 0's seed (after seed_everything: the run's seed, the same on every rank) for the rank offsets and the
         # shared generator: broadcast, so that they agree even in a run that seeded nothing.
@@ -228,9 +234,10 @@ class StatefulTraining(L.LightningModule):
             set_generator_state(self.shared_generator, resume["shared_rng"])
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop before the optimizer writes a diverged step into the weights: a training loss that is NaN, infinite
-        or above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g.
-        through an overflowing cell). Both in one host copy, the training step's only synchronisation of its own.
+        """Stop a diverged run before any checkpoint holds its weights: a training loss that is NaN, infinite or
+        above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g. through
+        an overflowing cell). Both in one copy to the host, which the host does not wait for: decided a step later
+        (:meth:`check_divergence`).
         Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
         scaled gradients overflowed.
 
@@ -265,16 +272,25 @@ class StatefulTraining(L.LightningModule):
         return False
 
     def check_divergence(self, gradients: Tensor | None) -> None:
-        """Raise :class:`TrainingDivergedError` if this step's training loss or ``gradients`` (a scalar that is NaN
-        or infinite iff some gradient is: their sum or their norm; ``None``: not checked) says the run diverged.
+        """Start this step's divergence check and decide on the previous step's.
+
+        The check reads this step's training loss and ``gradients`` (a scalar that is NaN or infinite iff some
+        gradient is: their sum or their norm; ``None``: not checked). Reading them on the host at once would make the
+        host wait for the GPU at every step, and Lightning's per-step Python would then add to the GPU's time instead
+        of overlapping it. So they are copied to the host without waiting (:class:`PendingCheck`) and decided on one
+        step later, by when the copy has long landed. A diverged step's update has then reached the weights, but
+        no checkpoint is written from them: every save decides on the pending check first (:meth:`on_save_checkpoint`,
+        which also refuses non-finite weights), as do validation and the end of training, and the error names the
+        step that diverged, as before.
 
         Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
         copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
         would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)
 
         A signal noted on any rank (:attr:`stop_signal`) travels in the same gather, last: every rank sets
-        :attr:`agreed_stop` at the same step, and the rank that writes ``last.ckpt`` and stops does so in step with
-        the others (:mod:`lightning_modules.faults`)."""
+        :attr:`agreed_stop` at the same step (the step after the gather, where it is read), and the rank that writes
+        ``last.ckpt`` and stops does so in step with the others (:mod:`lightning_modules.faults`). One process stops
+        at the step its signal came in."""
         loss = getattr(self, "_train_loss", None)
         checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
         device = checked[0].device if checked else self.device
@@ -287,31 +303,76 @@ class StatefulTraining(L.LightningModule):
             # all_gather_single, is newer than the oldest torch lm-zoo supports.
             gathered = [torch.empty_like(values) for _ in range(world_size)]
             dist.all_gather(gathered, values)
-            rows = torch.stack(gathered).tolist()  # (W, 1 to 3): one host copy of every rank's values
+            rows = torch.stack(gathered)  # (W, 1 to 3): every rank's values
         else:
-            rows = [values.tolist()]  # one host copy
-        signalled = [(rank, int(row[-1])) for rank, row in enumerate(rows) if row[-1]]
-        self.agreed_stop = signalled[0] if signalled else None
+            rows = values.unsqueeze(0)  # (1, 1 to 3)
+            # One process has nothing to agree on: its own signal stops it at this step, not the next.
+            self.agreed_stop = (0, self.stop_signal) if self.stop_signal else None
+        pending = PendingCheck(rows, self.global_step, self.current_epoch, loss is not None, bool(checked))
+        previous, self._pending_check = self.__dict__.get("_pending_check"), pending
+        if previous is not None:
+            self._decide(previous)
+
+    def settle_divergence_check(self) -> None:
+        """Decide on the pending divergence check now (waiting for its copy if it has not landed): before a
+        checkpoint is written, before validation, at the end of training."""
+        pending = self.__dict__.pop("_pending_check", None)
+        if pending is not None:
+            self._decide(pending)
+
+    def _decide(self, pending: PendingCheck) -> None:
+        rows = pending.rows()
+        if len(rows) > 1:
+            signalled = [(rank, int(row[-1])) for rank, row in enumerate(rows) if row[-1]]
+            self.agreed_stop = signalled[0] if signalled else None
         rows = [row[:-1] for row in rows]
-        if not checked:
+        if not pending.checked:
             return
-        if loss is not None:
+        if pending.has_loss:
             for rank, row in enumerate(rows):  # the lowest failing rank names the step's failure, on every rank
-                self._check_loss(row[0], rank if len(rows) > 1 else None)
-        values = rows[0][1:] if loss is not None else rows[0]  # the all-reduced gradients: the same on every rank
+                self._check_loss(row[0], pending.step, pending.epoch, rank if len(rows) > 1 else None)
+        values = rows[0][1:] if pending.has_loss else rows[0]  # the all-reduced gradients: the same on every rank
         if values and not math.isfinite(values[0]):
             raise TrainingDivergedError(
-                f"a gradient became NaN or infinite at step {self.global_step} (epoch {self.current_epoch}) with a "
+                f"a gradient became NaN or infinite at step {pending.step} (epoch {pending.epoch}) with a "
                 "finite loss; lower the learning rate or set --trainer.gradient_clip_val, then resume from the last "
                 "checkpoint"
             )
 
-    def _check_loss(self, value: float, rank: int | None = None) -> None:
+    def _check_loss(self, value: float, step: int, epoch: int, rank: int | None = None) -> None:
         if not math.isfinite(value) or 0 < self.divergence_threshold < value:
             limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
             where = "" if rank is None else f"rank {rank}'s "
             raise TrainingDivergedError(
-                f"{where}training loss became {value:.4g}{limit} at step {self.global_step} (epoch "
-                f"{self.current_epoch}); lower the learning rate or set --trainer.gradient_clip_val, then resume from "
-                "the last checkpoint"
+                f"{where}training loss became {value:.4g}{limit} at step {step} (epoch {epoch}); lower the learning "
+                "rate or set --trainer.gradient_clip_val, then resume from the last checkpoint"
             )
+
+
+class PendingCheck:
+    """A step's divergence figures on their way to the host: copied without waiting (into pinned memory on a GPU,
+    so that the copy is truly asynchronous), and read once the copy has landed (:meth:`rows`).
+
+    Args:
+        rows: ``(W, k)`` on the device: each rank's loss, gradients' sum or norm, signal (those present).
+        step: the step they belong to, for the message.
+        epoch: its epoch.
+        has_loss: whether the first column is the training loss.
+        checked: whether anything but the signal is in them.
+    """
+
+    def __init__(self, rows: Tensor, step: int, epoch: int, has_loss: bool, checked: bool) -> None:
+        self.step, self.epoch, self.has_loss, self.checked = step, epoch, has_loss, checked
+        on_gpu = rows.device.type == "cuda"
+        self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=on_gpu)
+        self._host.copy_(rows, non_blocking=True)  # on the CPU, a copy like any other
+        self._event: torch.cuda.Event | None = None
+        if on_gpu:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def rows(self) -> list[list[float]]:
+        """The figures, per rank; waits for the copy only if it has not landed (a step later, it has)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()

@@ -118,8 +118,9 @@ def test_nan_loss_stops_training_with_the_step() -> None:
         model.model.decoder.bias.fill_(float("nan"))
     batch = next(iter(StreamWindows(torch.randint(0, 23, (50,)), batch_size=2, bptt=5, start_id=0)))
     model.training_step(batch, 0)
+    model.on_before_optimizer_step(torch.optim.SGD(model.parameters(), lr=1.0))  # on its way to the host
     with pytest.raises(TrainingDivergedError, match="loss became nan at step 0"):
-        model.on_before_optimizer_step(torch.optim.SGD(model.parameters(), lr=1.0))  # checked before the step
+        model.on_validation_epoch_start()  # as every save, validation and the next step's check: decided
 
 
 def test_zaremba_schedule() -> None:
