@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from datamodules.data_modules import StreamDataModule
 from lightning_modules.faults import watch_peers
 from lightning_modules.progress import FitProgressBar
+from zoo import window
 from zoo.errors import ConfigError
 from zoo.settings import DEFAULT_MATMUL_PRECISION, set_matmul_precision
 
@@ -77,6 +78,7 @@ class RunSettings(Callback):
 
     def __init__(self, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> None:
         self.matmul_precision = matmul_precision
+        self._first_step_reported = False
 
     def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         set_matmul_precision(self.matmul_precision)
@@ -86,6 +88,16 @@ class RunSettings(Callback):
         if trainer.is_global_zero:
             line = describe_devices(trainer, getattr(trainer.datamodule, "batch_size", None))
             print(f"lm-zoo: {line}; float32 matmuls at {self.matmul_precision} precision", file=sys.stderr)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *args: Any) -> None:
+        """After the run's first training step, where each per-step stack captured its window on a GPU, one line on
+        what that cost (:func:`zoo.window.summary`)."""
+        if self._first_step_reported or not trainer.is_global_zero:
+            return
+        self._first_step_reported = True
+        line = window.summary(pl_module)
+        if line is not None:
+            print(f"lm-zoo: {line}", file=sys.stderr)
 
     def state_dict(self) -> dict[str, Any]:
         return {"matmul_precision": self.matmul_precision}

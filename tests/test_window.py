@@ -89,3 +89,17 @@ def test_a_copy_of_a_stack_starts_without_graphs() -> None:
     for copied in (copy.deepcopy(stack), pickle.loads(pickle.dumps(stack))):
         assert copied._window_graphs() is not graphs
         assert not copied._window_graphs().failed
+
+
+def test_the_summary_line_counts_captures_and_failures_and_is_silent_where_none_was_tried() -> None:
+    stack, _ = _stack("on_lstm")
+    model = torch.nn.Sequential(stack)
+    assert window.summary(model) is None  # on the CPU nothing is captured
+    graphs = stack._window_graphs()
+    graphs.graphs[("a",)] = window._Graph(run=lambda *a: a, state_size=2, has_regularization=False, capture_seconds=0.5)
+    graphs.graphs[("b",)] = window._Graph(
+        run=lambda *a: a, state_size=2, has_regularization=False, capture_seconds=0.25
+    )
+    assert window.summary(model) == "2 training window shape(s) captured as CUDA graphs in 0.75 s"
+    graphs.failed[("c",)] = "RuntimeError: refused"
+    assert window.summary(model).endswith("; 1 could not be and run eagerly (warned above)")

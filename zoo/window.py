@@ -217,6 +217,18 @@ class _capturable_autocast:
             self.context.__exit__(*exc)
 
 
+def summary(model: nn.Module) -> str | None:
+    """One line on the windows captured in ``model``'s stacks so far (how many, the seconds their captures took, how
+    many could not be captured), or ``None`` where none was tried (the CPU, graphs off, cuDNN's layers)."""
+    tried = [m.__dict__["_graphs"] for m in model.modules() if "_graphs" in m.__dict__]
+    seconds = [s for graphs in tried for s in graphs.capture_seconds]
+    failed = sum(len(graphs.failed) for graphs in tried)
+    if not seconds and not failed:
+        return None
+    line = f"{len(seconds)} training window shape(s) captured as CUDA graphs in {sum(seconds):.2f} s"
+    return line + (f"; {failed} could not be and run eagerly (warned above)" if failed else "")
+
+
 def captures(stack: RecurrentStack, x: Tensor) -> bool:
     """Whether ``stack``'s window over ``x`` runs through a captured graph: training on CUDA with gradients, graphs
     on (:mod:`zoo.settings`), not already inside a capture, and no layer running cuDNN's fused kernel."""
