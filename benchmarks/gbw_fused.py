@@ -2,7 +2,7 @@
 
 Multi-sequence batches (``datamodules.multisequence``) zero a column's state at every sentence start. A reset inside
 a window used to send every layer to the per-step loop (cuDNN cannot zero a state mid-sequence); with ``B`` columns
-and sentences of ~27 words, nearly every window has one. ``zoo.base.FusedLayer._segments`` runs such windows through
+and sentences of ~27 words, nearly every window has one. ``zoo.layers.FusedLayer._segments`` runs such windows through
 the fused kernel as packed sentence segments instead. This script reads real training windows of the GBW sample and
 prints:
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import zoo  # noqa: E402
 from datamodules import GBWDataModule  # noqa: E402
-from zoo.base import FusedLayer  # noqa: E402
+from zoo.layers import FusedLayer  # noqa: E402
 
 SAMPLE_FILES = {
     "train_files": "news.en.heldout-0001[0-1]-of-00050",

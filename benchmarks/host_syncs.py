@@ -290,7 +290,7 @@ def write_gbw_corpus(directory: Path, words: int = 50) -> Path:
 @contextlib.contextmanager
 def packed_segments(value: bool | None) -> Iterator[None]:
     """``FusedLayer.packed_segments`` set to ``value`` for a while (``True``: the path CUDA takes, on any device)."""
-    from zoo.base import FusedLayer
+    from zoo.layers import FusedLayer
 
     before = FusedLayer.packed_segments
     FusedLayer.packed_segments = value

@@ -77,7 +77,7 @@ def check_architecture_under_autocast(name: str, dtype: torch.dtype, fast: bool,
             assert cosine >= GRADIENT_COSINE, (parameter, float(cosine))
 
 
-# The architectures whose layers wrap a fused nn.LSTM / nn.GRU / nn.RNN (zoo.base.FusedLayer).
+# The architectures whose layers wrap a fused nn.LSTM / nn.GRU / nn.RNN (zoo.layers.FusedLayer).
 FUSED = ("lstm", "gru", "rnn_tanh")
 
 

@@ -130,7 +130,7 @@ def test_two_gpu_ddp_matches_one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", FUSED)
 def test_the_fused_layers_compute_in_the_autocast_dtype_on_cuda(name: str, mode: str) -> None:
-    """autocast's own wrapper for cuDNN's RNNs would run them in float16 under bf16 (zoo/base.py's module doc)."""
+    """autocast's own wrapper for cuDNN's RNNs would run them in float16 under bf16 (zoo/layers.py's module doc)."""
     from tests.precision_checks import AUTOCAST_MODES, fused_layer_dtypes
 
     if mode == "bf16" and not torch.cuda.is_bf16_supported():

@@ -17,7 +17,7 @@ from benchmarks.host_syncs import HostSyncCounter, count_fit
 from datamodules.windows import LMBatch
 from lightning_modules.evaluation.mc_dropout import MCDropout, mc_nll
 from lightning_modules.evaluation.perplexity import deterministic_nll
-from zoo.base import FusedLayer
+from zoo.layers import FusedLayer
 from zoo.state import KeepAt, Resets
 
 

@@ -250,7 +250,7 @@ def test_packed_sentence_segments_equal_the_per_step_loop(name: str, monkeypatch
     """GBW's windows reset mid-window in some column nearly always; as packed segments they run the fused kernel
     (cuDNN on a GPU) and must compute what the per-step loop does: outputs, final state, every gradient."""
     import zoo
-    from zoo.base import FusedLayer
+    from zoo.layers import FusedLayer
 
     torch.manual_seed(0)
     stack = zoo.build(name, 6, 7, 2).train()
@@ -273,7 +273,7 @@ def test_packed_sentence_segments_equal_the_per_step_loop(name: str, monkeypatch
 def test_packed_segments_are_for_cuda_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the packed kernel is PyTorch's native loop, slower than lm-zoo's (benchmarks/gbw_fused.py)."""
     import zoo
-    from zoo.base import FusedLayer
+    from zoo.layers import FusedLayer
 
     stack = zoo.build("lstm", 4, 5, 1)
     monkeypatch.setattr(FusedLayer, "_segments", lambda *args: pytest.fail("packed segments ran on CPU"))

@@ -209,7 +209,7 @@ def test_lightningcli_reads_the_network_settings_from_lmconfig_and_a_ckpt_record
 def test_generate_samples_what_a_plain_forward_loop_samples(architecture: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """generate's step (embedding, the stack as one kernel call, the head, for fused stacks) samples the ids a loop of
     forward, softmax and multinomial draws with the same generator; with and without a stop id, batched."""
-    from zoo.base import RecurrentStack
+    from zoo.stack import RecurrentStack
 
     torch.manual_seed(0)
     model = RecurrentLM(20, architecture, 8, 8, num_layers=2).eval()

@@ -43,7 +43,7 @@ def test_every_architecture_trains_under_autocast_close_to_float32(
 def test_the_fused_layers_compute_in_the_autocast_dtype(name: str, mode: str) -> None:
     """bf16 autocast runs the fused layers in bf16 and fp16 autocast in fp16, never one for the other, and the fused
     kernel (not the per-step loop) is what ran. On CPU autocast itself would leave nn.GRU in float32; on CUDA its RNN
-    wrapper would run every one of them in float16 (zoo/base.py's module doc): lm-zoo casts explicitly."""
+    wrapper would run every one of them in float16 (zoo/layers.py's module doc): lm-zoo casts explicitly."""
     ran = fused_layer_dtypes(name, mode)
     expected = AUTOCAST_MODES[mode] or torch.float32
     assert ran["fused_calls"] == 2, "each of the two layers ran its fused kernel once"

@@ -4,7 +4,7 @@
 >>> stack = zoo.build("lstm", input_size=16, hidden_size=32, num_layers=2)
 >>> y, state = stack(torch.zeros(4, 10, 16))     # (B, T, I) -> (B, T, H)
 
-Every stack follows the contract in :mod:`zoo.base`: ``forward(x, state=None, reset=None) -> (y, state)``.
+Every stack follows the contract in :mod:`zoo.stack`: ``forward(x, state=None, reset=None) -> (y, state)``.
 The catalogue (names, presets, :func:`build`) is :mod:`zoo.architectures`; adding an architecture is one entry there.
 """
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from torch import nn
 
-from zoo.base import STACK_OPTIONS
 from zoo.errors import ConfigError
 from zoo.fs_rnn import FSRNN
 from zoo.genome import Genome
@@ -26,6 +25,7 @@ from zoo.mut import MUT1, MUT2, MUT3
 from zoo.on_lstm import ONLSTM
 from zoo.rnn import TanhRNN
 from zoo.skip_rnn import SkipLSTM
+from zoo.stack import STACK_OPTIONS
 
 
 @dataclass(frozen=True)

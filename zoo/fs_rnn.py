@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -130,7 +131,7 @@ class FSRNNLayer(CellLayer):
 class FSRNN(RecurrentStack):
     """A stack of Fast-Slow LSTM blocks (usually one: the block is already two levels deep).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     ``hidden_size`` is the width of every fast cell (the output's); block ``l > 0`` reads block ``l - 1``'s output
     ``h^{Fk}``; ``state_dropout`` masks ``h^{Fk}_{t-1}`` where it enters ``F_1``.
 

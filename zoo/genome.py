@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 INPUT = "input"
@@ -481,7 +482,7 @@ def _apply(op: str, args: list[Tensor]) -> Tensor:
 class Genome(RecurrentStack):
     """A stack of layers running one cell genome (Jozefowicz et al. 2015 §3.2).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     ``hidden_size`` is the width of every node but x; ``state_dropout`` acts on the first state, ``weight_drop`` on the
     Linears that read the state, and after ``init_range`` each Linear(a) gets its ``a`` on the diagonal again.
 

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, FusedLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer, FusedLayer, lerp
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -57,7 +58,7 @@ class GRULayer(FusedLayer):
 class GRU(RecurrentStack):
     """A stack of GRU layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
 
     Args:
         fused: use the fused kernel when it computes the same function.
@@ -111,7 +112,7 @@ class GRUPaperLayer(CellLayer):
 class GRUPaper(RecurrentStack):
     """A stack of paper-form GRU layers (Jozefowicz et al. 2015 §2.3; reset gate before the matmul), always per step.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.base import sequence_dropout_mask
+from zoo.layers import sequence_dropout_mask
 
 
 def _at_least_float32(x: Tensor) -> Tensor:

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.architectures import build
-from zoo.base import sequence_dropout_mask
 from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
+from zoo.layers import sequence_dropout_mask
 from zoo.nce import SAMPLERS, NCEHead
 from zoo.state import State
 
@@ -553,7 +553,7 @@ class RecurrentLM(nn.Module):
 
     def _sampling_step(self, like: Tensor) -> Callable[[Tensor, State], tuple[Tensor, State]]:
         """One token's next scores ``(B, V)`` and state: ``forward`` of a ``(B, 1)`` window, or, where the stack runs
-        as one kernel call (:meth:`zoo.base.RecurrentStack._merged_kernel`), embedding, that call and the head
+        as one kernel call (:meth:`zoo.stack.RecurrentStack._merged_kernel`), embedding, that call and the head
         directly. A sampling step at batch 1 takes a few hundred microseconds, and the module calls and checks around
         the kernel took some 2% of them; the outputs are the same bits (``tests/test_language_model.py``)."""
         merged = self.rnn._merged_kernel() if self.projection is None and self.rnn._merged_kernel_runs(like) else None

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import FusedLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -76,7 +77,7 @@ class LSTMLayer(FusedLayer):
 class LSTM(RecurrentStack):
     """A stack of LSTM layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
 
     Args:
         forget_bias: effective initial forget-gate bias; ``None`` leaves the bias as initialised.

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -117,7 +118,7 @@ class LSTMNoOutputLayer(_ThreeGateLSTMLayer):
 class LSTMNoForget(RecurrentStack):
     """A stack of LSTM-f layers (no forget gate). There is no ``forget_bias`` option: there is no forget gate.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:
@@ -144,7 +145,7 @@ class _WithForgetGate(RecurrentStack):
 class LSTMNoInput(_WithForgetGate):
     """A stack of LSTM-i layers (no input gate).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
 
     Args:
         forget_bias: initial forget-gate bias (1 as in LSTM-b); ``None`` leaves the bias as initialised.
@@ -156,7 +157,7 @@ class LSTMNoInput(_WithForgetGate):
 class LSTMNoOutput(_WithForgetGate):
     """A stack of LSTM-o layers (no output gate).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
 
     Args:
         forget_bias: initial forget-gate bias (1 as in LSTM-b); ``None`` leaves the bias as initialised.

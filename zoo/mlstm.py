@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
 from zoo.lstm import LSTMLayer
 from zoo.mogrifier import lstm_update
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -64,7 +64,7 @@ class MLSTMLayer(LSTMLayer):
 class MLSTM(RecurrentStack):
     """A stack of mLSTM layers (Krause et al. 2016; Melis et al. 2020 §4.2).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     ``hidden_size`` is also the width of ``h_m``; weight drop acts on ``W^{mh}`` and the LSTM's ``W^{*m}``.
 
     Args:

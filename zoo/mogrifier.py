@@ -44,7 +44,6 @@ import torch
 from torch import Tensor, nn
 
 from zoo import native
-from zoo.base import RecurrentStack
 from zoo.errors import clip
 from zoo.kernels import (
     RecurrentMatmul,
@@ -61,6 +60,7 @@ from zoo.kernels import (
     window_linear,
 )
 from zoo.lstm import LSTMLayer, lstm_update
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -620,7 +620,7 @@ def _uniform(rows: int, cols: int) -> nn.Parameter:
 class Mogrifier(RecurrentStack):
     """A stack of Mogrifier LSTM layers (Melis et al. 2020).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     Weight drop acts on the LSTM's ``W_h``.
 
     Args:

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack, lerp
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer, lerp
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -161,7 +162,7 @@ class MUT3Layer(_MUTLayer):
 class MUT1(RecurrentStack):
     """A stack of MUT1 layers (Jozefowicz et al. 2015 §4).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     When ``input_size`` differs from ``hidden_size`` the first layer learns a projection for its ``tanh(x)`` term (see
     the module docstring).
     """
@@ -173,7 +174,7 @@ class MUT1(RecurrentStack):
 class MUT2(RecurrentStack):
     """A stack of MUT2 layers (Jozefowicz et al. 2015 §4).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     When ``input_size`` differs from ``hidden_size`` the first layer learns a projection for the ``x`` of its reset
     gate (see the module docstring).
     """
@@ -185,7 +186,7 @@ class MUT2(RecurrentStack):
 class MUT3(RecurrentStack):
     """A stack of MUT3 layers (Jozefowicz et al. 2015 §4).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, **stack_options: Any) -> None:

@@ -46,9 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.base import CellLayer, RecurrentStack
 from zoo.errors import ConfigError
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import CellLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -159,7 +160,7 @@ class ONLSTMLayer(CellLayer):
 class ONLSTM(RecurrentStack):
     """A stack of ON-LSTM layers (always the per-step loop: there is no fused kernel for it).
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     ``hidden_size`` is a multiple of ``chunk_size``; ``weight_drop`` covers the whole recurrent matrix, master-gate rows
     included, as the authors' ``LinearDropConnect`` does.
 

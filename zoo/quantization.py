@@ -6,7 +6,7 @@ kernels; nothing needs calibrating. lm-zoo applies it module by module rather th
 because two of its modules are not plain ``nn.Linear``s: the full-softmax head scores targets through slices of its
 weight (:func:`zoo.heads.chunked_nll`), which an int8 layer does not have, so it is replaced by
 :class:`Int8SoftmaxHead`; and a fused layer falls back to a per-step loop over its float weights for windows the
-fused kernel cannot run, which an int8 layer cannot do, so :class:`~zoo.base.FusedLayer` runs such windows as packed
+fused kernel cannot run, which an int8 layer cannot do, so :class:`~zoo.layers.FusedLayer` runs such windows as packed
 segments instead (see ``FusedLayer.int8``).
 
 Only what the library quantizes is quantized: the fused ``lstm`` and ``gru`` layers, the optional projection, and the

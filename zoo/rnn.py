@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import FusedLayer, RecurrentStack
 from zoo.kernels import RecurrentMatmul, window_linear
+from zoo.layers import FusedLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -31,7 +32,7 @@ class TanhRNNLayer(FusedLayer):
 class TanhRNN(RecurrentStack):
     """A stack of tanh RNN layers; fused kernel when possible, per-step loop when a reset falls inside the window.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
 
     Args:
         fused: use the fused kernel when it computes the same function.

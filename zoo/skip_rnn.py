@@ -32,9 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.base import RecurrentStack, lerp
 from zoo.errors import ConfigError
+from zoo.layers import lerp
 from zoo.lstm import LSTMLayer
+from zoo.stack import RecurrentStack
 from zoo.state import State
 
 
@@ -121,7 +122,7 @@ class SkipLSTMLayer(LSTMLayer):
 class SkipLSTM(RecurrentStack):
     """A stack of Skip LSTM layers, each with its own update gate.
 
-    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.base.RecurrentStack`).
+    The sizes and ``**stack_options`` are every stack's (:class:`~zoo.stack.RecurrentStack`).
     ``update_bias`` and ``forget_bias`` are applied after ``init_range``.
 
     Args:

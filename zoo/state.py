@@ -4,8 +4,8 @@
   ``nn.LSTM``'s ``hx``). ``None`` means zeros. Callers treat it as opaque apart from :func:`detach_state`.
 * ``reset[b, t] = True`` zeroes stream b's state *before* step t. A reset at ``t = 0`` is applied to the incoming state;
   a reset later in the window needs more than one fused call, since cuDNN cannot zero a state mid-sequence: on CUDA the
-  window's sentence segments run as one packed sequence (:meth:`zoo.base.FusedLayer._segments`), elsewhere the per-step
-  loop.
+  window's sentence segments run as one packed sequence (:meth:`zoo.layers.FusedLayer._segments`), elsewhere the
+  per-step loop.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _moved(tensor: Tensor, device: torch.device | str, non_blocking: bool | None
 @dataclass(frozen=True)
 class Segments:
     """A window cut at its resets into sentence segments, laid out as one ``PackedSequence`` for
-    :meth:`zoo.base.FusedLayer._segments`.
+    :meth:`zoo.layers.FusedLayer._segments`.
 
     Each stream's window is cut where it resets; every piece is a sequence of its own, the first starting from the
     stream's carried state and the others from zeros. The packed layout puts the pieces longest first, step by step

@@ -37,7 +37,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -45,8 +45,9 @@ from torch import Tensor, nn
 from zoo import settings
 from zoo.state import Resets, State
 
-if TYPE_CHECKING:  # pragma: no cover
-    from zoo.base import RecurrentStack
+# The stacks are zoo.stack's RecurrentStack, which imports this module: typed here by what is used of them (their
+# layers, parameters, mode and run_layers), so that neither module needs the other to be read first.
+RecurrentStack = nn.Module
 
 #: Graphs kept per stack: each holds its own memory pool (a window's activations), so a stack that met many shapes
 #: would hold many windows' memory. Further signatures run the plain path.

@@ -32,10 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from zoo.base import RecurrentStack
 from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM
+from zoo.stack import RecurrentStack
 from zoo.state import Resets, State, detach_state
 
 #: Every dropout rate in the model, by the module that holds it; these modules switch their dropout on with
