@@ -6,7 +6,7 @@
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
-#                                                               cells evaluation syncs nce xml; default all)
+#                                                               cells profile evaluation syncs nce xml; default all)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # LM_ZOO_COMMIT=$(git rev-parse --short=12 HEAD) names the commit measured (the results files record it): the copy
@@ -62,6 +62,8 @@ want suite && step 200 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py 
 want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
 want cells && step 150 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 --eager --loop \
     --out "$OUT/cells_cuda.json"
+want profile && step 90 cell_profile.txt python3 benchmarks/cell_profile.py --device cuda --arch mogrifier fs_rnn \
+    on_lstm lstm_no_forget --batch 20 64 --out "$OUT/cell_profile_cuda.json"
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
 want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
 want nce && step 150 nce.txt python3 benchmarks/nce.py --device cuda --steps 3

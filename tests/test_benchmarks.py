@@ -66,6 +66,23 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     # A per-step row only where the default model runs a kernel (nn.LSTM's, the Mogrifier's window kernel).
     assert "lstm (loop)" in rows and "mogrifier (loop)" in rows and "fs_rnn (loop)" not in rows
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
+    assert all(row["first_step_s"] > 0 for row in rows.values())
+    # --eager adds a row only for the architectures whose CUDA windows are captured; on the CPU, none is.
+    cells.main([*argv, "--eager", "--device", "cpu", "--out", str(tmp_path / "eager.json")])
+    assert not any(
+        row["model"].endswith("(eager)") for row in json.loads((tmp_path / "eager.json").read_text())["results"]
+    )
+
+
+def test_the_cell_profile_sorts_kernels_by_their_names() -> None:
+    from benchmarks.cell_profile import kind_of
+
+    assert kind_of("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NTN") == "matrix products"
+    assert kind_of("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32") == "matrix products"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, at::native::sigmoid_kernel_cuda>") == "pointwise"
+    assert kind_of("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>") == "reductions"
+    assert kind_of("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float>") == "copies and fills"
+    assert kind_of("some_kernel_of_its_own") == "other"
 
 
 @pytest.mark.slow
