@@ -25,6 +25,12 @@ over the steps after ``--warmup`` (process start, data loading and the first ste
     python benchmarks/fit_overhead.py --batch 64 --steps 200
     python benchmarks/fit_overhead.py --profile --steps 200   # where each like-for-like side's step goes (cProfile)
     python benchmarks/fit_overhead.py --width 8 --corpus ptb-char --steps 1000   # the per-step cost of each loop
+    python benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200        # on a GPU (three sides, below)
+
+On a GPU (``--device cuda``) the sides are the plain loop, lm-zoo's network in it and ``lm-zoo fit`` (the allocator
+settings are the host's and move nothing there), each step's time taken between two synchronisations of the device,
+and cuDNN's TF32 off in the plain loop as lm-zoo's default matmul precision has it (``highest``), so that both sides
+compute in float32.
 
 It prints each side's median tokens/s, milliseconds per step and peak RSS, lm-zoo's overhead at the same allocator
 settings (the like-for-like ratios, and what each costs more a step), lm-zoo as shipped against the plain loop as the
@@ -44,6 +50,7 @@ import json
 import os
 import pstats
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,6 +98,7 @@ def plain_loop(
     width: int = 200,
     corpus: str = "ptb",
     network: str = "plain",
+    device: str = "cpu",
 ) -> float:
     """pytorch/examples' training loop on PTB: seconds per step over ``steps`` steps after ``warmup`` (``profiler``:
     enabled over those steps). ``network="lm-zoo"``: lm-zoo's network and ``torch.optim.SGD`` in the same loop."""
@@ -100,7 +108,8 @@ def plain_loop(
     words = (data_root / "ptb" / CORPUS_FILES[corpus]).read_text().replace("\n", " <eos> ").split()
     vocab = {word: i for i, word in enumerate(dict.fromkeys(words))}
     ids = torch.tensor([vocab[word] for word in words])
-    columns = ids[: ids.numel() // batch * batch].view(batch, -1).t().contiguous()  # (N, B), the examples' batchify
+    columns = ids[: ids.numel() // batch * batch].view(batch, -1).t().contiguous().to(device)  # (N, B), batchify
+    torch.backends.cudnn.allow_tf32 = False  # float32 in cuDNN's LSTM too, as lm-zoo's default precision has it
 
     class RNNModel(nn.Module):
         def __init__(self) -> None:
@@ -119,8 +128,8 @@ def plain_loop(
     torch.manual_seed(1)
     if network == "lm-zoo":
         return _lm_zoo_network_loop(columns, len(vocab), width, bptt, steps, warmup, profiler)
-    model, criterion, lr = RNNModel().train(), nn.CrossEntropyLoss(), 20.0
-    hidden = tuple(torch.zeros(2, batch, width) for _ in range(2))
+    model, criterion, lr = RNNModel().to(device).train(), nn.CrossEntropyLoss(), 20.0
+    hidden = tuple(torch.zeros(2, batch, width, device=device) for _ in range(2))
     timing: dict[str, float] = {}
     for i in timed_windows(columns.size(0), bptt, steps, warmup, profiler, timing):
         data, targets = columns[i : i + bptt], columns[i + 1 : i + 1 + bptt].reshape(-1)
@@ -135,6 +144,14 @@ def plain_loop(
     return timing["seconds"]
 
 
+def synchronize() -> None:
+    """Wait for the GPU, where there is one in use: a clock read on the host then covers the work queued before."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed_windows(
     length: int, bptt: int, steps: int, warmup: int, profiler: cProfile.Profile | None, timing: dict[str, float]
 ) -> Iterator[int]:
@@ -144,10 +161,12 @@ def timed_windows(
     start = 0.0
     for step in range(warmup + steps):
         if step == warmup:
+            synchronize()
             start = time.perf_counter()
             if profiler is not None:
                 profiler.enable()
         yield step * bptt % (length - 1 - bptt)
+    synchronize()
     timing["seconds"] = (time.perf_counter() - start) / steps
     if profiler is not None:
         profiler.disable()
@@ -165,7 +184,7 @@ def _lm_zoo_network_loop(
     from zoo.state import detach_state
 
     model, lr, clip = lm_zoo_network(vocab_size, width)
-    model.train()
+    model.to(columns.device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     rows = columns.t().contiguous()  # (B, N): lm-zoo's batch-first streams
     state = None
@@ -198,12 +217,14 @@ class StepTimer(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.warmup:
+            synchronize()
             self.start = time.perf_counter()
             if self.profiler is not None:
                 self.profiler.enable()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.warmup + self.steps and self.start is not None:
+            synchronize()
             seconds = (time.perf_counter() - self.start) / self.steps
             if self.profiler is None:
                 write_result(seconds)
@@ -252,11 +273,14 @@ NETWORK = "lm-zoo's network in the plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
 FIT = "lm-zoo fit"
 SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, FIT_GLIBC_DEFAULTS, FIT)
+SIDES_CUDA = (PLAIN, NETWORK, FIT)  # the allocator settings are the host's: nothing to compare on a GPU
 # (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
 RATIOS = (
     (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
     (FIT_GLIBC_DEFAULTS, PLAIN, "lm-zoo's overhead, both with glibc's malloc defaults (like for like)"),
     (NETWORK, PLAIN_LM_ZOO_MALLOC, "what lm-zoo's network and torch.optim.SGD cost against nn.LSTM and a bare update"),
+    # On a GPU, where the plain loop runs at one allocator setting (SIDES_CUDA): the same question.
+    (NETWORK, PLAIN, "what lm-zoo's network and torch.optim.SGD cost against nn.LSTM and a bare update"),
     (FIT, NETWORK, "what the training loop around the network costs: Lightning's, and LanguageModel's bookkeeping"),
     (FIT, PLAIN, "lm-zoo as installed against the plain loop as the peers run it"),
     (PLAIN_LM_ZOO_MALLOC, PLAIN, "what lm-zoo's malloc settings give the plain loop"),
@@ -268,8 +292,9 @@ def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> l
     """``lm-zoo fit`` of ``configs/ptb/lstm-small.yaml`` with ``overrides``, timed by :class:`StepTimer` (which stops
     it), with no validation, logger, progress bar or model summary, in a new run directory under ``work`` (one per
     run: LightningCLI refuses to overwrite its config.yaml)."""
+    beside = Path(sys.executable).with_name("lm-zoo")  # this environment's; else the PATH's (a checkout's shim)
     return [
-        str(Path(sys.executable).with_name("lm-zoo")), "fit", "--config", str(CONFIG),
+        str(beside) if beside.exists() else shutil.which("lm-zoo") or "lm-zoo", "fit", "--config", str(CONFIG),
         *overrides, "--trainer.max_epochs=100", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
         "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tempfile.mkdtemp(dir=work)}",
@@ -289,6 +314,7 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         command = [sys.executable, __file__, "--worker", f"--batch={args.batch}", f"--bptt={args.bptt}"]
         command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]
         command += [f"--data-root={args.data_root}", f"--width={args.width}", f"--corpus={args.corpus}"]
+        command += [f"--device={args.device}"]
         command += ["--lm-zoo-malloc"] if side != PLAIN else []
         command += ["--lm-zoo-network"] if side == NETWORK else []
     else:
@@ -302,6 +328,7 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
             f"--data.init_args.corpus={args.corpus}",
             f"--model.init_args.embedding_size={args.width}",
             f"--model.init_args.hidden_size={args.width}",
+            *(["--trainer.accelerator=gpu", "--trainer.devices=1"] if args.device == "cuda" else []),
         )
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -336,7 +363,9 @@ def summarise(rounds: list[dict[str, dict[str, float]]], tokens_per_step: int) -
             "per_round": [round(r[top]["tokens_per_s"] / r[bottom]["tokens_per_s"], 3) for r in rounds],
         }
         for top, bottom, what in RATIOS
-        if top in speed and bottom in speed
+        if top in speed
+        and bottom in speed
+        and not (top == NETWORK and bottom == PLAIN and PLAIN_LM_ZOO_MALLOC in speed)
     ]
     return {"median_tokens_per_s": speed, "median_step_ms": step_ms, "median_peak_rss_bytes": peak, "ratios": ratios}
 
@@ -351,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--width", type=int, default=200, help="every side's embedding and LSTM units")
     parser.add_argument("--corpus", choices=sorted(CORPUS_FILES), default="ptb", help="PTB words or characters")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every side trains")
     parser.add_argument("--data-root", type=Path, default=Path(os.environ.get("LM_ZOO_DATA", "~/.cache/lm-zoo/data")))
     parser.add_argument(
         "--profile",
@@ -374,8 +404,9 @@ def main(argv: list[str] | None = None) -> None:
         profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
         network = "lm-zoo" if args.lm_zoo_network else "plain"
         seconds = plain_loop(
-            args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler, args.width, args.corpus, network
-        )
+            args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler, args.width, args.corpus, network,
+            args.device,
+        )  # fmt: skip
         extra = {} if profiler is None else {"profile": top_functions(profiler, args.steps)}
         write_result(seconds, malloc_applied=applied, **extra)
         return
@@ -387,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     path = output.output_path(args, name)
     settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
     settings |= {"width": args.width, "corpus": args.corpus}
+    if args.device == "cuda":  # older files, all measured on the CPU, have no device
+        settings |= {"device": torch.cuda.get_device_name(), "provenance": output.provenance("cuda")}
     settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": output.hardware()}
     stored = output.read(path) if args.resume else {}
     if stored:
@@ -410,7 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             # The sides alternated, so that a change in the machine's load touches all of them.
-            rounds.append({side: run_side(side, args, Path(tmp) / "result.json") for side in SIDES})
+            sides = SIDES_CUDA if args.device == "cuda" else SIDES
+            rounds.append({side: run_side(side, args, Path(tmp) / "result.json") for side in sides})
     loads[-1]["after"] = os.getloadavg()
     summary = summarise(rounds, args.batch * args.bptt)
     result = {"commands": commands, "settings": settings, "load_average": loads, "rounds": rounds, **summary}

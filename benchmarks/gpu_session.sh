@@ -6,7 +6,8 @@
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
-#                                                               cells profile evaluation syncs nce xml; default all)
+#                                                               cells profile evaluation syncs fit nce xml; default
+#                                                               all)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # LM_ZOO_COMMIT=$(git rev-parse --short=12 HEAD) names the commit measured (the results files record it): the copy
@@ -66,6 +67,12 @@ want profile && step 90 cell_profile.txt python3 benchmarks/cell_profile.py --de
     on_lstm lstm_no_forget --batch 20 64 --out "$OUT/cell_profile_cuda.json"
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
 want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
+# lm-zoo fit against the plain loop on the GPU (needs PTB's word files in .gpudata/ptb): the 2 x 200 recipe at
+# batch 20, and 2 x 650 at batch 64.
+want fit && step 120 fit_overhead.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
+    --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda.json"
+want fit && step 120 fit_overhead_650.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
+    --width 650 --batch 64 --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda_650.json"
 want nce && step 150 nce.txt python3 benchmarks/nce.py --device cuda --steps 3
 
 pack_run() {  # pack_run RUN_DIR NAME: the run's logs and best checkpoint into $OUT as NAME.tgz.part-aa, -ab, ...
