@@ -44,10 +44,37 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 DATA_ROOT = Path(os.environ["LM_ZOO_DATA"]).expanduser() if os.environ.get("LM_ZOO_DATA") else SHARED_DATA
 
 
+#: The test modules that start several processes which watch each other: DDP ranks and torchrun's agent, search workers
+#: and their heartbeats, a run killed and resumed. Under pytest-xdist (``make test``) they share one worker, so that
+#: two of them never run at once on the two cores: side by side, torchrun's agent SIGTERMed the surviving rank before
+#: that rank could name the one that was lost (``test_ddp``'s SIGKILL under torchrun, in two runs out of two).
+PROCESS_MODULES = frozenset(
+    {
+        "test_ddp",
+        "test_ddp_heads",
+        "test_gbw_ddp",
+        "test_multinode",
+        "test_resume",
+        "test_search",
+        "test_search_network",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in PROCESS_MODULES:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """``$LM_ZOO_DATA`` for the code under test (and its subprocesses): the tests' root when it is unset."""
+    """``$LM_ZOO_DATA`` for the code under test (and its subprocesses): the tests' root when it is unset. Under
+    pytest-xdist (``make test`` runs two workers), one torch thread per worker: two workers on two cores with two
+    threads each would preempt each other's threads, which a multi-threaded op then waits for."""
     if not os.environ.get("LM_ZOO_DATA") and SHARED_DATA.is_dir():
         os.environ["LM_ZOO_DATA"] = str(SHARED_DATA)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
