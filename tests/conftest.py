@@ -36,6 +36,7 @@ import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import zoo
 from zoo import settings
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
@@ -431,3 +432,12 @@ def assert_same_figure(expected: dict, measured: dict) -> None:
     count = "frames" if metric == "nll_per_step" else "tokens"
     assert measured[count] == expected[count]
     assert measured.get("max_tokens") == expected.get("max_tokens")
+
+
+def tiny_stack(name: str) -> tuple[torch.nn.Module, int]:
+    """Architecture ``name``'s two-layer stack at its ``tiny`` preset's sizes, seeded, and its input size."""
+    options = dict(zoo.preset(name, "tiny"))
+    size, hidden = options.pop("input_size"), options.pop("hidden_size")
+    options.pop("num_layers")
+    torch.manual_seed(0)
+    return zoo.build(name, size, hidden, 2, **options), size

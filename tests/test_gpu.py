@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import zoo
-from tests.conftest import needs_data
+from tests.conftest import needs_data, tiny_stack
 from zoo.settings import DEFAULT_MATMUL_PRECISION, matmul_precision_in_force
 
 pytestmark = [
@@ -32,14 +32,6 @@ def full_float32() -> Iterator[None]:
         yield
 
 
-def _stack(name: str) -> tuple[torch.nn.Module, int]:
-    options = dict(zoo.preset(name, "tiny"))
-    size, hidden = options.pop("input_size"), options.pop("hidden_size")
-    options.pop("num_layers")
-    torch.manual_seed(0)
-    return zoo.build(name, size, hidden, 2, **options), size
-
-
 def _pass(stack: torch.nn.Module, x: torch.Tensor, reset: torch.Tensor | None) -> list[torch.Tensor]:
     stack.zero_grad()
     y, state = stack(x, reset=reset)
@@ -49,7 +41,7 @@ def _pass(stack: torch.nn.Module, x: torch.Tensor, reset: torch.Tensor | None) -
 
 @pytest.mark.parametrize("name", zoo.names())
 def test_every_architecture_on_cuda_equals_cpu(name: str) -> None:
-    stack, size = _stack(name)
+    stack, size = tiny_stack(name)
     x = torch.randn(3, 8, size)
     reset = torch.zeros(3, 8, dtype=torch.bool)
     reset[1, 5] = True
@@ -64,7 +56,7 @@ def test_every_architecture_on_cuda_equals_cpu(name: str) -> None:
 
 @pytest.mark.parametrize("name", FUSED)
 def test_the_fused_cudnn_kernel_is_taken_without_a_reset(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    stack, size = _stack(name)
+    stack, size = tiny_stack(name)
     stack.cuda()
     for layer in stack.layers:
         monkeypatch.setattr(layer, "step", lambda *args: pytest.fail("the per-step loop ran where cuDNN applies"))
@@ -76,7 +68,7 @@ def test_the_fused_cudnn_kernel_is_taken_without_a_reset(name: str, monkeypatch:
 def test_mixed_precision_training_steps_are_finite(name: str, dtype: torch.dtype) -> None:
     if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    stack, size = _stack(name)
+    stack, size = tiny_stack(name)
     stack.cuda().train()
     optimizer = torch.optim.SGD(stack.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
@@ -161,7 +153,7 @@ def test_windows_with_resets_take_the_packed_kernel_on_cuda(name: str, monkeypat
     per-step loop), and it computes what the plain reference path computes."""
     from zoo import settings
 
-    stack, size = _stack(name)
+    stack, size = tiny_stack(name)
     stack.cuda()
     x = torch.randn(3, 8, size, device="cuda")
     reset = torch.zeros(3, 8, dtype=torch.bool, device="cuda")
@@ -329,7 +321,7 @@ def test_a_captured_window_equals_the_plain_path_on_cuda(name: str) -> None:
     from zoo import settings
 
     architecture, _, budget = name.partition("+")
-    stack, size = _stack(architecture)
+    stack, size = tiny_stack(architecture)
     if budget:  # Skip RNN's budget loss: a term the graph returns beside the window's outputs
         stack = zoo.build("skip_lstm", size, size, 2, budget_weight=0.5)
     stack.cuda().train()

@@ -12,16 +12,9 @@ import pytest
 import torch
 
 import zoo
+from tests.conftest import tiny_stack
 from zoo import settings, window
 from zoo.state import Resets
-
-
-def _stack(name: str) -> tuple[torch.nn.Module, int]:
-    options = dict(zoo.preset(name, "tiny"))
-    size, hidden = options.pop("input_size"), options.pop("hidden_size")
-    options.pop("num_layers")
-    torch.manual_seed(0)
-    return zoo.build(name, size, hidden, 2, **options), size
 
 
 def _grads(stack: torch.nn.Module, y: torch.Tensor, state: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -37,7 +30,7 @@ def test_a_keep_mask_at_every_step_equals_the_resets_where_they_fall(name: str) 
     # What a graph runs (resets as a mask multiplied in at every step, no host decision) against the plain path, which
     # masks only at the steps where some stream resets. A keep of 1 multiplies exactly, so the forward is bit for bit;
     # the extra nodes can change the order in which autograd sums a state's gradient, so gradients to rounding.
-    stack, size = _stack(name)
+    stack, size = tiny_stack(name)
     stack.train()
     x = torch.randn(3, 7, size)
     state = tuple(s + torch.randn_like(s) for s in stack.initial_state(3, x))
@@ -61,7 +54,7 @@ def _on(device: str) -> SimpleNamespace:
 
 
 def test_training_windows_on_cuda_are_captured_unless_switched_off() -> None:
-    stack, _ = _stack("mogrifier")
+    stack, _ = tiny_stack("mogrifier")
     assert window.captures(stack.train(), _on("cuda"))
     assert not window.captures(stack, _on("cpu"))
     assert not window.captures(stack.eval(), _on("cuda"))
@@ -83,7 +76,7 @@ def test_stacks_on_cudnn_are_not_captured() -> None:
 
 
 def test_a_copy_of_a_stack_starts_without_graphs() -> None:
-    stack, _ = _stack("on_lstm")
+    stack, _ = tiny_stack("on_lstm")
     graphs = stack._window_graphs()
     graphs.failed[("a signature",)] = "refused"
     for copied in (copy.deepcopy(stack), pickle.loads(pickle.dumps(stack))):
@@ -92,7 +85,7 @@ def test_a_copy_of_a_stack_starts_without_graphs() -> None:
 
 
 def test_the_summary_line_counts_captures_and_failures_and_is_silent_where_none_was_tried() -> None:
-    stack, _ = _stack("on_lstm")
+    stack, _ = tiny_stack("on_lstm")
     model = torch.nn.Sequential(stack)
     assert window.summary(model) is None  # on the CPU nothing is captured
     graphs = stack._window_graphs()

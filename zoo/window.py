@@ -74,8 +74,9 @@ class _Graph:
 class _Window(nn.Module):
     """A stack's window as a module of tensor arguments, for capture: ``(x, *state[, keep]) -> (y, *state[, loss])``.
 
-    The stack is held outside ``_modules`` (it owns this wrapper, not the other way around); :meth:`parameters` is
-    the stack's, which is what :func:`torch.cuda.make_graphed_callables` differentiates the captured backward for.
+    The stack is held by a weak reference, not in ``_modules`` (it owns this wrapper, not the other way around);
+    :meth:`parameters` is the stack's, which is what :func:`torch.cuda.make_graphed_callables` differentiates the
+    captured backward for.
     """
 
     def __init__(self, stack: RecurrentStack, state_size: int, has_keep: bool) -> None:
