@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 # The quick lane while working: every module's quick tests (the verify_pretrained ones are slow too).
 # Both lanes run two pytest-xdist workers, one per core of the 2-core machines the suite is sized for (one torch
 # thread each; the tests that start several processes share one worker: tests/conftest.py, PROCESS_MODULES).
-# PYTEST_WORKERS=0 runs them in this process, one after another.
+# PYTEST_WORKERS=0: everything in this process, one test after another.
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 quick: setup

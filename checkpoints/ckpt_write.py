@@ -31,6 +31,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from checkpoints.ckpt_read import unreadable
+from lightning_modules.faults import is_peer_failure
 from zoo.errors import CheckpointError, ConfigError, Interrupted
 
 DEFAULT_INTERVAL = timedelta(minutes=30)
@@ -257,7 +258,12 @@ class LastCheckpoint(ModelCheckpoint):
         )
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_signals()
+        # Not when another rank was lost: under torchrun, the agent SIGTERMs the survivors as soon as it sees the loss,
+        # while this process is still on its way to the one line that names the lost rank (faults.peer_lost, printed
+        # by lm-zoo's error handler). With the handlers given back (a worker's SIGTERM default), that SIGTERM ended it
+        # without the line (tests/test_ddp.py, torchrun); kept, the signal is only noted, and the line is printed.
+        if not is_peer_failure(exception):
+            self._restore_signals()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save after every validation (also right after a periodic save at the same step: that one predates the

@@ -46,9 +46,8 @@ DATA_ROOT = Path(os.environ["LM_ZOO_DATA"]).expanduser() if os.environ.get("LM_Z
 
 
 #: The test modules that start several processes which watch each other: DDP ranks and torchrun's agent, search workers
-#: and their heartbeats, a run killed and resumed. Under pytest-xdist (``make test``) they share one worker, so that
-#: two of them never run at once on the two cores: side by side, torchrun's agent SIGTERMed the surviving rank before
-#: that rank could name the one that was lost (``test_ddp``'s SIGKILL under torchrun, in two runs out of two).
+#: and their heartbeats, a run killed and resumed. Under pytest-xdist (``make test``) they share one worker, so that two
+#: of them never run at once on the two cores.
 PROCESS_MODULES = frozenset(
     {
         "test_ddp",
