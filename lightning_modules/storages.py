@@ -284,7 +284,11 @@ class StorageServer:
 
     def wait(self) -> None:
         """Block until :meth:`stop` (or Ctrl-C in the calling thread)."""
-        self.server.wait_for_termination()
+        # Short sleeps, not grpc's wait_for_termination: a Ctrl-C that landed while its Condition.wait took its lock
+        # back left the lock half released, and the server died of "RuntimeError: release unlocked lock" instead of
+        # stopping (tests/test_search_network.py, once, beside another test worker). A sleep is interrupted cleanly.
+        while not self._stop.is_set():
+            time.sleep(0.2)
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop listening (calls under way get ``grace`` seconds) and stop the watcher."""
