@@ -22,10 +22,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The quick lane while working: every module's quick tests (the verify_pretrained ones are slow too).
-# Both lanes run two pytest-xdist workers, one per core of the 2-core machines the suite is sized for (one torch
-# thread each; the tests that start several processes share one worker: tests/conftest.py, PROCESS_MODULES).
-# PYTEST_WORKERS=0: everything in this process, one test after another.
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=2 runs either lane on two pytest-xdist workers, one per core (one torch thread each; the tests that
+# start several processes share one worker: tests/conftest.py, PROCESS_MODULES): 492-688 s for `make test` here
+# against 700-860 s in one process, but three runs of it in the fresh-clone CI each failed a different timing-sensitive
+# test (two were library races, fixed; the third, test_ddp_heads' NCE-table queue, is not yet understood), so one
+# process stays the default until the suite holds under two.
+PYTEST_WORKERS ?= 0
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 quick: setup
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
