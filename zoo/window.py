@@ -31,6 +31,7 @@ equal (outputs, final state, every gradient).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import warnings
@@ -200,23 +201,12 @@ def _signature(stack: nn.Module, args: tuple[Tensor, ...], has_keep: bool) -> tu
     )
 
 
-class _capturable_autocast:
+def _capturable_autocast(device: str) -> contextlib.AbstractContextManager:
     """Autocast as it is, without its cast cache, which :func:`torch.cuda.make_graphed_callables` refuses (a cached
     cast would be made once, at capture, and then stay stale across replays while the weights change)."""
-
-    def __init__(self, device: str) -> None:
-        enabled = torch.is_autocast_enabled(device)
-        self.context = (
-            torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False) if enabled else None
-        )
-
-    def __enter__(self) -> None:
-        if self.context is not None:
-            self.context.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.context is not None:
-            self.context.__exit__(*exc)
+    if not torch.is_autocast_enabled(device):
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
 
 
 def summary(model: nn.Module) -> str | None:
