@@ -261,7 +261,8 @@ class LastCheckpoint(ModelCheckpoint):
         # Not when another rank was lost: under torchrun, the agent SIGTERMs the survivors as soon as it sees the loss,
         # while this process is still on its way to the one line that names the lost rank (faults.peer_lost, printed
         # by lm-zoo's error handler). With the handlers given back (a worker's SIGTERM default), that SIGTERM ended it
-        # without the line (tests/test_ddp.py, torchrun); kept, the signal is only noted, and the line is printed.
+        # without the line (tests/test_ddp.py, torchrun); kept, the signal is only noted until Lightning's teardown
+        # puts back what it found, and from there faults.peer_lost ignores it.
         if not is_peer_failure(exception):
             self._restore_signals()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -104,9 +105,16 @@ def is_peer_failure(error: BaseException) -> bool:
 
 def peer_lost(error: BaseException) -> PeerLost | None:
     """The one line for a collective that failed because another rank stopped, naming that rank and what happened;
-    ``None`` when ``error`` is something else, or this process is in no multi-process run."""
+    ``None`` when ``error`` is something else, or this process is in no multi-process run. Once it is such a failure,
+    this process ignores SIGTERM from then on: it is on its way out, and the line goes first."""
     if _peers is None or not is_peer_failure(error):
         return None
+    # From here this process only says why it stops and leaves, so a SIGTERM no longer ends it first: torchrun's agent
+    # SIGTERMs every surviving rank as soon as it sees one die, and with SIGTERM's default (Lightning's teardown puts
+    # it back on the way here) that signal ended this rank while it looked for the lost one below, without its line
+    # (tests/test_ddp.py, torchrun, SIGKILL). Ignored, not noted: the process is leaving anyway.
+    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return PeerLost(
         f"{_what_stopped(_peers)}, so rank {_peers.rank} stops too; the last checkpoint on disk is whole: once the "
         "cause is fixed, the same command with --ckpt_path last resumes the run"
