@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -175,21 +173,3 @@ def _storage_error(err: BaseException) -> LMZooError | None:
         reason = str(getattr(err, "orig", None) or err).splitlines()[0]
         return DataError(f"--storage: the storage cannot be opened ({reason}): check the URL, the server and the path")
     return None
-
-
-def option(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
-    """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
-    one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""
-    bound = f"> {minimum:g}" if above else f">= {minimum:g}"
-    what = f"an integer {bound}" if kind is int else f"a number {bound}"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ConfigError(f"{flag} must be {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (above and value == minimum):
-            raise ConfigError(f"{flag} must be {what}, got {text!r}")
-        return value
-
-    return parse

@@ -6,23 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import checkpoints
 from checkpoints.export_write import score
 from commands import COMMANDS
-from commands.common import (
-    CommandParser,
-    option,
-    quantize_model,
-    source_arguments,
-)
+from commands.common import CommandParser, quantize_model, source_arguments
 from datamodules.corpora import SPLITS
 from datamodules.kinds import PROCEDURES
-from lightning_modules.evaluation.dynamic import DynamicEvaluation
-from lightning_modules.evaluation.mc_dropout import DEFAULT_ROWS_PER_CALL, MCDropout
-from lightning_modules.evaluation.perplexity import check_settings, parse_temperature
-from zoo.errors import ConfigError
+from lightning_modules.evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
+from lightning_modules.evaluation.scoring import ScoringProcedure
+from zoo.errors import ConfigError, number_flag
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, set_matmul_precision
 
 
@@ -35,7 +28,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     parser.add_argument("--bptt", type=int, help="window length (default: the training run's eval BPTT)")
     parser.add_argument(
         "--max-tokens",
-        type=option("--max-tokens", int, 1),
+        type=number_flag("--max-tokens", int, 1),
         metavar="N",
         help="score only the windows up to the one holding the split's N-th token (a music model's: frame), a fixed "
         "part of it that is quick to re-measure; the result records N (default: the whole split)",
@@ -49,22 +42,26 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     add_procedure_arguments(parser)  # --long-context, --temperature, --mc-samples, --dynamic, --tune, ...
     args = parser.parse_args(argv)
 
-    procedure = procedure_from_args(args)  # mc, dynamic, tune_trials
-    check_settings(  # before loading
-        args.batch_size, args.bptt, args.long_context, args.temperature, **procedure, max_tokens=args.max_tokens
-    )
-    if args.quantize and (procedure["mc"] or procedure["dynamic"]):
+    procedure = procedure_from_args(args)
+    # Before loading.
+    check_settings(args.batch_size, args.bptt, args.long_context, args.temperature, procedure, args.max_tokens)
+    if args.quantize and procedure is not None and procedure.needs_float_weights:
         raise ConfigError(
-            f"--quantize {args.quantize} scores with fixed int8 weights: --mc-samples needs dropout and --dynamic "
-            "trains the weights; drop one of them"
+            f"--quantize {args.quantize} scores with fixed int8 weights: {procedure.flag} "
+            f"{procedure.needs_float_weights}; drop one of them"
         )
     loaded = checkpoints.load(args.source, args.revision)
     quantize_model(loaded, args.quantize, args.device)
     set_matmul_precision(args.matmul_precision)  # for the whole command: temperature search and dynamic steps too
     datamodule = loaded.datamodule(args.corpus, args.data_root)
-    if procedure["mc"] or procedure["dynamic"] or args.long_context or args.temperature != 1.0:
+    if procedure is not None or args.long_context or args.temperature != 1.0:
         loaded.kind.refuse(PROCEDURES, loaded.source)  # a music model is scored as it is
-    options = {"long_context": args.long_context, "temperature": args.temperature, "seed": args.seed, **procedure}
+    options = {
+        "long_context": args.long_context,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "procedure": procedure,
+    }
     result = score(loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, args.max_tokens, **options)
     result.source = loaded.source
     result.matmul_precision = args.matmul_precision  # a setting the figure depends on, as the eval batch size
@@ -73,7 +70,9 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 
 
 def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
-    """``lm-zoo evaluate``'s procedure flags; a bad value is one :class:`ConfigError` line naming the flag."""
+    """``lm-zoo evaluate``'s procedure flags: long context, temperature, the seed and every procedure's own
+    (:data:`~lightning_modules.evaluation.perplexity.SCORING_PROCEDURES`); a bad value is one :class:`ConfigError` line
+    naming the flag."""
     group = parser.add_argument_group("procedures (Melis et al. 2020 §3.3; the result records every setting)")
     group.add_argument(
         "--long-context", action="store_true", help="score the split as one stream (batch size 1, BPTT as given)"
@@ -87,103 +86,19 @@ def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
         "applied to --split (with --dynamic, or MoS dropout under --mc-samples, each trial re-runs the pass)",
     )
     group.add_argument(
-        "--mc-samples",
-        type=option("--mc-samples", int, 1),
-        metavar="N",
-        help="MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
+        "--seed", type=number_flag("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)"
     )
-    group.add_argument(
-        "--dropout-scale",
-        type=option("--dropout-scale", float, 0),
-        metavar="F",
-        help="MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
-    )
-    group.add_argument(
-        "--mc-batch",
-        type=option("--mc-batch", int, 1),
-        metavar="ROWS",
-        help=f"MC dropout: most stream replicas (streams x samples) per forward call (default {DEFAULT_ROWS_PER_CALL})",
-    )
-    group.add_argument("--seed", type=option("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)")
-    group.add_argument(
-        "--dynamic",
-        action="store_true",
-        help="dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step on it",
-    )
-    defaults = DynamicEvaluation()
-    for flag, metavar, text in (
-        ("--dyn-lr", "ETA", f"learning rate (default {defaults.learning_rate:g}; Table 6: 1e-6 .. 1e-3)"),
-        ("--dyn-decay", "LAMBDA", f"decay towards the trained weights (default {defaults.decay_rate:g}; 1e-6 .. 1e-2)"),
-        ("--dyn-eps", "EPS", f"epsilon of the RMS-normalised step (default {defaults.epsilon:g}; 1e-8 .. 1e-2)"),
-    ):
-        group.add_argument(flag, type=option(flag, float, 0), metavar=metavar, help=text)
-    for flag, metavar, text in (
-        ("--dyn-max-time-steps", "T", "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)"),
-        (
-            "--dyn-stat-batches",
-            "K",
-            f"training batches for the mean squared gradients (default {defaults.stat_batches})",
-        ),
-        ("--dyn-stat-batch-size", "B", f"streams per such batch (default {defaults.stat_batch_size}, the paper's)"),
-    ):
-        group.add_argument(flag, type=option(flag, int, 1), metavar=metavar, help=text)
-    group.add_argument(
-        "--tune",
-        action="store_true",
-        help="with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score --split",
-    )
-    group.add_argument(
-        "--tune-trials",
-        type=option("--tune-trials", int, 1),
-        metavar="N",
-        help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
-    )
-    group.add_argument(
-        "--tune-tokens",
-        type=option("--tune-tokens", int, 1),
-        metavar="N",
-        help="score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
-    )
+    for procedure in SCORING_PROCEDURES:
+        procedure.add_arguments(group)
 
 
-def procedure_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags of :func:`add_procedure_arguments` as :func:`evaluate` arguments (``mc``, ``dynamic``,
-    ``tune_trials``, ``tune_tokens``).
+def procedure_from_args(args: argparse.Namespace) -> ScoringProcedure | None:
+    """The procedure the flags of :func:`add_procedure_arguments` choose; ``None``: the deterministic pass.
 
     Raises:
-        ConfigError: a flag given without the procedure it belongs to.
+        ConfigError: a flag given without the procedure it belongs to, or two procedures at once.
     """
-    flags = ("mc_samples", "dropout_scale", "mc_batch", "dynamic", "tune", "tune_trials", "tune_tokens", *DYNAMIC_FLAGS)
-    values = {name: getattr(args, name, None) for name in flags}
-    given = {name: v for name, v in values.items() if v is not None and v is not False}  # 0 is a given value
-    for flag, needs, mode in (
-        ("dropout_scale", "mc_samples", "--mc-samples N"),
-        ("mc_batch", "mc_samples", "--mc-samples N"),
-        ("tune_trials", "tune", "--tune"),
-        ("tune_tokens", "tune", "--tune"),
-        *((name, "dynamic", "--dynamic") for name in DYNAMIC_FLAGS),
-        ("tune", "dynamic", "--dynamic"),
-    ):
-        if flag in given and needs not in given:
-            raise ConfigError(f"--{flag.replace('_', '-')} applies only with {mode}: add it or drop the flag")
-    mc = None
-    if "mc_samples" in given:
-        mc = MCDropout(given["mc_samples"], given.get("dropout_scale", 1.0), given.get("mc_batch"))
-    dynamic = None
-    if "dynamic" in given:
-        dynamic = DynamicEvaluation(**{field: given[flag] for flag, field in DYNAMIC_FLAGS.items() if flag in given})
-    trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
-    return {"mc": mc, "dynamic": dynamic, "tune_trials": trials, "tune_tokens": given.get("tune_tokens")}
-
-
-#: ``lm-zoo evaluate`` flag (argparse dest) -> :class:`DynamicEvaluation` field.
-DYNAMIC_FLAGS = {
-    "dyn_lr": "learning_rate",
-    "dyn_decay": "decay_rate",
-    "dyn_eps": "epsilon",
-    "dyn_max_time_steps": "max_time_steps",
-    "dyn_stat_batches": "stat_batches",
-    "dyn_stat_batch_size": "stat_batch_size",
-}
-
-DEFAULT_TUNE_TRIALS = 20
+    chosen = [procedure for kind in SCORING_PROCEDURES if (procedure := kind.from_flags(args)) is not None]
+    if len(chosen) > 1:
+        raise ConfigError(f"{chosen[-1].flag} with {chosen[0].flag} is not supported: run them separately")
+    return chosen[0] if chosen else None

@@ -14,13 +14,12 @@ import checkpoints
 from commands import COMMANDS
 from commands.common import (
     CommandParser,
-    option,
     quantize_model,
     source_arguments,
 )
 from datamodules.kinds import SCORE
 from lightning_modules.evaluation.sentences import SCALES, stream_scores
-from zoo.errors import ConfigError, DataError
+from zoo.errors import ConfigError, DataError, number_flag
 
 NBEST_HELP = (
     "FILE is an n-best list: 'ID<TAB>hypothesis' lines, or Kaldi's 'ID word word ...'; each line is printed back byte "
@@ -120,7 +119,7 @@ def cmd_score(argv: Sequence[str]) -> None:
         help="read the lines as one running text, each in the context of the lines before it (default: each alone)",
     )
     parser.add_argument("--no-end", action="store_true", help="score the words only, not the end of the sentence")
-    parser.add_argument("--batch-size", type=option("--batch-size", int, 1), default=64, help="sentences per pass")
+    parser.add_argument("--batch-size", type=number_flag("--batch-size", int, 1), default=64, help="sentences per pass")
     args = parser.parse_args(argv)
     if args.nbest and (args.document or args.per_token):
         raise ConfigError("--nbest scores each hypothesis alone into one column: drop --document and --per-token")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import optuna  # the search extra (pip install "lm-zoo[search]")
 import torch
 
-from commands.common import CommandParser, option
+from commands.common import CommandParser
 from commands.recipes import config_file
 from lightning_modules.search.evolution import (
     STUDY,
@@ -27,7 +27,7 @@ from lightning_modules.search.evolution import (
     worker_random,
 )
 from lightning_modules.storages import StorageServer, host_port, is_loopback
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, number_flag
 
 
 def parse_duration(text: str) -> float:
@@ -64,7 +64,7 @@ def cmd_serve(argv: Sequence[str]) -> None:
         help="the address to listen on (default 127.0.0.1: this machine only; reach it from others through an SSH "
         "tunnel, docs/search.md; 0.0.0.0 or :: opens it to the network, with no authentication)",
     )
-    parser.add_argument("--port", type=option("--port", int, 0), default=13000, help="0: one the system picks")
+    parser.add_argument("--port", type=number_flag("--port", int, 0), default=13000, help="0: one the system picks")
     args = parser.parse_args(argv)
     if args.port > 65535:
         raise ConfigError(f"--port must be a port number from 0 to 65535, got {args.port}")

@@ -8,6 +8,7 @@ import copy
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,15 +162,15 @@ def test_auto_temperature_is_searched_on_valid_and_applied_to_the_split(dm: Text
 def test_mc_temperature_search_over_kept_features_equals_re_running_the_seeded_passes(dm: TextDataModule) -> None:
     model = _model(dm.vocab_size, **DROPOUTS, embedding_dropout=0.1)
     mc = MCDropout(samples=4)
-    cached = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7)
-    rerun = evaluate(model, dm, "valid", temperature="auto", mc=mc, seed=7, cache_bytes=0)
+    cached = evaluate(model, dm, "valid", temperature="auto", procedure=mc, seed=7)
+    rerun = evaluate(model, dm, "valid", temperature="auto", procedure=mc, seed=7, cache_bytes=0)
     assert (
         cached.procedure.temperature_search["features_cached"]
         and not rerun.procedure.temperature_search["features_cached"]
     )
     assert cached.procedure.temperature == pytest.approx(rerun.procedure.temperature, abs=1e-9)
     assert cached.loss == pytest.approx(rerun.loss, rel=1e-6)
-    fixed = evaluate(model, dm, "valid", temperature=cached.procedure.temperature, mc=mc, seed=7)
+    fixed = evaluate(model, dm, "valid", temperature=cached.procedure.temperature, procedure=mc, seed=7)
     assert cached.loss == pytest.approx(fixed.loss, rel=1e-6)  # the same masks: common random numbers
 
 
@@ -261,7 +262,7 @@ def test_mc_without_dropout_reproduces_the_deterministic_result(dm: TextDataModu
     options = {} if how == "no dropout" else {**DROPOUTS, "embedding_dropout": 0.1}
     model = _model(dm.vocab_size, **options)
     mc = MCDropout(samples=5, dropout_scale=0.0 if how == "scale 0" else 1.0)
-    result = evaluate(model, dm, "test", mc=mc)
+    result = evaluate(model, dm, "test", procedure=mc)
     assert result.loss == pytest.approx(evaluate(model, dm, "test").loss, rel=1e-6)
     assert (result.procedure.method, result.procedure.mc_samples, result.procedure.mc_rows_per_call) == (
         "mc-dropout",
@@ -285,7 +286,7 @@ def test_sampled_dropout_scales_every_rate_and_restores_the_model_exactly(dm: Te
     assert not model.embedding._forward_hooks
     assert evaluate(model, dm, "test").loss == before
     with pytest.raises(Exception, match="dropout scale 3.0"):  # 0.35 x 3 >= 1
-        evaluate(model, dm, "test", mc=MCDropout(2, dropout_scale=3.0))
+        evaluate(model, dm, "test", procedure=MCDropout(2, dropout_scale=3.0))
 
 
 def test_word_dropout_is_drawn_per_row_under_mc() -> None:
@@ -338,7 +339,7 @@ def _dynamic(**kw) -> DynamicEvaluation:
 def test_dynamic_with_learning_rate_zero_reproduces_the_deterministic_result(dm: TextDataModule, decay: float) -> None:
     model = _model(dm.vocab_size, **DROPOUTS)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    result = evaluate(model, dm, "test", dynamic=_dynamic(learning_rate=0.0, decay_rate=decay))
+    result = evaluate(model, dm, "test", procedure=_dynamic(learning_rate=0.0, decay_rate=decay))
     plain = evaluate(model, dm, "test", batch_size=1, bptt=6)
     assert result.loss == pytest.approx(plain.loss, rel=1e-6)
     assert (result.procedure.method, result.eval_batch_size, result.bptt, result.procedure.long_context) == (
@@ -363,7 +364,7 @@ def test_dynamic_evaluation_takes_its_gradients_without_cudnn(dm: TextDataModule
         return token_nll(*args, **kwargs)
 
     monkeypatch.setattr(model, "token_nll", recording)
-    evaluate(model, dm, "test", dynamic=_dynamic())
+    evaluate(model, dm, "test", procedure=_dynamic())
     assert seen and all(not cudnn for grad, cudnn in seen if grad)
     assert torch.backends.cudnn.enabled  # restored
 
@@ -445,7 +446,7 @@ def test_dynamic_tuning_reports_its_trials_and_keeps_the_best(dm: TextDataModule
     model = _model(dm.vocab_size)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     given = _dynamic(learning_rate=1e-4)
-    result = evaluate(model, dm, "valid", dynamic=given, tune_trials=3, seed=5)
+    result = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=3), seed=5)
     trials = result.procedure.dynamic["tuning"]["trials"]
     assert len(trials) == 3 and trials[0]["learning_rate"] == 1e-4 and trials[0]["max_time_steps"] == 6
     best = min(trials, key=lambda trial: trial["loss"])
@@ -455,10 +456,10 @@ def test_dynamic_tuning_reports_its_trials_and_keeps_the_best(dm: TextDataModule
     for trial in trials[1:]:  # drawn from Table 6
         assert 1e-6 <= trial["learning_rate"] <= 1e-3 and 1e-6 <= trial["decay_rate"] <= 1e-2
         assert 1e-8 <= trial["epsilon"] <= 1e-2 and 1 <= trial["max_time_steps"] <= 20
-    again = evaluate(model, dm, "valid", dynamic=given, tune_trials=3, seed=5)
+    again = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=3), seed=5)
     assert again.procedure.dynamic["tuning"]["trials"] == trials  # seeded
     # Trials on a prefix of validation (Krause's --gridfast); the result then scores the whole split.
-    prefix = evaluate(model, dm, "valid", dynamic=given, tune_trials=2, tune_tokens=100)
+    prefix = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=2, tune_tokens=100))
     assert 100 <= prefix.procedure.dynamic["tuning"]["valid_tokens"] < 100 + 20
     assert prefix.tokens == result.tokens == dm.units("valid").tokens
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())

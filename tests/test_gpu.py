@@ -98,8 +98,8 @@ def test_dynamic_evaluation_runs_on_cuda_and_equals_cpu(tmp_path: Path, monkeypa
     torch.manual_seed(0)
     model = RecurrentLM(vocab_size=data.vocab_size, embedding_size=8, hidden_size=8, architecture="lstm")
     settings = DynamicEvaluation(max_time_steps=6, stat_batches=4, stat_batch_size=4)
-    on_cpu = evaluate(model, data, "test", dynamic=settings, device="cpu").loss
-    on_gpu = evaluate(model, data, "test", dynamic=settings, device="cuda").loss
+    on_cpu = evaluate(model, data, "test", procedure=settings, device="cpu").loss
+    on_gpu = evaluate(model, data, "test", procedure=settings, device="cuda").loss
     assert on_gpu == pytest.approx(on_cpu, rel=1e-4)
 
 
@@ -264,8 +264,8 @@ def test_mc_dropout_samples_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     devices = set()
     model.rnn.register_forward_pre_hook(lambda m, args: devices.add(args[0].device.type))
     deterministic = evaluate(model, data, "test", device="cuda").loss
-    unscaled = evaluate(model, data, "test", device="cuda", mc=MCDropout(samples=4, dropout_scale=0)).loss
-    sampled = evaluate(model, data, "test", device="cuda", mc=MCDropout(samples=4)).loss
+    unscaled = evaluate(model, data, "test", device="cuda", procedure=MCDropout(samples=4, dropout_scale=0)).loss
+    sampled = evaluate(model, data, "test", device="cuda", procedure=MCDropout(samples=4)).loss
     assert devices == {"cuda"}
     assert unscaled == pytest.approx(deterministic, rel=1e-4), "scale 0 is the deterministic model"
     assert sampled != pytest.approx(deterministic, rel=1e-4), "MC dropout drew no mask"

@@ -5,6 +5,12 @@ Every part of lm-zoo raises a subclass of :class:`LMZooError` for bad input; ``c
 to do about it.
 """
 
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
 
 def clip(text: str, limit: int = 200) -> str:
     """``text``'s first line, cut at a word boundary with `` ...`` when longer than ``limit``: a quoted reason inside
@@ -55,3 +61,21 @@ class Interrupted(LMZooError):
         super().__init__(message)
         self.exit_code = 128 + signal_number
         self.checkpoint = checkpoint
+
+
+def number_flag(flag: str, kind: type[int] | type[float], minimum: float, above: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number ``>= minimum`` (``> minimum`` if ``above``) that refuses anything else with
+    one :class:`ConfigError` line naming ``flag`` (argparse's own error would print the usage too)."""
+    bound = f"> {minimum:g}" if above else f">= {minimum:g}"
+    what = f"an integer {bound}" if kind is int else f"a number {bound}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{flag} must be {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (above and value == minimum):
+            raise ConfigError(f"{flag} must be {what}, got {text!r}")
+        return value
+
+    return parse

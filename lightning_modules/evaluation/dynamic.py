@@ -25,18 +25,29 @@ weights before stream 1's next segment (earlier text) is scored.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from datamodules.progress import Progress
 from datamodules.windows import IGNORE_INDEX, LMBatch
+from lightning_modules.evaluation.scoring import (
+    EvaluationSetup,
+    Scorer,
+    ScoringProcedure,
+    first_tokens,
+    given_flags,
+    refuse_orphans,
+)
 from lightning_modules.evaluation.temperature import total_nll
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, number_flag
 from zoo.language_model import RecurrentLM
 from zoo.state import State, detach_state
 
@@ -57,8 +68,9 @@ def _log_middle(name: str) -> float:
 
 
 @dataclass(frozen=True)
-class DynamicEvaluation:
-    """Hyperparameters of dynamic evaluation; the defaults are the middles of Table 6's (log-spaced) ranges.
+class DynamicEvaluation(ScoringProcedure):
+    """Dynamic evaluation, a scoring procedure: its hyperparameters (the defaults are the middles of Table 6's
+    log-spaced ranges), optionally tuned on validation first, its flags and its scorer.
 
     Attributes:
         learning_rate: η (Table 6: 1e-6 .. 1e-3).
@@ -69,6 +81,10 @@ class DynamicEvaluation:
         stat_batches: most training batches for the mean squared gradients (LAMB's ``max_training_eval_batches``
             default, 100); fewer if the training split runs out.
         stat_batch_size: streams per training batch (the paper: 1024).
+        tune_trials: settings to try on validation over Table 6 (Optuna TPE) before scoring, the best of which
+            scores the split; 0: no tuning. Not part of :meth:`record`: the tuning has its own record.
+        tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
+            uses 30,000); ``None``: the whole split.
     """
 
     learning_rate: float = _log_middle("learning_rate")
@@ -77,6 +93,14 @@ class DynamicEvaluation:
     max_time_steps: int | None = None
     stat_batches: int = 100
     stat_batch_size: int = 1024
+    tune_trials: int = 0
+    tune_tokens: int | None = None
+
+    method: ClassVar[str] = "dynamic"
+    flag: ClassVar[str | None] = "--dynamic"
+    # With more streams, a step on later text would change the weights before earlier text is scored.
+    one_stream: ClassVar[bool] = True
+    needs_float_weights: ClassVar[str | None] = "trains the weights"
 
     def __post_init__(self) -> None:
         for name in ("learning_rate", "decay_rate", "epsilon"):
@@ -87,6 +111,12 @@ class DynamicEvaluation:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"dynamic evaluation's {name} must be at least 1, got {value}")
+        if self.tune_trials < 0:
+            raise ConfigError(f"--tune-trials must be at least 1, got {self.tune_trials}")
+        if self.tune_tokens is not None and self.tune_tokens < 1:
+            raise ConfigError(f"--tune-tokens must be at least 1, got {self.tune_tokens}")
+        if self.tune_tokens is not None and not self.tune_trials:
+            raise ConfigError("--tune-tokens applies only with --tune: add it or drop the flag")
 
     def for_level(self, level: str) -> DynamicEvaluation:
         """These settings with ``max_time_steps`` filled in for a ``word`` or ``char`` corpus."""
@@ -96,8 +126,144 @@ class DynamicEvaluation:
         return replace(self, max_time_steps=(low + high) // 2)
 
     def record(self) -> dict[str, float | int | None]:
-        """The settings as a results-JSON entry."""
-        return asdict(self)
+        """The hyperparameters as a results-JSON entry."""
+        return {name: value for name, value in asdict(self).items() if name not in ("tune_trials", "tune_tokens")}
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        """``--dynamic``, its hyperparameters (``--dyn-*``) and ``--tune``."""
+        group.add_argument(
+            "--dynamic",
+            action="store_true",
+            help="dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step "
+            "on it",
+        )
+        defaults = cls()
+        for flag, metavar, text in (
+            ("--dyn-lr", "ETA", f"learning rate (default {defaults.learning_rate:g}; Table 6: 1e-6 .. 1e-3)"),
+            (
+                "--dyn-decay",
+                "LAMBDA",
+                f"decay towards the trained weights (default {defaults.decay_rate:g}; 1e-6 .. 1e-2)",
+            ),
+            ("--dyn-eps", "EPS", f"epsilon of the RMS-normalised step (default {defaults.epsilon:g}; 1e-8 .. 1e-2)"),
+        ):
+            group.add_argument(flag, type=number_flag(flag, float, 0), metavar=metavar, help=text)
+        for flag, metavar, text in (
+            ("--dyn-max-time-steps", "T", "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)"),
+            (
+                "--dyn-stat-batches",
+                "K",
+                f"training batches for the mean squared gradients (default {defaults.stat_batches})",
+            ),
+            ("--dyn-stat-batch-size", "B", f"streams per such batch (default {defaults.stat_batch_size}, the paper's)"),
+        ):
+            group.add_argument(flag, type=number_flag(flag, int, 1), metavar=metavar, help=text)
+        group.add_argument(
+            "--tune",
+            action="store_true",
+            help="with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score "
+            "--split",
+        )
+        group.add_argument(
+            "--tune-trials",
+            type=number_flag("--tune-trials", int, 1),
+            metavar="N",
+            help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
+        )
+        group.add_argument(
+            "--tune-tokens",
+            type=number_flag("--tune-tokens", int, 1),
+            metavar="N",
+            help="score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
+        )
+
+    @classmethod
+    def from_flags(cls, flags: argparse.Namespace) -> DynamicEvaluation | None:
+        given = given_flags(flags, ("dynamic", "tune", "tune_trials", "tune_tokens", *_FLAG_FIELDS))
+        refuse_orphans(
+            given,
+            [
+                ("tune_trials", "tune", "--tune"),
+                ("tune_tokens", "tune", "--tune"),
+                *((name, "dynamic", "--dynamic") for name in _FLAG_FIELDS),
+                ("tune", "dynamic", "--dynamic"),
+            ],
+        )
+        if "dynamic" not in given:
+            return None
+        trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
+        settings = {field: given[flag] for flag, field in _FLAG_FIELDS.items() if flag in given}
+        return cls(**settings, tune_trials=trials, tune_tokens=given.get("tune_tokens"))
+
+    def check(self, batch_size: int | None, bptt: int | None) -> None:
+        if batch_size not in (None, 1):
+            raise ConfigError(
+                f"--dynamic reads the split as one stream (batch size 1; with more, a step on later text would change "
+                f"the weights before earlier text is scored): drop --batch-size {batch_size}"
+            )
+        if bptt is not None:
+            raise ConfigError("--dynamic takes one gradient step per segment: set its length with --dyn-max-time-steps")
+
+    def prepare(self, setup: EvaluationSetup) -> Scorer:
+        """The gradient statistics on train, then, with :attr:`tune_trials`, the settings tuned on valid."""
+        model, datamodule = setup.model, setup.datamodule
+        settings = self.for_level(datamodule.level)
+        train_windows = datamodule.stream("train", batch_size=settings.stat_batch_size, bptt=settings.max_time_steps)
+        total = min(settings.stat_batches, len(train_windows))
+        train = Progress(train_windows, "gradient statistics on train", total=total)
+        statistics = mean_squared_gradients(model, train, settings.stat_batches)
+        tuning: dict[str, Any] | None = None
+        scored_valid = None
+        if settings.tune_trials:
+            trials = tune(
+                model,
+                statistics,
+                lambda steps: first_tokens(
+                    Progress(datamodule.stream("valid", batch_size=1, bptt=steps), "trial"), settings.tune_tokens
+                ),
+                settings,
+                settings.tune_trials,
+                datamodule.level,
+                setup.seed,
+                setup.temperature,
+            )
+            best = min(trials, key=lambda trial: trial.loss)
+            settings = best.settings
+            tuning = {
+                "split": "valid",
+                "trials": [trial.record() for trial in trials],
+                "best_valid_loss": best.loss,
+                "valid_tokens": best.tokens,
+                "temperature": setup.temperature,
+                "seed": setup.seed,
+                "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
+            }
+            if settings.tune_tokens is None:  # the winning trial scored the whole valid split at its settings
+                scored_valid = best.nats, best.tokens
+
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            with adapting(model, statistics, settings) as adaptation:
+                return total_nll(dynamic_nll(model, windows, adaptation, t))
+
+        return Scorer(
+            score,
+            settings.max_time_steps,  # the tuned segment length, when tuning chose one
+            record={"dynamic": {**settings.record(), **statistics.record(), "tuning": tuning}},
+            scored_valid=scored_valid,
+        )
+
+
+#: The ``--dyn-*`` flags (argparse dests) -> :class:`DynamicEvaluation` fields.
+_FLAG_FIELDS = {
+    "dyn_lr": "learning_rate",
+    "dyn_decay": "decay_rate",
+    "dyn_eps": "epsilon",
+    "dyn_max_time_steps": "max_time_steps",
+    "dyn_stat_batches": "stat_batches",
+    "dyn_stat_batch_size": "stat_batch_size",
+}
+DEFAULT_TUNE_TRIALS = 20
 
 
 def adapted_parameters(model: RecurrentLM) -> dict[str, Tensor]:

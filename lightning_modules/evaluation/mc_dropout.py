@@ -23,16 +23,20 @@ row), and a model with ``weight_drop`` runs one replica of each stream per call 
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from zoo.errors import ConfigError
+from lightning_modules.evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, given_flags, refuse_orphans
+from lightning_modules.evaluation.temperature import FeaturePass, total_nll
+from zoo.errors import ConfigError, number_flag
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM
 from zoo.stack import RecurrentStack
@@ -54,8 +58,8 @@ DEFAULT_ROWS_PER_CALL = 1024
 
 
 @dataclass(frozen=True)
-class MCDropout:
-    """Settings of MC-dropout evaluation.
+class MCDropout(ScoringProcedure):
+    """MC-dropout evaluation, a scoring procedure: its settings, flags and scorer.
 
     Attributes:
         samples: N, the dropout masks averaged per token (the Mogrifier paper: 200).
@@ -68,6 +72,10 @@ class MCDropout:
     dropout_scale: float = 1.0
     rows_per_call: int | None = None
 
+    method: ClassVar[str] = "mc-dropout"
+    flag: ClassVar[str | None] = "--mc-samples"
+    needs_float_weights: ClassVar[str | None] = "needs dropout"
+
     def __post_init__(self) -> None:
         if self.samples < 1:
             raise ConfigError(f"MC dropout needs at least 1 sample, got {self.samples}")
@@ -75,6 +83,79 @@ class MCDropout:
             raise ConfigError(f"the dropout scale must be a number >= 0, got {self.dropout_scale}")
         if self.rows_per_call is not None and self.rows_per_call < 1:
             raise ConfigError(f"rows per call (--mc-batch) must be at least 1, got {self.rows_per_call}")
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        """``--mc-samples``, ``--dropout-scale``, ``--mc-batch``."""
+        group.add_argument(
+            "--mc-samples",
+            type=number_flag("--mc-samples", int, 1),
+            metavar="N",
+            help="MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
+        )
+        group.add_argument(
+            "--dropout-scale",
+            type=number_flag("--dropout-scale", float, 0),
+            metavar="F",
+            help="MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
+        )
+        group.add_argument(
+            "--mc-batch",
+            type=number_flag("--mc-batch", int, 1),
+            metavar="ROWS",
+            help="MC dropout: most stream replicas (streams x samples) per forward call "
+            f"(default {DEFAULT_ROWS_PER_CALL})",
+        )
+
+    @classmethod
+    def from_flags(cls, flags: argparse.Namespace) -> MCDropout | None:
+        given = given_flags(flags, ("mc_samples", "dropout_scale", "mc_batch"))
+        refuse_orphans(given, [(name, "mc_samples", "--mc-samples N") for name in ("dropout_scale", "mc_batch")])
+        if "mc_samples" not in given:
+            return None
+        return cls(given["mc_samples"], given.get("dropout_scale", 1.0), given.get("mc_batch"))
+
+    def prepare(self, setup: EvaluationSetup) -> Scorer:
+        """Masks sampled per replica and window, reproducible per ``seed``; the temperature search keeps the features
+        unless the head samples dropout of its own."""
+
+        model, seed, batch_size = setup.model, setup.seed, setup.batch_size
+
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            return total_nll(mc_nll(model, windows, self, t, seed))
+
+        streams = batch_size
+        if batch_size > 1:  # as many as the split's stream holds
+            streams = setup.datamodule.stream(setup.split, batch_size=batch_size, bptt=setup.bptt).batch_size
+        per_replica = self.dropout_scale > 0 and shares_masks_across_rows(model)
+        groups = row_groups(streams, self.samples, self.rows_per_call or DEFAULT_ROWS_PER_CALL, per_replica)
+        cacheable = self.dropout_scale == 0 or not head_is_stochastic(model)
+        return Scorer(
+            score,
+            setup.bptt,
+            features=self.feature_pass(model, seed) if cacheable else None,
+            record={
+                "mc_samples": self.samples,
+                "dropout_scale": self.dropout_scale,
+                "mc_rows_per_call": max(hi - lo for lo, hi in groups),
+            },
+        )
+
+    def feature_pass(self, model: RecurrentLM, seed: int) -> FeaturePass:
+        """The seeded MC pass's head inputs, every replica's, averaged in probability space once scored."""
+
+        def call(rows: LMBatch, state: State | None) -> tuple[Tensor, State]:
+            return model.features(rows.inputs, state, rows.model_reset)
+
+        def run(windows: Iterable[LMBatch]) -> Iterator[tuple[list[tuple[Tensor, Tensor]], Tensor]]:
+            with closing(replica_windows(model, windows, self, seed, call)) as passes:  # leave sampled dropout now
+                for outputs, targets in passes:
+                    yield [(features, rows.targets) for rows, features in outputs], targets
+
+        def combine(nll: Tensor, targets: Tensor) -> Tensor:
+            return log_mean_exp_nll(nll.view(self.samples, *targets.shape), targets)
+
+        return FeaturePass(run, combine)
 
 
 def _rate_names(module: nn.Module) -> tuple[str, ...]:

@@ -11,7 +11,9 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 * **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
   tuned on validation over Table 6's ranges (:mod:`lightning_modules.evaluation.dynamic`).
 
-The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
+Each procedure is a :class:`~lightning_modules.evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in
+its own module; the deterministic pass is :class:`Deterministic`, here), and :func:`evaluate` runs any of them the same
+way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
 float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
 full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
 ``token_nll``.
@@ -20,8 +22,7 @@ full softmax, whatever the training head); the temperature search re-scores kept
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,30 +33,18 @@ from datamodules.kinds import BPC, TEXT, WORD_PPL
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.tokenizers import TextUnits
-from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.evaluation.dynamic import (
-    DynamicEvaluation,
-    TuningTrial,
-    adapting,
-    dynamic_nll,
-    mean_squared_gradients,
-    tune,
-)
-from lightning_modules.evaluation.mc_dropout import (
-    DEFAULT_ROWS_PER_CALL,
-    MCDropout,
-    head_is_stochastic,
-    mc_nll,
-    row_groups,
-    shares_masks_across_rows,
-)
+from datamodules.windows import LMBatch
+from lightning_modules.evaluation.dynamic import DynamicEvaluation
+from lightning_modules.evaluation.mc_dropout import MCDropout
 from lightning_modules.evaluation.results import ProcedureSettings, TextResult
+from lightning_modules.evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, first_tokens
 from lightning_modules.evaluation.temperature import (
     CACHE_BYTES,
     TEMPERATURE_RANGE,
     TEMPERATURE_TOLERANCE,
     collect_features,
     golden_section_search,
+    plain_pass,
     total_nll,
 )
 from zoo.errors import ConfigError
@@ -77,18 +66,6 @@ def deterministic_nll(
         nll, state = model.token_nll(inputs, targets, state, reset, temperature)
         state = detach_state(state)
         yield nll, targets
-
-
-def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:
-    """The windows up to the one holding the ``tokens``-th predicted token (all if ``None``), in whole windows: of a
-    one-stream split its first tokens; of ``B`` streams the same first windows of every stream (the split's text is
-    cut into ``B`` columns, so each column's beginning)."""
-    seen = 0
-    for batch in windows:
-        if tokens is not None and seen >= tokens:
-            return
-        seen += int((batch.targets != IGNORE_INDEX).sum())
-        yield batch
 
 
 def parse_temperature(text: str | float) -> float | str:
@@ -113,10 +90,7 @@ def check_settings(
     bptt: int | None = None,
     long_context: bool = False,
     temperature: float | str = 1.0,
-    mc: MCDropout | None = None,
-    dynamic: DynamicEvaluation | None = None,
-    tune_trials: int = 0,
-    tune_tokens: int | None = None,
+    procedure: ScoringProcedure | None = None,
     max_tokens: int | None = None,
 ) -> None:
     """Refuse settings that cannot work together, with one line that says what to do.
@@ -132,50 +106,28 @@ def check_settings(
         raise ConfigError(
             f"--long-context reads the split as one stream (batch size 1): drop --batch-size {batch_size}"
         )
-    if tune_trials < 0:
-        raise ConfigError(f"--tune-trials must be at least 1, got {tune_trials}")
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if tune_tokens is not None and tune_tokens < 1:
-        raise ConfigError(f"--tune-tokens must be at least 1, got {tune_tokens}")
-    if tune_tokens is not None and not tune_trials:
-        raise ConfigError("--tune-tokens applies only with --tune: add it or drop the flag")
-    if tune_trials and dynamic is None:
-        raise ConfigError("--tune searches dynamic evaluation's hyperparameters: add --dynamic")
-    if dynamic is not None:
-        if mc is not None:
-            raise ConfigError("--dynamic with --mc-samples is not supported: run them separately")
-        if batch_size not in (None, 1):
-            raise ConfigError(
-                f"--dynamic reads the split as one stream (batch size 1; with more, a step on later text would change "
-                f"the weights before earlier text is scored): drop --batch-size {batch_size}"
-            )
-        if bptt is not None:
-            raise ConfigError("--dynamic takes one gradient step per segment: set its length with --dyn-max-time-steps")
+    if procedure is not None:
+        procedure.check(batch_size, bptt)
 
 
-@dataclass
-class _Procedure:
-    """How :func:`evaluate` scores a split, and what its result records of the procedure.
+class Deterministic(ScoringProcedure):
+    """Dropout off: every window scored once, the default procedure."""
 
-    Attributes:
-        method: ``deterministic``, ``mc-dropout`` or ``dynamic``.
-        score: windows and a temperature -> summed nats and predicted tokens.
-        steps: the window length every split is read in (dynamic evaluation's segment length, else the BPTT).
-        cacheable: whether the temperature search may keep one pass's features and re-score only the softmax (not
-            when the weights change as they read, nor when the head samples its own dropout).
-        mc_rows_per_call: MC dropout's most rows per forward pass; ``None`` for the other procedures.
-        dynamic: dynamic evaluation's settings, gradient statistics and tuning; ``None`` for the other procedures.
-        best_trial: with tuning: the winning trial, itself a dynamic evaluation of the validation split.
-    """
+    method = "deterministic"
 
-    method: str
-    score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
-    steps: int
-    cacheable: bool = True
-    mc_rows_per_call: int | None = None
-    dynamic: dict[str, Any] | None = None
-    best_trial: TuningTrial | None = None
+    def prepare(self, setup: EvaluationSetup) -> Scorer:
+        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
+            return total_nll(deterministic_nll(setup.model, windows, t))
+
+        return Scorer(score, setup.bptt, features=plain_pass(setup.model))
+
+
+#: The procedures ``lm-zoo evaluate`` offers besides the deterministic pass, in the order their flags are listed. A new
+#: one is a module with a :class:`~lightning_modules.evaluation.scoring.ScoringProcedure` subclass, named here, and
+#: its recorded settings as fields of :class:`~lightning_modules.evaluation.results.ProcedureSettings`.
+SCORING_PROCEDURES: tuple[type[ScoringProcedure], ...] = (MCDropout, DynamicEvaluation)
 
 
 def _windows(datamodule: TextData, split: str, batch_size: int, steps: int) -> Progress:
@@ -183,104 +135,11 @@ def _windows(datamodule: TextData, split: str, batch_size: int, steps: int) -> P
     return Progress(datamodule.stream(split, batch_size=batch_size, bptt=steps), split)
 
 
-def _deterministic_procedure(model: RecurrentLM, bptt: int) -> _Procedure:
-    """Dropout off: every window scored once."""
-
-    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-        return total_nll(deterministic_nll(model, windows, t))
-
-    return _Procedure("deterministic", score, bptt)
-
-
-def _mc_procedure(model: RecurrentLM, mc: MCDropout, seed: int, bptt: int, streams: int) -> _Procedure:
-    """MC dropout: predictions averaged over sampled masks; ``streams``: the scored split's parallel streams."""
-
-    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-        return total_nll(mc_nll(model, windows, mc, t, seed))
-
-    per_replica = mc.dropout_scale > 0 and shares_masks_across_rows(model)
-    groups = row_groups(streams, mc.samples, mc.rows_per_call or DEFAULT_ROWS_PER_CALL, per_replica)
-    return _Procedure(
-        "mc-dropout",
-        score,
-        bptt,
-        cacheable=mc.dropout_scale == 0 or not head_is_stochastic(model),
-        mc_rows_per_call=max(hi - lo for lo, hi in groups),
-    )
-
-
-def _dynamic_procedure(
-    model: RecurrentLM,
-    datamodule: TextData,
-    dynamic: DynamicEvaluation,
-    tune_trials: int,
-    tune_tokens: int | None,
-    seed: int,
-    temperature: float,
-) -> _Procedure:
-    """Dynamic evaluation: the gradient statistics on train, then, with ``tune_trials``, the settings tuned on valid.
-
-    Args:
-        model: the language model.
-        datamodule: provides the train and valid streams.
-        dynamic: the settings (already for the data module's level); tuning starts from them.
-        tune_trials: settings to try on validation; 0: no tuning.
-        tune_tokens: score each trial on the first this many validation tokens only; ``None``: the whole split.
-        seed: seeds the tuning draws.
-        temperature: the softmax temperature the trials score at (1 when it is searched afterwards).
-    """
-    train_windows = datamodule.stream("train", batch_size=dynamic.stat_batch_size, bptt=dynamic.max_time_steps)
-    total = min(dynamic.stat_batches, len(train_windows))
-    train = Progress(train_windows, "gradient statistics on train", total=total)
-    statistics = mean_squared_gradients(model, train, dynamic.stat_batches)
-    tuning: dict[str, Any] | None = None
-    best_trial = None
-    if tune_trials:
-        trials = tune(
-            model,
-            statistics,
-            lambda steps: first_tokens(
-                Progress(datamodule.stream("valid", batch_size=1, bptt=steps), "trial"), tune_tokens
-            ),
-            dynamic,
-            tune_trials,
-            datamodule.level,
-            seed,
-            temperature,
-        )
-        best_trial = min(trials, key=lambda trial: trial.loss)
-        dynamic = best_trial.settings
-        tuning = {
-            "split": "valid",
-            "trials": [trial.record() for trial in trials],
-            "best_valid_loss": best_trial.loss,
-            "valid_tokens": best_trial.tokens,
-            "temperature": temperature,
-            "seed": seed,
-            "search": "Optuna TPE over Table 6 (trial 0: the given settings)",
-        }
-
-    def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-        with adapting(model, statistics, dynamic) as adaptation:
-            return total_nll(dynamic_nll(model, windows, adaptation, t))
-
-    return _Procedure(
-        "dynamic",
-        score,
-        dynamic.max_time_steps,  # the tuned segment length, when tuning chose one
-        cacheable=False,
-        dynamic={**dynamic.record(), **statistics.record(), "tuning": tuning},
-        best_trial=best_trial,
-    )
-
-
 def _search_temperature(
     model: RecurrentLM,
     datamodule: TextData,
     valid: Iterable[LMBatch],
-    procedure: _Procedure,
-    mc: MCDropout | None,
-    seed: int,
+    scorer: Scorer,
     temperature_range: tuple[float, float],
     cache_bytes: int,
 ) -> tuple[float, dict[str, Any], tuple[float, int]]:
@@ -289,11 +148,12 @@ def _search_temperature(
     Returns:
         The temperature, the result's ``temperature_search`` record, and the validation nats and tokens at it.
     """
-    cache = collect_features(model, valid, mc, seed, cache_bytes) if procedure.cacheable else None
+    features = scorer.features
+    cache = collect_features(model, valid, cache_bytes, features) if features is not None else None
     seen: dict[float, tuple[float, int]] = {}
 
     def objective(t: float) -> float:
-        seen[t] = cache.loss(t) if cache is not None else procedure.score(valid, t)
+        seen[t] = cache.loss(t) if cache is not None else scorer.score(valid, t)
         return seen[t][0] / seen[t][1]
 
     found = golden_section_search(objective, *temperature_range, TEMPERATURE_TOLERANCE)
@@ -321,10 +181,7 @@ def evaluate(
     *,
     long_context: bool = False,
     temperature: float | str = 1.0,
-    mc: MCDropout | None = None,
-    dynamic: DynamicEvaluation | None = None,
-    tune_trials: int = 0,
-    tune_tokens: int | None = None,
+    procedure: ScoringProcedure | None = None,
     max_tokens: int | None = None,
     seed: int = 0,
     temperature_range: tuple[float, float] = TEMPERATURE_RANGE,
@@ -343,14 +200,14 @@ def evaluate(
         long_context: one stream over the whole split (batch size 1), as the strongest published numbers use.
         temperature: softmax temperature, or ``"auto"``: golden-section search on the validation split within
             ``temperature_range``, then applied to ``split``.
-        mc: MC-dropout settings, or ``None`` for deterministic evaluation.
-        dynamic: dynamic-evaluation settings (batch size 1, segments of ``max_time_steps``), or ``None``.
-        tune_trials: with ``dynamic``: try this many settings over Table 6 on validation (Optuna TPE), keep the best.
-        tune_tokens: score each trial on the first this many validation tokens only (Krause et al.'s ``--gridfast``
-            uses 30,000); ``None``: the whole split.
+        procedure: how to score, one of :data:`SCORING_PROCEDURES`
+            (:class:`~lightning_modules.evaluation.mc_dropout.MCDropout`,
+            :class:`~lightning_modules.evaluation.dynamic.DynamicEvaluation`, tuned on validation or not);
+            ``None``: the deterministic pass.
         max_tokens: score ``split`` only up to the window holding its this-many-th predicted token
-            (:func:`first_tokens`): a fixed part of it, quick to re-measure (a registered model's check figure);
-            ``None``: the whole split. What is tuned or searched on validation first still reads all it reads.
+            (:func:`~lightning_modules.evaluation.scoring.first_tokens`): a fixed part of it, quick to re-measure (a
+            registered model's check figure); ``None``: the whole split. What is tuned or searched on validation
+            first still reads all it reads.
         seed: seeds the MC masks and the tuning draws.
         temperature_range: the bracket of the temperature search.
         cache_bytes: most memory kept for the temperature search's features (beyond it, each trial re-runs).
@@ -364,51 +221,39 @@ def evaluate(
     Raises:
         ConfigError: settings that cannot work together (:func:`check_settings`).
     """
-    check_settings(batch_size, bptt, long_context, temperature, mc, dynamic, tune_trials, tune_tokens, max_tokens)
+    check_settings(batch_size, bptt, long_context, temperature, procedure, max_tokens)
+    procedure = procedure or Deterministic()
     temperature = parse_temperature(temperature)
     # Every split is scored at the evaluation sizes, the training split too (its stream would default to training's).
     batch_size, bptt = batch_size or datamodule.eval_batch_size, bptt or datamodule.eval_bptt
     model.eval().to(device)
-    if dynamic is not None:
-        dynamic = dynamic.for_level(datamodule.level)
-    if long_context or dynamic is not None:
+    if long_context or procedure.one_stream:
         batch_size = 1
     fixed_temperature = 1.0 if temperature == AUTO else float(temperature)
-
-    procedure: _Procedure
-    if dynamic is not None:
-        procedure = _dynamic_procedure(model, datamodule, dynamic, tune_trials, tune_tokens, seed, fixed_temperature)
-    elif mc is not None:
-        streams = 1 if batch_size == 1 else _windows(datamodule, split, batch_size, bptt).batch_size
-        procedure = _mc_procedure(model, mc, seed, bptt, streams)
-    else:
-        procedure = _deterministic_procedure(model, bptt)
+    scorer = procedure.prepare(EvaluationSetup(model, datamodule, split, batch_size, bptt, seed, fixed_temperature))
 
     scored: tuple[float, int] | None = None
     search: dict[str, Any] | None = None
     if temperature == AUTO:
-        valid = _windows(datamodule, "valid", batch_size, procedure.steps)
+        valid = _windows(datamodule, "valid", batch_size, scorer.steps)
         temperature, search, at_found = _search_temperature(
-            model, datamodule, valid, procedure, mc, seed, temperature_range, cache_bytes
+            model, datamodule, valid, scorer, temperature_range, cache_bytes
         )
         if split == "valid" and max_tokens is None:
             scored = at_found
-    elif procedure.best_trial is not None and tune_tokens is None and max_tokens is None and split == "valid":
-        scored = procedure.best_trial.nats, procedure.best_trial.tokens  # the winning trial was this very evaluation
+    elif scorer.scored_valid is not None and max_tokens is None and split == "valid":
+        scored = scorer.scored_valid  # preparing the procedure scored this very evaluation already
 
-    stream = _windows(datamodule, split, batch_size, procedure.steps)
+    stream = _windows(datamodule, split, batch_size, scorer.steps)
     if scored is None:
-        scored = procedure.score(first_tokens(stream, max_tokens), float(temperature))
+        scored = scorer.score(first_tokens(stream, max_tokens), float(temperature))
     settings = ProcedureSettings(
         method=procedure.method,
         long_context=batch_size == 1,
         temperature=float(temperature),
         temperature_search=search,
-        mc_samples=mc.samples if mc is not None else 0,
-        dropout_scale=mc.dropout_scale if mc is not None else None,
-        dynamic=procedure.dynamic,
-        mc_rows_per_call=procedure.mc_rows_per_call,
         seed=seed,
+        **scorer.record,
     )
     figures = _metrics(datamodule, split, *scored, whole=max_tokens is None)
     return TextResult(

@@ -16,7 +16,7 @@ memory permitting) and only the head is re-run per trial temperature, through it
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 
@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.evaluation.mc_dropout import MCDropout, log_mean_exp_nll, replica_windows
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
 from zoo.state import State, detach_state
@@ -90,6 +89,35 @@ def golden_section_search(
     return TemperatureSearch(best[0], best[1], evaluations)
 
 
+@dataclass(frozen=True)
+class FeaturePass:
+    """How a procedure's pass over a split yields the head's inputs, and how one window's NLLs combine.
+
+    Attributes:
+        run: windows -> per window, ``[(features, targets)]`` per forward call and the window's targets ``(B, T)``.
+        combine: the calls' NLLs concatenated, and the window's targets -> the window's NLL ``(B, T)`` in float64
+            (MC dropout: the probability-space average of its replicas).
+    """
+
+    run: Callable[[Iterable[LMBatch]], Iterator[tuple[list[tuple[Tensor, Tensor]], Tensor]]]
+    combine: Callable[[Tensor, Tensor], Tensor]
+
+
+def plain_pass(model: RecurrentLM) -> FeaturePass:
+    """The deterministic pass: dropout off, one call per window, state carried between windows."""
+
+    def run(windows: Iterable[LMBatch]) -> Iterator[tuple[list[tuple[Tensor, Tensor]], Tensor]]:
+        device = next(model.parameters()).device
+        state: State | None = None
+        for batch in windows:
+            inputs, targets, reset = batch.on(device)
+            features, state = model.features(inputs, state, reset)
+            state = detach_state(state)
+            yield [(features, targets)], targets
+
+    return FeaturePass(run, lambda nll, targets: nll.double())
+
+
 class FeatureCache:
     """One pass's head inputs and targets, scored at any temperature by the head's ``token_nll``.
 
@@ -97,9 +125,9 @@ class FeatureCache:
     itself (MoS's ``dropoutl``): then scoring the cache at T equals re-running the seeded MC pass at T.
     """
 
-    def __init__(self, model: RecurrentLM, mc: MCDropout | None) -> None:
+    def __init__(self, model: RecurrentLM, combine: Callable[[Tensor, Tensor], Tensor]) -> None:
         self.model = model
-        self.mc = mc
+        self.combine = combine
         self.windows: list[tuple[list[tuple[Tensor, Tensor]], Tensor]] = []  # [(features, targets) per call], targets
         self.bytes = 0
 
@@ -109,10 +137,7 @@ class FeatureCache:
         head = self.model.decoder
         for calls, targets in self.windows:
             pieces = [head.token_nll(features, call_targets, temperature) for features, call_targets in calls]
-            if self.mc is None:
-                yield pieces[0].double(), targets
-            else:
-                yield log_mean_exp_nll(torch.cat(pieces).view(self.mc.samples, *targets.shape), targets), targets
+            yield self.combine(torch.cat(pieces), targets), targets
 
     def loss(self, temperature: float) -> tuple[float, int]:
         """Summed nats and the number of predicted tokens at ``temperature``."""
@@ -132,37 +157,20 @@ def total_nll(scored: Iterable[tuple[Tensor, Tensor]]) -> tuple[float, int]:
 def collect_features(
     model: RecurrentLM,
     windows: Iterable[LMBatch],
-    mc: MCDropout | None = None,
-    seed: int = 0,
     max_bytes: int = CACHE_BYTES,
+    feature_pass: FeaturePass | None = None,
 ) -> FeatureCache | None:
-    """Run one pass (deterministic, or MC dropout with ``seed``) and keep its features; ``None`` if they would take
-    more than ``max_bytes`` (predicted from the first window when the stream knows its length)."""
-    cache = FeatureCache(model, mc)
+    """Run one pass (``feature_pass``, by default the deterministic one: :func:`plain_pass`) and keep its features;
+    ``None`` if they would take more than ``max_bytes`` (predicted from the first window when the stream knows its
+    length)."""
+    feature_pass = feature_pass or plain_pass(model)
+    cache = FeatureCache(model, feature_pass.combine)
     num_windows = len(windows) if hasattr(windows, "__len__") else None  # type: ignore[arg-type]
-
-    def keep(calls: list[tuple[Tensor, Tensor]], targets: Tensor) -> bool:
-        cache.windows.append((calls, targets))
-        cache.bytes += sum(f.numel() * f.element_size() for f, _ in calls)
-        predicted = cache.bytes * num_windows if num_windows and len(cache.windows) == 1 else cache.bytes
-        return predicted <= max_bytes
-
-    if mc is None:
-        device = next(model.parameters()).device
-        state: State | None = None
-        for batch in windows:
-            inputs, targets, reset = batch.on(device)
-            features, state = model.features(inputs, state, reset)
-            state = detach_state(state)
-            if not keep([(features, targets)], targets):
-                return None
-        return cache
-
-    def call(rows: LMBatch, state: State | None) -> tuple[Tensor, State]:
-        return model.features(rows.inputs, state, rows.model_reset)
-
-    with closing(replica_windows(model, windows, mc, seed, call)) as passes:  # closing: leave sampled dropout now
-        for outputs, targets in passes:
-            if not keep([(features, rows.targets) for rows, features in outputs], targets):
+    with closing(feature_pass.run(windows)) as passes:  # closing: a pass cut short leaves sampled dropout at once
+        for calls, targets in passes:
+            cache.windows.append((calls, targets))
+            cache.bytes += sum(f.numel() * f.element_size() for f, _ in calls)
+            predicted = cache.bytes * num_windows if num_windows and len(cache.windows) == 1 else cache.bytes
+            if predicted > max_bytes:
                 return None
     return cache

@@ -1,0 +1,143 @@
+"""What a scoring procedure of ``lm-zoo evaluate`` is: its flags, what it refuses, how it scores a split's windows and
+what its result records.
+
+Each procedure is one class in its own module: :class:`~lightning_modules.evaluation.mc_dropout.MCDropout`,
+:class:`~lightning_modules.evaluation.dynamic.DynamicEvaluation`, and the deterministic pass
+(:class:`~lightning_modules.evaluation.perplexity.Deterministic`).
+:func:`lightning_modules.evaluation.perplexity.evaluate` runs whichever it is given the same way: it prepares the
+procedure for the model and the corpus (a :class:`Scorer`), searches the softmax temperature with it when asked,
+scores the split and records the procedure's settings. ``lm-zoo evaluate`` offers the flags of every procedure in
+``perplexity.SCORING_PROCEDURES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from datamodules.text_data import TextData
+from datamodules.windows import IGNORE_INDEX, LMBatch
+from lightning_modules.evaluation.temperature import FeaturePass
+from zoo.errors import ConfigError
+from zoo.language_model import RecurrentLM
+
+
+@dataclass(frozen=True)
+class EvaluationSetup:
+    """What a procedure is prepared for.
+
+    Attributes:
+        model: the language model, in eval mode on its device.
+        datamodule: the corpus.
+        split: the split to be scored.
+        batch_size: its parallel streams (1 when the procedure reads one stream, or for long context).
+        bptt: its window length.
+        seed: seeds what the procedure samples.
+        temperature: the softmax temperature anything scored while preparing uses (1 when it is searched after).
+    """
+
+    model: RecurrentLM
+    datamodule: TextData
+    split: str
+    batch_size: int
+    bptt: int
+    seed: int
+    temperature: float
+
+
+@dataclass
+class Scorer:
+    """A procedure made ready for one model and corpus.
+
+    Attributes:
+        score: windows and a temperature -> summed nats and predicted tokens.
+        steps: the window length every split is read in (dynamic evaluation's segment length, else the BPTT).
+        features: the pass whose features the temperature search may keep and re-score at each temperature; ``None``
+            when the result would differ from a re-run (the weights change as they read, the head samples its own
+            dropout), so each trial temperature re-runs the pass.
+        record: the :class:`~lightning_modules.evaluation.results.ProcedureSettings` fields the procedure sets.
+        scored_valid: the whole validation split's nats and tokens at the procedure's settings, where preparing it
+            measured them already (dynamic evaluation's winning trial); ``None`` otherwise.
+    """
+
+    score: Callable[[Iterable[LMBatch], float], tuple[float, int]]
+    steps: int
+    features: FeaturePass | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+    scored_valid: tuple[float, int] | None = None
+
+
+class ScoringProcedure(ABC):
+    """A way of scoring a split (Melis et al. 2020 §3.3): a subclass declares its flags, its checks and its scorer.
+
+    Attributes:
+        method: what the result's ``procedure.method`` records.
+        flag: the ``lm-zoo evaluate`` flag that chooses it (``None``: the default procedure).
+        one_stream: it reads the split as one stream (batch size 1).
+        needs_float_weights: why it cannot score a model quantized to int8, in words; ``None``: it can.
+    """
+
+    method: ClassVar[str]
+    flag: ClassVar[str | None] = None
+    one_stream: ClassVar[bool] = False
+    needs_float_weights: ClassVar[str | None] = None
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        """Add the procedure's flags to ``lm-zoo evaluate``'s procedure group (a bad value: one ConfigError line)."""
+
+    @classmethod
+    def from_flags(cls, flags: argparse.Namespace) -> ScoringProcedure | None:
+        """The procedure the parsed flags ask for, or ``None`` when its choosing flag is absent.
+
+        Raises:
+            ConfigError: one of its flags given without the flag that chooses it.
+        """
+        return None
+
+    def check(self, batch_size: int | None, bptt: int | None) -> None:
+        """Refuse evaluation sizes the procedure cannot work with (``None``: the data module's), before loading.
+
+        Raises:
+            ConfigError: the first problem, in one line that says what to do.
+        """
+
+    @abstractmethod
+    def prepare(self, setup: EvaluationSetup) -> Scorer:
+        """Everything the procedure computes before scoring (statistics, tuning) for ``setup``, and its scorer."""
+
+
+def given_flags(flags: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The flags among ``names`` (argparse dests) that were given: not ``None``, not ``False`` (0 is a given value)."""
+    values = {name: getattr(flags, name, None) for name in names}
+    return {name: value for name, value in values.items() if value is not None and value is not False}
+
+
+def refuse_orphans(given: dict[str, Any], needs: Iterable[tuple[str, str, str]]) -> None:
+    """Refuse a flag given without the flag it belongs to.
+
+    Args:
+        given: :func:`given_flags`.
+        needs: ``(flag, the flag it needs, that flag as the message spells it)``, argparse dests.
+
+    Raises:
+        ConfigError: the first such flag.
+    """
+    for flag, needed, spelt in needs:
+        if flag in given and needed not in given:
+            raise ConfigError(f"--{flag.replace('_', '-')} applies only with {spelt}: add it or drop the flag")
+
+
+def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:
+    """The windows up to the one holding the ``tokens``-th predicted token (all if ``None``), in whole windows: of a
+    one-stream split its first tokens; of ``B`` streams the same first windows of every stream (the split's text is
+    cut into ``B`` columns, so each column's beginning)."""
+    seen = 0
+    for batch in windows:
+        if tokens is not None and seen >= tokens:
+            return
+        seen += int((batch.targets != IGNORE_INDEX).sum())
+        yield batch
