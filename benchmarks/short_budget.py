@@ -42,8 +42,12 @@ def train_briefly(
     lr: float = 3e-3,
     seed: int = 0,
     cell_options: dict[str, Any] | None = None,
+    eval_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Train a fresh model for ``steps`` windows and report validation perplexity before and after.
+
+    ``eval_tokens``: score only the validation windows up to the one holding this many tokens (the same windows
+    before and after); ``None``: the whole split.
 
     Returns:
         ``architecture, parameters, steps, ppl_before, ppl_after, seconds`` (training time only).
@@ -59,7 +63,7 @@ def train_briefly(
         embedding_init_range=0.1,  # N(0, 1) word vectors (nn.Embedding's default) give huge initial logits when tied
         cell_options=cell_options,
     )
-    before = evaluate(model.model, datamodule, "valid").ppl
+    before = evaluate(model.model, datamodule, "valid", max_tokens=eval_tokens).ppl
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.0, 0.999))
     model.train()
     model.on_train_epoch_start()  # a fresh carried state
@@ -76,7 +80,7 @@ def train_briefly(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
     seconds = time.perf_counter() - start
-    after = evaluate(model.model, datamodule, "valid").ppl
+    after = evaluate(model.model, datamodule, "valid", max_tokens=eval_tokens).ppl
     return {
         "architecture": architecture,
         "parameters": sum(p.numel() for p in model.model.rnn.parameters()),
