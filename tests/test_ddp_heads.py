@@ -19,8 +19,6 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import free_port
-
 CUTOFFS = [10, 14]  # head: <eos>, <unk> and the 8 frequent words; clusters: rare words 10-13 and 14-17
 BPTT = 10
 STEPS = 6
@@ -116,17 +114,26 @@ def test_adaptive_head_trains_under_ddp_with_a_tail_cluster_empty_on_one_rank(
 VOCAB = 1000
 
 
-def _count_broadcasts(rank: int, port: int, results: Any) -> None:
+def _count_broadcasts(rank: int, rendezvous: str, results: Any) -> None:
     """One rank: bytes DDP broadcasts at wrapping and per forward, for the NCE language model and for a control
-    module that has a buffer (BatchNorm's running statistics)."""
+    module that has a buffer (BatchNorm's running statistics); any error goes to ``results`` too, so that the test
+    fails with it at once instead of waiting out its timeout."""
+    try:
+        results.put((rank, _broadcasts(rank, rendezvous)))
+    except Exception as error:  # noqa: BLE001 - reported to the test, which fails on it
+        results.put((rank, f"{type(error).__name__}: {error}"))
+
+
+def _broadcasts(rank: int, rendezvous: str) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from lightning_modules import LanguageModel
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # A file, not a TCP port: a port found free and handed to both ranks can be taken meanwhile by another test's
+    # process (the suspected cause of the one run, under two pytest workers, in which neither rank ever reported).
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     sent: list[int] = []
     original = dist._broadcast_coalesced
 
@@ -156,19 +163,19 @@ def _count_broadcasts(rank: int, port: int, results: Any) -> None:
     gathered = [torch.empty_like(tables) for _ in range(2)]
     dist.all_gather(gathered, tables)
     figures["tables_equal"] = torch.equal(gathered[0], gathered[1])
-    results.put((rank, figures))
     dist.destroy_process_group()
+    return figures
 
 
 @pytest.mark.slow
-def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The four vocabulary-sized tables (20 bytes a word) were buffers, which DDP broadcast from rank 0 before every
     forward: 20,000 bytes a forward here, measured. Each rank computes them itself from the same counts."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = free_port()
-    workers = [context.Process(target=_count_broadcasts, args=(rank, port, results)) for rank in range(2)]
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    workers = [context.Process(target=_count_broadcasts, args=(rank, rendezvous, results)) for rank in range(2)]
     for worker in workers:
         worker.start()
     try:
@@ -178,6 +185,7 @@ def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyP
             worker.join(timeout=60)
             if worker.is_alive():
                 worker.kill()
+    assert all(isinstance(figure, dict) for figure in figures.values()), figures  # else a rank's error
     assert [worker.exitcode for worker in workers] == [0, 0]
     for rank in range(2):
         at_wrapping, per_forward = figures[rank]["nce"]
