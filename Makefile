@@ -22,11 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The quick lane while working: every module's quick tests (the verify_pretrained ones are slow too).
-# PYTEST_WORKERS=2 runs either lane on two pytest-xdist workers, one per core (one torch thread each; the tests that
-# start several processes share one worker: tests/conftest.py, PROCESS_MODULES). It is faster, but the fresh-clone
-# CI runs of it each failed a different timing-sensitive test (two were library races, fixed; test_ddp_heads'
-# spawned ranks are not understood yet), so one process stays the default until the suite holds under two.
-PYTEST_WORKERS ?= 0
+# Both lanes run on PYTEST_WORKERS pytest-xdist workers, one per core (one torch thread each; the tests that start
+# several processes share one worker: tests/conftest.py, PROCESS_MODULES); PYTEST_WORKERS=0 runs them in one process.
+PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 quick: setup
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"

@@ -45,18 +45,22 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 DATA_ROOT = Path(os.environ["LM_ZOO_DATA"]).expanduser() if os.environ.get("LM_ZOO_DATA") else SHARED_DATA
 
 
-#: The test modules that start several processes which watch each other: DDP ranks and torchrun's agent, search workers
-#: and their heartbeats, a run killed and resumed. Under pytest-xdist (``make test``) they share one worker, so that two
-#: of them never run at once on the two cores.
+#: The test modules that start several processes which watch each other or race a clock: DDP ranks and torchrun's
+#: agent, search workers and their heartbeats, a run killed and resumed, tuning trials in two processes. Under
+#: pytest-xdist (``make test`` runs two workers) they share one worker, so that two of them never run at once on the
+#: two cores.
 PROCESS_MODULES = frozenset(
     {
         "test_ddp",
         "test_ddp_heads",
+        "test_devices",
+        "test_faults",
         "test_gbw_ddp",
         "test_multinode",
         "test_resume",
         "test_search",
         "test_search_network",
+        "test_tuning",
     }
 )
 
