@@ -810,28 +810,20 @@ def host_syncs() -> str:
     return "\n".join(lines)
 
 
-def cells_cuda() -> str:
-    """``benchmarks/cells.py --device cuda``: each architecture's training throughput against cuDNN's ``nn.LSTM`` of
-    its depth, per batch size."""
-    result = _load("cells_cuda.json")
+def _cells_table(result: dict[str, Any], first_step: str) -> list[str]:
+    """A ``benchmarks/cells.py`` result as its command, a sentence and a table: per model, tokens per second of a
+    training step and the ratio to ``nn.LSTM`` of its depth per (batch, BPTT); ``first_step`` says what the first
+    step's seconds hold, where they are recorded."""
     settings = list(dict.fromkeys((row["batch"], row["bptt"]) for row in result["results"]))
+    timed_first = "first_step_s" in result["results"][0]
     lines = [
         f"`{result['command']}` ({result['device']}, torch {result['torch']}; {result['layers']} layers of "
         f"{result['hidden']} units): tokens per second of a training step (forward, backward, SGD update), and the "
-        "ratio to `nn.LSTM` of the same depth"
-        + (
-            "; the first step's seconds, which for a per-step cell include capturing its window as a CUDA graph "
-            "(`(eager)`: the same cell with `LM_ZOO_WINDOW_GRAPHS=0`, the path before; `(loop)`: a fused layer's "
-            "per-step path, captured)."
-            if "first_step_s" in result["results"][0]
-            else "."
-        ),
+        "ratio to `nn.LSTM` of the same depth" + (f"; the first step's seconds, {first_step}." if timed_first else "."),
         "",
         "| model | LSTM layers | "
         + " | ".join(
-            f"batch {b} x BPTT {t}: tokens/s, x nn.LSTM"
-            + (", first step" if "first_step_s" in result["results"][0] else "")
-            for b, t in settings
+            f"batch {b} x BPTT {t}: tokens/s, x nn.LSTM" + (", first step" if timed_first else "") for b, t in settings
         )
         + " |",
         "|---|---:|" + "---:|" * len(settings),
@@ -846,8 +838,68 @@ def cells_cuda() -> str:
             for row in rows
         ]
         lines.append(_row([f"`{model}`", rows[0]["lstm_layers"], *cells]))
-    lines += ["", gpu_provenance("cells_cuda.json")]
-    return "\n".join(lines)
+    return lines
+
+
+def cells_cuda() -> str:
+    """``benchmarks/cells.py --device cuda``: each architecture's training throughput against cuDNN's ``nn.LSTM`` of
+    its depth, per batch size."""
+    result = _load("cells_cuda.json")
+    lines = _cells_table(
+        result,
+        "which for a per-step cell include capturing its window as a CUDA graph (`(eager)`: the same cell with "
+        "`LM_ZOO_WINDOW_GRAPHS=0`, the path before; `(loop)`: a fused layer's per-step path, captured)",
+    )
+    return "\n".join([*lines, "", gpu_provenance("cells_cuda.json")])
+
+
+def cpu_provenance(result: dict[str, Any]) -> str:
+    """One line under a CPU result: the commit, the machine, its threads and torch."""
+    provenance = result.get("provenance") or {}
+    return (
+        f"Measured at commit `{provenance.get('commit', 'unrecorded')}` on {result['machine']} with "
+        f"{result['threads']} threads, torch {result['torch']}."
+    )
+
+
+def cells_cpu() -> str:
+    """``benchmarks/cells.py`` on the CPU: each architecture's training throughput against oneDNN's ``nn.LSTM`` of
+    its depth, per batch size."""
+    result = _load("cells.json")
+    lines = _cells_table(result, "which hold its one-time costs (oneDNN's plans, first allocations)")
+    return "\n".join([*lines, "", cpu_provenance(result)])
+
+
+def mogrifier_loops() -> str:
+    """``benchmarks/mogrifier_loops.py``: the Mogrifier's window loops in C++, as their Python twins, and as the twins
+    compiled by inductor, per batch size."""
+    result = _load("mogrifier_loops.json")
+    settings = list(dict.fromkeys((row["batch"], row["bptt"]) for row in result["results"]))
+    lines = [
+        f"`{result['command']}` ({result['device']}, torch {result['torch']}; {result['layers']} layers of "
+        f"{result['hidden']} units): ms per training step (forward, backward, SGD update), the ratios to `nn.LSTM` of "
+        "the same depth and to the C++ loops, the first step's seconds (for inductor: compiling both loops), and the "
+        "largest difference from the Python twins in the outputs and gradients of one small window.",
+        "",
+        "| model | "
+        + " | ".join(f"batch {b} x BPTT {t}: ms, x nn.LSTM, x C++, first step" for b, t in settings)
+        + " | largest difference |",
+        "|---|" + "---:|" * (len(settings) + 1),
+    ]
+    by_key = {(row["model"], row["batch"], row["bptt"]): row for row in result["results"]}
+    for model in dict.fromkeys(row["model"] for row in result["results"]):
+        rows = [by_key[(model, b, t)] for b, t in settings]
+        cells = [
+            f"{row['step_ms']:,.0f}, {row['ratio_nn_lstm']:.2f}, "
+            + ("-" if row["ratio_cpp"] is None else f"{row['ratio_cpp']:.2f}")
+            + f", {row['first_step_s']:.1f} s"
+            for row in rows
+        ]
+        difference = rows[0]["largest_difference"]
+        lines.append(_row([f"`{model}`", *cells, "" if difference is None else f"{difference:.1e}"]))
+    for name, error in result.get("failed", {}).items():
+        lines += ["", f"The {name} loops failed on the small window: {error}"]
+    return "\n".join([*lines, "", cpu_provenance(result)])
 
 
 def search_run() -> str:
@@ -881,6 +933,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "autocast-dtypes-cuda": lambda: autocast_dtypes("autocast_dtypes_cuda.json"),
     "host-syncs": host_syncs,
     "cells-cuda": cells_cuda,
+    "cells-cpu": cells_cpu,
+    "mogrifier-loops": mogrifier_loops,
     "models-vs-papers": models_vs_papers,
     "mogrifier-pair": mogrifier_pair,
     "corpora": corpora,
