@@ -121,13 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     # there (inductor cannot compile the loops) is reported and not timed.
     differences: dict[str, float] = {}
     failed: dict[str, str] = {}
-    for name, loops in providers().items():
+    every = providers()
+    for name, loops in every.items():
         try:
             differences[name] = largest_difference(loops, 16, 2, 3, 5)
         except Exception as error:  # noqa: BLE001 - what failed is the finding
             failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             print(f"# {name} loops failed on a small window: {failed[name]}")
-    found = {name: loops for name, loops in providers().items() if name in differences}
+    found = {name: loops for name, loops in every.items() if name in differences}
     builders: dict[str, Callable[[], nn.Module]] = {"nn.LSTM": lambda: TorchLSTM(hidden, hidden, layers)}
     for name, loops in found.items():
         builders[f"mogrifier ({name})"] = lambda loops=loops: WithLoops(
