@@ -3,21 +3,21 @@ rank, and the NCE noise tables, which DDP must not broadcast every forward.
 
 The fit runs ``lm-zoo fit`` as a subprocess, so that Lightning's DDP can re-launch the command for rank 1 (as in
 tests/test_gbw_ddp.py); the broadcast count wraps the LanguageModel in ``DistributedDataParallel`` with the arguments
-Lightning's ``ddp`` strategy gives it (none: ``broadcast_buffers=True``) in two spawned processes.
+Lightning's ``ddp`` strategy gives it (none: ``broadcast_buffers=True``) in two processes of tests/ddp_broadcasts.py.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
+
+from tests.conftest import ROOT
 
 CUTOFFS = [10, 14]  # head: <eos>, <unk> and the 8 frequent words; clusters: rare words 10-13 and 14-17
 BPTT = 10
@@ -111,88 +111,40 @@ def test_adaptive_head_trains_under_ddp_with_a_tail_cluster_empty_on_one_rank(
 
 
 # ----------------------------------------------------------------------------------------- NCE noise tables
-VOCAB = 1000
-
-
-def _count_broadcasts(rank: int, rendezvous: str, results: Any) -> None:
-    """One rank: bytes DDP broadcasts at wrapping and per forward, for the NCE language model and for a control
-    module that has a buffer (BatchNorm's running statistics); any error goes to ``results`` too, so that the test
-    fails with it at once instead of waiting out its timeout."""
-    try:
-        results.put((rank, _broadcasts(rank, rendezvous)))
-    except Exception as error:  # noqa: BLE001 - reported to the test, which fails on it
-        results.put((rank, f"{type(error).__name__}: {error}"))
-
-
-def _broadcasts(rank: int, rendezvous: str) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from lightning_modules import LanguageModel
-
-    torch.set_num_threads(1)
-    # A file, not a TCP port: a port found free and handed to both ranks can be taken meanwhile by another test's
-    # process (the suspected cause of the one run, under two pytest workers, in which neither rank ever reported).
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
-    sent: list[int] = []
-    original = dist._broadcast_coalesced
-
-    def counting(group: Any, tensors: list[torch.Tensor], bucket_size: int, src: int) -> None:
-        sent.append(sum(t.numel() * t.element_size() for t in tensors))
-        original(group, tensors, bucket_size, src)
-
-    dist._broadcast_coalesced = counting  # what DDP calls, for its parameters at wrapping and its buffers per forward
-    torch.manual_seed(0)
-    model = LanguageModel(vocab_size=VOCAB, embedding_size=8, hidden_size=8, num_layers=1, head="nce", noise_samples=4)
-    model.set_noise_distribution(torch.arange(1, VOCAB + 1))
-    control = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    figures = {}
-    for name, module, inputs in [
-        ("nce", model, torch.randint(0, VOCAB, (2, 5))),
-        ("batchnorm", control, torch.randn(3, 4)),
-    ]:
-        sent.clear()
-        wrapped = DistributedDataParallel(module)  # Lightning's DDPStrategy passes no kwargs by default
-        at_wrapping = sum(sent)
-        sent.clear()
-        for _ in range(2):
-            output = wrapped(inputs)
-            (output[0] if isinstance(output, tuple) else output).float().mean().backward()
-        figures[name] = (at_wrapping, list(sent))
-    tables = torch.cat([model.model.decoder.noise.probs, model.model.decoder.noise.accept])
-    gathered = [torch.empty_like(tables) for _ in range(2)]
-    dist.all_gather(gathered, tables)
-    figures["tables_equal"] = torch.equal(gathered[0], gathered[1])
-    dist.destroy_process_group()
-    return figures
-
-
 @pytest.mark.slow
-def test_ddp_does_not_broadcast_the_nce_noise_tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_ddp_does_not_broadcast_the_nce_noise_tables(tmp_path: Path) -> None:
     """The four vocabulary-sized tables (20 bytes a word) were buffers, which DDP broadcast from rank 0 before every
     forward: 20,000 bytes a forward here, measured. Each rank computes them itself from the same counts."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rendezvous = f"file://{tmp_path / 'rendezvous'}"
-    workers = [context.Process(target=_count_broadcasts, args=(rank, rendezvous, results)) for rank in range(2)]
-    for worker in workers:
-        worker.start()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ddp_broadcasts", str(rank), rendezvous],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = []
     try:
-        figures = dict(results.get(timeout=TIMEOUT) for _ in workers)
+        for process in ranks:
+            # A rank stuck for tests.ddp_broadcasts.STUCK_AFTER prints its stacks and exits before this runs out.
+            outputs.append(process.communicate(timeout=TIMEOUT))
     finally:
-        for worker in workers:
-            worker.join(timeout=60)
-            if worker.is_alive():
-                worker.kill()
-    assert all(isinstance(figure, dict) for figure in figures.values()), figures  # else a rank's error
-    assert [worker.exitcode for worker in workers] == [0, 0]
-    for rank in range(2):
-        at_wrapping, per_forward = figures[rank]["nce"]
-        assert at_wrapping > 0 and per_forward == [], (rank, figures[rank])  # the parameters once, then nothing
+        for process in ranks:
+            process.kill()
+    for rank, (process, (stdout, stderr)) in enumerate(zip(ranks, outputs, strict=True)):
+        assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{stderr[-4000:]}"
+    figures = [json.loads(stdout) for stdout, _ in outputs]
+    for rank, figure in enumerate(figures):
+        at_wrapping, per_forward = figure["nce"]
+        assert at_wrapping > 0 and per_forward == [], (rank, figure)  # the parameters once, then nothing
         # The counter sees what DDP does send: BatchNorm's running statistics (3 x 4 floats and one int64) each forward.
-        assert figures[rank]["batchnorm"][1] == [4 * 4 + 4 * 4 + 8] * 2, figures[rank]
-        assert figures[rank]["tables_equal"]
+        assert figure["batchnorm"][1] == [4 * 4 + 4 * 4 + 8] * 2, figure
+    assert figures[0]["tables"] == figures[1]["tables"]  # each rank's own noise tables, the same
 
 
 def test_the_noise_tables_follow_the_module_but_are_not_buffers() -> None:
