@@ -86,12 +86,19 @@ def test_two_workers_share_a_search_over_grpc_and_survive_a_kill(
     steady, killed = workers
     tag = f"{os.uname().nodename}:{killed.pid}"
 
+    # The victim: a (long) memorisation in the killed worker once it has completed a trial of its own, so that the
+    # completed trials show both workers' work whichever claimed the first ones (the steady worker, started first, can
+    # take every quick one, and the killed worker's first trial is then such a memorisation: killed at once, it had
+    # completed nothing, which failed the last assertion in one CI run).
     deadline, victim = time.monotonic() + 90, None
-    while time.monotonic() < deadline and victim is None:  # a mutant's (long) memorisation in the killed worker
+    while time.monotonic() < deadline and victim is None:
         time.sleep(0.5)
-        running = [t for t in trials(database) if t.state.name == "RUNNING" and t.user_attrs.get("worker") == tag]
+        own = [t for t in trials(database) if t.user_attrs.get("worker") == tag]
+        if not any(t.state.name == "COMPLETE" for t in own):
+            continue
+        running = [t for t in own if t.state.name == "RUNNING"]
         victim = next((t for t in running if t.user_attrs.get("task") == MEMORISE and "claim" in t.user_attrs), None)
-    assert victim is not None, "the worker to kill started no memorisation run"
+    assert victim is not None, "the worker to kill completed no trial, or started no memorisation run after one"
     killed.send_signal(signal.SIGKILL)
     killed.wait(30)
 
