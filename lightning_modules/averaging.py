@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning as L
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import Timer, WeightAveraging
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from zoo.errors import ConfigError
@@ -87,7 +87,9 @@ class WeightAveragingOnPlateau(WeightAveraging):
             this account). The run's length is the trainer's bound in optimizer steps (``max_steps``, or
             ``max_epochs`` times the batches per epoch, whichever ends first); when the epoch length is unknown
             (``variable_bptt``) it is ``max_steps`` if set, else ``max_epochs``, and averaging then starts with epoch
-            ``floor(start_fraction * max_epochs)``.
+            ``floor(start_fraction * max_epochs)``. A run with ``max_time`` (lamb's "80% of the training time") also
+            switches on once that fraction of its time has passed, whichever mark comes first; rank 0's clock
+            decides for every rank, as it does for Lightning's stop.
         device: where the average lives (default: the model's device); ``"cpu"`` saves accelerator memory.
     """
 
@@ -120,6 +122,7 @@ class WeightAveragingOnPlateau(WeightAveraging):
         self._start_epoch: int | None = None  # ... or from the first step of this epoch (epoch length unknown)
         self._epoch = 0
         self._trainer: L.Trainer | None = None
+        self._timer: Timer | None = None
 
     @property
     def active(self) -> bool:
@@ -137,9 +140,12 @@ class WeightAveragingOnPlateau(WeightAveraging):
         ``start_fraction``."""
         if step_idx is None:  # the base class also asks at epoch ends: the average is per step
             return False
-        if not self.active and self._fraction_reached(step_idx + 1):
+        if not self.active:
             # Detected after the first step past the mark, which is the first one averaged.
-            self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
+            if self._fraction_reached(step_idx + 1):
+                self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
+            elif self._time_fraction_reached():
+                self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run's time")
         return self.active
 
     def _fraction_reached(self, steps_done: int) -> bool:
@@ -147,19 +153,31 @@ class WeightAveragingOnPlateau(WeightAveraging):
             return steps_done > self._start_step
         return self._start_epoch is not None and self._epoch >= self._start_epoch
 
+    def _time_fraction_reached(self) -> bool:
+        if self._timer is None or self._trainer is None or self.start_fraction is None:
+            return False
+        elapsed, remaining = self._timer.time_elapsed("train"), self._timer.time_remaining("train")
+        reached = remaining is not None and elapsed >= self.start_fraction * (elapsed + remaining)
+        # The clocks of the ranks differ; the average must start at the same step on all of them.
+        return bool(self._trainer.strategy.broadcast(reached))
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trainer = trainer
         if self.start_fraction is None:
             return
+        # Lightning's --trainer.max_time is a Timer callback it adds itself.
+        self._timer = next(
+            (c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None), None
+        )
         total = trainer.estimated_stepping_batches  # -1 (max_steps unset) when the epoch length is unknown
         if math.isfinite(total) and total >= 0:
             self._start_step = math.floor(self.start_fraction * total)
         elif trainer.max_epochs is not None and trainer.max_epochs > 0:
             self._start_epoch = math.floor(self.start_fraction * trainer.max_epochs)
-        else:
+        elif self._timer is None:
             rank_zero_info(
-                f"weight averaging: the run has no max_steps or max_epochs, so start_fraction={self.start_fraction}"
-                " cannot apply; averaging starts only when validation stops improving"
+                f"weight averaging: the run has no max_steps, max_epochs or max_time, so start_fraction="
+                f"{self.start_fraction} cannot apply; averaging starts only when validation stops improving"
             )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

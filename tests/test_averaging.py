@@ -8,13 +8,15 @@ recorded after every step from the switch on.
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -187,6 +189,47 @@ def test_switches_on_at_80_percent_at_the_latest(tmp_path: Path, bounds: dict[st
     assert "80%" in averaging.switch_reason
     assert len(iterates.after_step) == 10
     torch.testing.assert_close(model.w.detach(), mean(iterates.after_step[8:]))
+
+
+class Clock(Callback):
+    """The train stage's elapsed time (Lightning's Timer) at every step's end, read where this callback stands."""
+
+    def __init__(self) -> None:
+        self.elapsed: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        time.sleep(0.05)  # every step takes time, so that a time budget ends the run after some 20 of them
+        timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+        self.elapsed.append(timer.time_elapsed("train"))
+
+
+def test_a_run_bounded_by_time_switches_on_at_that_fraction_of_its_time(tmp_path: Path) -> None:
+    """lamb's "at 80% of the training time at the latest", for a run that --trainer.max_time ends (a GPU's minutes):
+    on after the first step that ends past the fraction of the time; its epochs (1,000) would end far later."""
+    L.seed_everything(0)
+    model, iterates = Scripted([5.0 - k for k in range(1000)]), Iterates()
+    averaging = WeightAveragingOnPlateau(patience=2, start_fraction=0.5)
+    before, after = Clock(), Clock()  # the clock read just before and just after the callback decides
+    trainer = L.Trainer(
+        callbacks=[before, averaging, iterates, after],
+        max_epochs=1000,
+        max_time=timedelta(seconds=1.5),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, DataLoader(TensorDataset(torch.randn(2, 3)), batch_size=1))
+    switch = averaging.switched_on_at_step
+    assert switch is not None and "50% of the run's time" in averaging.switch_reason, averaging.switch_reason
+    steps = len(iterates.after_step)
+    assert 0 < switch < steps < 2000  # the time ended the run, and averaging had begun before
+    half = 0.75  # seconds
+    # Step `switch + 1` (index `switch`) is the first that ended past half the time; the one before had not.
+    assert after.elapsed[switch] >= half > before.elapsed[switch - 1]
+    torch.testing.assert_close(model.w.detach(), mean(iterates.after_step[switch:]))
 
 
 # ----------------------------------------------------------------- a real LanguageModel through `lm-zoo fit`
