@@ -97,6 +97,10 @@ def _training_record(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
         # Lightning's WeightAveraging stores the averaged weights as "state_dict" and the live ones beside them.
         "weight_averaged": "current_model_state" in ckpt,
     }
+    # Where the run trained (lightning_modules.training.RunSettings), when its lm-zoo recorded it.
+    environments = (ckpt.get("callbacks") or {}).get("RunSettings", {}).get("environments")
+    if environments:
+        record["environments"] = environments
     config = _run_config(path, ckpt)
     if config is not None:
         record["config"] = config

@@ -177,6 +177,9 @@ def _run_section(
         return []
     training = training or {}
     minutes = (run.get("wall_time_s") or 0) / 60
+    torch_version = run.get("torch_version")
+    if run.get("cuda_version"):  # trained on a GPU
+        torch_version = f"{torch_version} (CUDA {run['cuda_version']})"
     lines = [
         "",
         "## How it was made",
@@ -189,7 +192,7 @@ def _run_section(
         "",
         f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
         "|---|---|---|---|---:|---:|",
-        f"| {run.get('seed')} | `{run.get('commit')}` | {run.get('torch_version')} | {run.get('hardware')} | "
+        f"| {run.get('seed')} | `{run.get('commit')}` | {torch_version} | {run.get('hardware')} | "
         f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} |",
         "",
         *_run_length(run, training, unit),

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import platform
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Sequence
@@ -71,18 +74,66 @@ def trainer_arguments(trainer_config: dict[str, Any], datamodule: Any, matmul_pr
     return arguments
 
 
+def hardware(device: torch.device | None = None) -> str:
+    """A device in words: the GPU's name, or the CPU's core count (default: the first GPU if there is one)."""
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{os.cpu_count()}-core CPU ({platform.machine()})"
+
+
+def source_commit() -> str:
+    """The lm-zoo commit this code is: ``$LM_ZOO_COMMIT`` where the checkout's git is not the code's (a working tree
+    copied to a lent GPU machine), else git's ``HEAD``, with ``-dirty`` when tracked files have uncommitted changes;
+    ``unknown`` outside git (an installed wheel)."""
+    if os.environ.get("LM_ZOO_COMMIT"):
+        return os.environ["LM_ZOO_COMMIT"]
+    directory = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=directory, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def run_environment(trainer: Trainer) -> dict[str, Any]:
+    """Where a run trains: its devices in words, the torch and CUDA versions, the lm-zoo commit."""
+    device = trainer.strategy.root_device
+    name = hardware(device)
+    return {
+        "hardware": name if trainer.world_size == 1 else f"{trainer.world_size} x {name}",
+        "torch_version": str(torch.__version__),  # a str subclass, which weights_only loading refuses
+        "cuda_version": torch.version.cuda if device.type == "cuda" else None,
+        "commit": source_commit(),
+    }
+
+
 class RunSettings(Callback):
     """The process-wide settings of a run: applies the float32 matmul precision in every process of the run (a
     spawned rank inherits none of the parent's torch flags), records it in the checkpoint (this callback's state), and
-    at fit start says in one line, from rank zero, what the run chose (:func:`describe_devices`)."""
+    at fit start says in one line, from rank zero, what the run chose (:func:`describe_devices`).
+
+    The checkpoint also records where the run trained (:func:`run_environment`), one entry per distinct machine of a
+    run resumed elsewhere, so that a model trained on a lent GPU and bundled at home says so on its card.
+    """
 
     def __init__(self, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> None:
         self.matmul_precision = matmul_precision
         self._first_step_reported = False
+        self._environment: dict[str, Any] | None = None
+        self._earlier_environments: list[dict[str, Any]] = []  # of the runs this one resumed
 
     def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         set_matmul_precision(self.matmul_precision)
         watch_peers(trainer.global_rank, trainer.world_size)  # the process group is up by now
+        if stage == "fit":
+            self._environment = run_environment(trainer)
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         if trainer.is_global_zero:
@@ -100,7 +151,13 @@ class RunSettings(Callback):
             print(f"lm-zoo: {line}", file=sys.stderr)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"matmul_precision": self.matmul_precision}
+        environments = list(self._earlier_environments)
+        if self._environment is not None and self._environment not in environments:
+            environments.append(self._environment)
+        return {"matmul_precision": self.matmul_precision, "environments": environments}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._earlier_environments = list(state_dict.get("environments", []))  # none before lm-zoo recorded them
 
 
 def describe_devices(trainer: Trainer, per_rank: int | None) -> str:

@@ -25,6 +25,7 @@ from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_
 from checkpoints.model_card import render_card
 from datamodules.corpora import sha256_file
 from datamodules.kinds import MUSIC, TEXT
+from lightning_modules.training import hardware, source_commit
 from release import bundle
 from release.command import main as release_main
 from release.curves import (
@@ -118,6 +119,8 @@ def test_build_records_what_a_user_needs_and_serves_the_name(
     made = config["training"]["run"]
     assert (made["commit"], made["command"], made["seed"]) == ("abc123", "lm-zoo fit --config run.yaml", 1)
     assert made["hardware"] == bundle.hardware() and entry["training"]["hardware"] == made["hardware"]
+    assert made["torch_version"] == entry["training"]["torch_version"] == torch.__version__
+    assert "cuda_version" not in made  # trained on the CPU
     assert (made["steps"], made["epochs"], made["tokens"]) == (8, 1, 8 * 4 * 6) and made["wall_time_s"] > 0
     assert len(made["samples"]["texts"]) == 3 and made["samples"]["max_tokens"] == 60
     # The curve's points, kept so that the card's picture can be drawn again without the run's events: the logged
@@ -239,6 +242,45 @@ def test_a_changed_byte_is_refused_naming_the_file(
     weights.write_bytes(original)
     (bundle_env / "tiny" / "vocab.txt").unlink()
     one_line_error(capsys, cli.main(["evaluate", "tiny"]), "has no vocab.txt, whose sha256 the registry lists")
+
+
+def test_the_checkpoint_says_where_it_trained_and_the_card_and_registry_repeat_it(
+    run: Path, bundle_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model trained on a lent GPU is bundled at home: its card and registry entry name the machine, torch, CUDA and
+    commit of the training, which the checkpoint recorded (lightning_modules.training.RunSettings), not this one's."""
+    checkpoint = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+    here = {
+        "hardware": hardware(torch.device("cpu")),
+        "torch_version": str(torch.__version__),
+        "cuda_version": None,
+        "commit": source_commit(),
+    }
+    assert checkpoint["callbacks"]["RunSettings"]["environments"] == [here]
+    # The same run as if begun on a CPU and resumed on an H100 at another commit.
+    gpu = {"hardware": "NVIDIA H100 80GB HBM3", "torch_version": "2.11.0+cu130", "cuda_version": "13.0", "commit": "c2"}
+    checkpoint["callbacks"]["RunSettings"]["environments"] = [{**here, "commit": "c1"}, gpu]
+    moved = tmp_path / "gpu-run" / "best.ckpt"
+    moved.parent.mkdir()
+    torch.save(checkpoint, moved)
+    capsys.readouterr()
+    argv = [
+        "build",
+        "tiny-gpu",
+        "--ckpt",
+        str(moved),
+        "--config",
+        "run.yaml",
+        "--logs",
+        str(run / "lightning_logs/version_0"),
+    ]
+    assert release_main(argv) == 0
+    training = json.loads(capsys.readouterr().out)["training"]
+    assert training["hardware"] == f"{here['hardware']}, then NVIDIA H100 80GB HBM3"
+    assert training["torch_version"] == f"{torch.__version__}, then 2.11.0+cu130"
+    assert (training["cuda_version"], training["commit"]) == ("13.0", "c1, then c2")
+    card = (bundle_env / "tiny-gpu" / CARD_NAME).read_text()
+    assert f"| `c1, then c2` | {torch.__version__}, then 2.11.0+cu130 (CUDA 13.0) | {training['hardware']} |" in card
 
 
 def test_float16_bundle_is_measured_on_its_stored_weights(
