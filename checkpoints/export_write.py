@@ -129,6 +129,17 @@ def build_config(
     return _jsonable(config, "the model's settings")
 
 
+def stored_dtype(name: str) -> torch.dtype:
+    """The torch dtype an export stores its weights in, by name (:data:`STORED_DTYPES`).
+
+    Raises:
+        CheckpointError: no such storage dtype.
+    """
+    if name not in STORED_DTYPES:
+        raise CheckpointError(f"cannot store weights as {name!r}: choose one of {', '.join(STORED_DTYPES)}")
+    return STORED_DTYPES[name]
+
+
 def export_model(
     loaded: LoadedModel,
     out_dir: str | Path,
@@ -167,8 +178,7 @@ def export_model(
             refused a write (the export that was there, if any, is then unchanged).
     """
     out = check_out_dir(out_dir)
-    if dtype not in STORED_DTYPES:
-        raise CheckpointError(f"cannot store weights as {dtype!r}: choose one of {', '.join(STORED_DTYPES)}")
+    stored_dtype(dtype)
     files = dict(assets or {})
     if curve is not None:
         files[CURVE_NAME] = curve
@@ -348,6 +358,7 @@ def export(
     data_root: str | None = None,
     device: str = "cpu",
     max_shard_size: int | str | None = None,
+    dtype: str = "float32",
 ) -> Path:
     """Load a SOURCE, measure it on ``splits`` (unless ``results`` are given), and export it.
 
@@ -361,12 +372,19 @@ def export(
         data_root: where the corpus lives (default ``$LM_ZOO_DATA``).
         device: where to evaluate.
         max_shard_size: shards of at most this size (:func:`save_weights`); ``None``: one weights file.
+        dtype: how the weights are stored (:data:`STORED_DTYPES`); the figures measured here are those of the
+            stored weights (rounded to ``dtype`` first), as a load of the export computes with them.
     """
     check_out_dir(out_dir)  # before the minutes of measuring
+    stored = stored_dtype(dtype)
     loaded = load(source)
     if results is None:
+        with torch.no_grad():
+            for tensor in loaded.model.state_dict().values():
+                if tensor.is_floating_point():
+                    tensor.copy_(tensor.to(stored))
         results = measure(loaded, splits, batch_size, bptt, data_root, device)
     # An export re-exported (a bundled or downloaded model) keeps the pictures and samples its card shows.
     origin = Path(loaded.source)
     assets = {name: origin / name for name in ASSET_NAMES if origin.is_dir() and (origin / name).is_file()}
-    return export_model(loaded, out_dir, results, assets=assets, max_shard_size=max_shard_size)
+    return export_model(loaded, out_dir, results, dtype, assets=assets, max_shard_size=max_shard_size)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from checkpoints import hub, registered_directory, registry
-from checkpoints.export_read import CONFIG_NAME
+from checkpoints.export_read import CONFIG_NAME, STORED_DTYPES
 from checkpoints.export_write import export
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
@@ -38,13 +38,25 @@ def cmd_export(argv: Sequence[str]) -> None:
         "with Hugging Face's model.safetensors.index.json; a tensor larger than SIZE gets a shard of its own "
         "(default: one model.safetensors)",
     )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(STORED_DTYPES),
+        help="how the weights are stored (float16: half the size; the figures measured are of the stored weights)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
     results = [_read_result(path) for path in args.results] if args.results else None
     evaluation = {"batch_size": args.batch_size, "bptt": args.bptt, "data_root": args.data_root, "device": args.device}
     out = export(
-        args.source, args.out, splits=args.splits, results=results, max_shard_size=args.max_shard_size, **evaluation
+        args.source,
+        args.out,
+        splits=args.splits,
+        results=results,
+        max_shard_size=args.max_shard_size,
+        dtype=args.dtype,
+        **evaluation,
     )
     config = json.loads((out / CONFIG_NAME).read_text())
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}

@@ -166,6 +166,23 @@ def test_cli_export_then_evaluate_ckpt_and_directory_alike(
     assert "temperature 0.8" in entry.metric_name and "temperature 0.8" in entry.metric_config
 
 
+def test_a_float16_export_is_measured_on_its_stored_weights(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dtype float16`` halves the weights (a model brought back from a lent GPU in files of limited size); the
+    figure on its card is the one a user measures on what was stored, not the float32 checkpoint's."""
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    out = tmp_path / "half"
+    assert cli.main(["export", ckpt, "--out", str(out), "--dtype", "float16", "--splits", "test", "--json"]) == 0
+    (recorded,) = json.loads(capsys.readouterr().out)["results"]
+    with safe_open(out / WEIGHTS_NAME, "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    stored, full = _evaluate(capsys, str(out)), _evaluate(capsys, ckpt)
+    assert stored["loss"] == pytest.approx(recorded["loss"], rel=1e-6)
+    assert stored["loss"] != full["loss"]  # the rounding moved the figure: the card has the stored weights' one
+    one_line_error(capsys, cli.main(["export", ckpt, "--out", str(tmp_path / "x"), "--dtype", "int8"]), "int8")
+
+
 def test_model_card_holds_the_measured_results(run: Path) -> None:
     card = ModelCard.load(run / "export" / "README.md")
     config = json.loads((run / "export" / CONFIG_NAME).read_text())
