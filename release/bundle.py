@@ -184,7 +184,7 @@ def build(
 
     Args:
         name: the short name (``lm-zoo models --pretrained``).
-        ckpt: the run's best checkpoint.
+        ckpt: the run's best checkpoint, or its export (``lm-zoo export``; then ``logs`` are needed).
         config_file: the recipe it was trained from (``configs/...``).
         command: how it was trained (default ``lm-zoo fit --config <config_file>``).
         logs: the run's TensorBoard log directories, several for a resumed run (default: the checkpoint's
@@ -210,7 +210,12 @@ def build(
     """
     if not registry.NAME_PATTERN.match(name):
         raise ConfigError(f"{name!r} is no short name: lower case letters, digits, '.', '_' or '-'")
-    source = load_checkpoint(ckpt)
+    if ckpt.is_dir():  # an export: a run trained on a lent GPU comes back as one (benchmarks/gpu_session.sh)
+        if not logs:
+            raise ConfigError(f"{ckpt} is an export, which keeps no TensorBoard logs: name the run's with --logs")
+        source = load_export(ckpt)
+    else:
+        source = load_checkpoint(ckpt)
     logs = list(logs) or [ckpt.parent.parent]
     unit = curve_unit(source.kind, None if source.tokenizer is None else source.tokenizer.kind)
     log = read_run(logs, VALID_TAGS[unit])

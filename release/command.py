@@ -26,7 +26,9 @@ def release(argv: Sequence[str]) -> None:
     commands = parser.add_subparsers(dest="action", required=True)
     build_parser = commands.add_parser("build", help="export a finished run to pretrained/NAME and register it")
     build_parser.add_argument("name")
-    build_parser.add_argument("--ckpt", type=Path, required=True, help="the run's best checkpoint")
+    build_parser.add_argument(
+        "--ckpt", type=Path, required=True, help="the run's best checkpoint, or its export (then give --logs)"
+    )
     build_parser.add_argument("--config", type=Path, required=True, help="the recipe it was trained from")
     build_parser.add_argument("--command", help="how it was trained (default: lm-zoo fit --config CONFIG)")
     build_parser.add_argument("--logs", type=Path, nargs="+", default=(), help="TensorBoard dirs (resumed runs: all)")
