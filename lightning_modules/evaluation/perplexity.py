@@ -13,8 +13,8 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 
 Each procedure is a :class:`~lightning_modules.evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in
 its own module; the deterministic pass is :class:`Deterministic`, here), and :func:`evaluate` runs any of them the same
-way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed in
-float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
+way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed
+in float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
 full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
 ``token_nll``.
 """
