@@ -7,7 +7,8 @@
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
 #                                                               cells profile evaluation syncs fit nce xml; default
-#                                                               all)
+#                                                               all; ptb-word and ptb-char only when named, one a
+#                                                               call: each trains a model for the registry)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # LM_ZOO_COMMIT=$(git rev-parse --short=12 HEAD) names the commit measured (the results files record it): the copy
@@ -30,8 +31,9 @@ mkdir -p /tmp/bin
 printf '#!/bin/sh\nexec python3 -c "import sys; from cli import main; sys.exit(main())" "$@"\n' >/tmp/bin/lm-zoo
 chmod +x /tmp/bin/lm-zoo
 export PATH=/tmp/bin:$PATH
-# The corpora the benchmarks read (PTB's word files, the GBW sample), copied into .gpudata and carried, when there.
-if [ -d .gpudata ]; then export LM_ZOO_DATA=$PWD/.gpudata; fi
+# The corpora the benchmarks read (PTB's word and character files, the GBW sample), copied into .gpudata and carried,
+# when there and $LM_ZOO_DATA does not name others.
+if [ -z "${LM_ZOO_DATA:-}" ] && [ -d .gpudata ]; then export LM_ZOO_DATA=$PWD/.gpudata; fi
 
 {
     nvidia-smi -L
@@ -54,6 +56,7 @@ step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in
     local rc=$?
     echo "== rc $rc after $((SECONDS - start))s"
     tail -n 25 "$OUT/$log"
+    return $rc
 }
 
 # The captured windows first (zoo/window.py, issue 45): equal to the plain path, dropout, a Lightning fit.
@@ -108,3 +111,44 @@ if want xml; then
         --out "$run/xml_nesting_gpu.json"
     pack_run "$run" xml_run
 fi
+
+# A model for the registry from a GPU recipe, in one call (only when named: each takes most of a call's 10 minutes):
+# lm-zoo fit under the recipe's max_time, then its chosen (lowest validation loss) checkpoint exported as float16
+# shards of at most 15 MiB, its validation figure measured on those stored weights on the GPU. What comes back: the
+# shards themselves, and NAME_rest.tgz with the rest of the export, the run's logs (TensorBoard events, config.yaml)
+# and this step's own logs; with env.txt that is at most 8 files. At home:
+#     mkdir back && tar -xzf NAME_rest.tgz -C back && cp model-*.safetensors back/NAME/export/
+#     python -m release build NAME --ckpt back/NAME/export --logs back/NAME/logs --config RECIPE --dtype float16 ...
+# For the suite's tiny CPU run of this step (tests/test_gpu_recipes.py): RUN_ROOT moves the run (default: the
+# recipe's default_root_dir), STAGING the archive's folder (default /tmp), FIT_ARGS adds options to lm-zoo fit,
+# SHARD_SIZE and EXPORT_DEVICE change the export's.
+registry_run() {  # registry_run RECIPE NAME
+    local recipe=$1 name=$2
+    local root=${RUN_ROOT:-$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['trainer']['default_root_dir'])" "$recipe")}
+    [ -n "$root" ] || return 1
+    local staging=${STAGING:-/tmp}
+    local keep=$staging/$name
+    rm -rf "$keep" "$root" && mkdir -p "$keep/logs"
+    local results=$OUT
+    OUT=$keep/logs  # the step logs go into the archive, not one file each
+    # shellcheck disable=SC2086  # FIT_ARGS is a list of options
+    step 540 fit.txt lm-zoo fit --config "$recipe" --trainer.default_root_dir="$root" ${FIT_ARGS:-}
+    local fitted=$?
+    local run=$root/lightning_logs/version_0
+    step 120 export.txt lm-zoo export "$run/checkpoints/best.ckpt" --out "$keep/export" --dtype float16 \
+        --max-shard-size "${SHARD_SIZE:-15MiB}" --splits valid --device "${EXPORT_DEVICE:-auto}" --json
+    local exported=$?
+    OUT=$results
+    cp -r "$run" "$keep/logs/run" && rm -rf "$keep/logs/run/checkpoints"
+    local shards=("$keep"/export/model-*-of-*.safetensors)
+    [ -e "${shards[0]}" ] || shards=("$keep/export/model.safetensors")
+    mv "${shards[@]}" "$OUT/"
+    tar -czf "$OUT/${name}_rest.tgz" -C "$staging" "$name"  # what there is, the logs of a failed step too
+    ls -l "$OUT"
+    [ "$fitted" -eq 0 ] && [ "$exported" -eq 0 ]
+}
+named() {  # named STEP: the command line named it (these steps are never part of "all")
+    [[ " ${STEPS[*]} " == *" $1 "* ]]
+}
+if named ptb-word; then registry_run configs/ptb/awd-lstm-gpu.yaml ptb_word; fi
+if named ptb-char; then registry_run configs/ptb-char/awd-lstm-gpu.yaml ptb_char; fi
