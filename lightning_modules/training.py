@@ -103,11 +103,13 @@ def source_commit() -> str:
 
 
 def run_environment(trainer: Trainer) -> dict[str, Any]:
-    """Where a run trains: its devices in words, the torch and CUDA versions, the lm-zoo commit."""
+    """Where a run trains: its devices in words (rank 0's), the torch and CUDA versions, the lm-zoo commit."""
     device = trainer.strategy.root_device
     name = hardware(device)
+    if trainer.world_size > 1:  # GPUs are one per rank; CPU ranks share a machine's cores
+        name = f"{trainer.world_size} x {name}" if device.type == "cuda" else f"{name}, {trainer.world_size} processes"
     return {
-        "hardware": name if trainer.world_size == 1 else f"{trainer.world_size} x {name}",
+        "hardware": name,
         "torch_version": str(torch.__version__),  # a str subclass, which weights_only loading refuses
         "cuda_version": torch.version.cuda if device.type == "cuda" else None,
         "commit": source_commit(),

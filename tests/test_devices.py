@@ -27,7 +27,13 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 
 import cli
 from commands.fit import run_lightning
-from lightning_modules.training import describe_devices, in_process_devices, requested_devices
+from lightning_modules.training import (
+    describe_devices,
+    hardware,
+    in_process_devices,
+    requested_devices,
+    source_commit,
+)
 from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 from zoo.errors import ConfigError
 from zoo.settings import matmul_precision_in_force, set_matmul_precision
@@ -111,7 +117,11 @@ def test_an_in_process_fit_pins_one_device_applies_and_records_its_precision(
     assert saved["trainer"]["devices"] == 1  # pinned in the config the run saved, not left at auto
     assert saved["matmul_precision"] == "medium"
     checkpoint = torch.load(workdir / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["callbacks"]["RunSettings"] == {"matmul_precision": "medium"}
+    settings = checkpoint["callbacks"]["RunSettings"]
+    assert settings["matmul_precision"] == "medium"
+    (environment,) = settings["environments"]  # where the run trained
+    assert environment["hardware"] == hardware(torch.device("cpu")) and environment["cuda_version"] is None
+    assert environment["torch_version"] == torch.__version__ and environment["commit"] == source_commit()
     assert choice_lines(capsys.readouterr().err) == [
         "lm-zoo: training on 1 cpu device, 4 columns per rank, 4 in all; float32 matmuls at medium precision"
     ]
@@ -169,7 +179,9 @@ def test_a_two_process_ddp_fit_says_once_what_it_chose(tmp_path: Path) -> None:
         "batches); float32 matmuls at highest precision"
     ]
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["callbacks"]["RunSettings"] == {"matmul_precision": "highest"}
+    settings = checkpoint["callbacks"]["RunSettings"]
+    assert settings["matmul_precision"] == "highest"
+    assert [e["hardware"] for e in settings["environments"]] == [f"{hardware(torch.device('cpu'))}, 2 processes"]
 
 
 # ------------------------------------------------------------------------------------------------ lm-zoo evaluate
