@@ -88,8 +88,8 @@ class WeightAveragingOnPlateau(WeightAveraging):
             ``max_epochs`` times the batches per epoch, whichever ends first); when the epoch length is unknown
             (``variable_bptt``) it is ``max_steps`` if set, else ``max_epochs``, and averaging then starts with epoch
             ``floor(start_fraction * max_epochs)``. A run with ``max_time`` (lamb's "80% of the training time") also
-            switches on once that fraction of its time has passed, whichever mark comes first; rank 0's clock
-            decides for every rank, as it does for Lightning's stop.
+            switches on at the first validation check past that fraction of its time, whichever mark comes first;
+            rank 0's clock decides for every rank, as it does for Lightning's stop.
         device: where the average lives (default: the model's device); ``"cpu"`` saves accelerator memory.
     """
 
@@ -140,12 +140,9 @@ class WeightAveragingOnPlateau(WeightAveraging):
         ``start_fraction``."""
         if step_idx is None:  # the base class also asks at epoch ends: the average is per step
             return False
-        if not self.active:
+        if not self.active and self._fraction_reached(step_idx + 1):
             # Detected after the first step past the mark, which is the first one averaged.
-            if self._fraction_reached(step_idx + 1):
-                self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
-            elif self._time_fraction_reached():
-                self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run's time")
+            self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
         return self.active
 
     def _fraction_reached(self, steps_done: int) -> bool:
@@ -158,7 +155,8 @@ class WeightAveragingOnPlateau(WeightAveraging):
             return False
         elapsed, remaining = self._timer.time_elapsed("train"), self._timer.time_remaining("train")
         reached = remaining is not None and elapsed >= self.start_fraction * (elapsed + remaining)
-        # The clocks of the ranks differ; the average must start at the same step on all of them.
+        # The clocks of the ranks differ; the average must start at the same step on all of them. Asked at validation
+        # checks only (lamb checks its triggers at its turns too), so that no step pays for this collective.
         return bool(self._trainer.strategy.broadcast(reached))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -201,6 +199,8 @@ class WeightAveragingOnPlateau(WeightAveraging):
             self._switch_on(step, f"{self.patience} validation checks without improvement of {self.monitor}")
         elif self.trigger == "nt-asgd" and non_monotonic(self.history, self.nonmono):
             self._switch_on(step, f"{self.monitor} above the best of the checks older than {self.nonmono}")
+        elif self._time_fraction_reached():
+            self._switch_on(step, f"{self.start_fraction:.0%} of the run's time")
 
     def _switch_on(self, steps_done: int, reason: str) -> None:
         """Switch on after ``steps_done`` optimizer steps: the weights after the next step are the first ones

@@ -192,43 +192,48 @@ def test_switches_on_at_80_percent_at_the_latest(tmp_path: Path, bounds: dict[st
 
 
 class Clock(Callback):
-    """The train stage's elapsed time (Lightning's Timer) at every step's end, read where this callback stands."""
+    """The train stage's elapsed time (Lightning's Timer) at every validation check's end, read where this callback
+    stands among the callbacks."""
 
     def __init__(self) -> None:
         self.elapsed: list[float] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        time.sleep(0.05)  # every step takes time, so that a time budget ends the run after some 20 of them
+        time.sleep(0.05)  # every step takes time, so that a time budget ends the run after some 15 of them
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
         self.elapsed.append(timer.time_elapsed("train"))
 
 
 def test_a_run_bounded_by_time_switches_on_at_that_fraction_of_its_time(tmp_path: Path) -> None:
     """lamb's "at 80% of the training time at the latest", for a run that --trainer.max_time ends (a GPU's minutes):
-    on after the first step that ends past the fraction of the time; its epochs (1,000) would end far later."""
+    on at the first validation check past the fraction of the time (a check after every step here, where no step
+    pays for the ranks' agreement); its epochs (1,000) would end far later."""
     L.seed_everything(0)
-    model, iterates = Scripted([5.0 - k for k in range(1000)]), Iterates()
+    model, iterates = Scripted([5.0 - k for k in range(10_000)]), Iterates()  # always improving: never a plateau
     averaging = WeightAveragingOnPlateau(patience=2, start_fraction=0.5)
     before, after = Clock(), Clock()  # the clock read just before and just after the callback decides
     trainer = L.Trainer(
         callbacks=[before, averaging, iterates, after],
         max_epochs=1000,
         max_time=timedelta(seconds=1.5),
+        val_check_interval=1,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
     )
-    trainer.fit(model, DataLoader(TensorDataset(torch.randn(2, 3)), batch_size=1))
+    loader = DataLoader(TensorDataset(torch.randn(2, 3)), batch_size=1)
+    trainer.fit(model, loader, DataLoader(TensorDataset(torch.zeros(1, 3)), batch_size=1))
     switch = averaging.switched_on_at_step
     assert switch is not None and "50% of the run's time" in averaging.switch_reason, averaging.switch_reason
     steps = len(iterates.after_step)
-    assert 0 < switch < steps < 2000  # the time ended the run, and averaging had begun before
+    assert 1 < switch < steps < 2000  # the time ended the run, and averaging had begun before
     half = 0.75  # seconds
-    # Step `switch + 1` (index `switch`) is the first that ended past half the time; the one before had not.
-    assert after.elapsed[switch] >= half > before.elapsed[switch - 1]
+    # The check after step `switch` (index switch - 1) is the first that ended past half the time; the one before not.
+    assert after.elapsed[switch - 1] >= half > before.elapsed[switch - 2]
     torch.testing.assert_close(model.w.detach(), mean(iterates.after_step[switch:]))
 
 
