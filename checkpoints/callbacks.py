@@ -1,6 +1,12 @@
-"""A Lightning callback that exports (and optionally publishes) the best checkpoint when ``fit`` ends.
+"""Lightning callbacks between a run and trained models: start from one, export (and publish) the best.
 
 In a config::
+
+    trainer:
+      callbacks:
+        - class_path: checkpoints.callbacks.InitialWeights
+          init_args:
+            source: wikitext-2-lstm               # a registered name, an export directory, a Hub repo, a .ckpt
 
     trainer:
       callbacks:
@@ -13,21 +19,93 @@ In a config::
 
 from __future__ import annotations
 
+import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, StochasticWeightAveraging, WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from checkpoints import hub, load
+from checkpoints.export_read import load_weights
 from checkpoints.export_write import export_model, measure
 from datamodules.corpora import REPORTED_SPLITS
-from zoo.errors import CheckpointError
+from datamodules.tokenizers import Tokenizer
+from zoo.errors import CheckpointError, ConfigError
 
 
 def _class_name(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _symbols(tokenizer: Tokenizer) -> dict[str, Any]:
+    """What a tokenizer maps between text and ids: its state without the training counts, which may differ where the
+    ids do not (another corpus with the same vocabulary)."""
+    return {k: v for k, v in tokenizer.state_dict().items() if k != "counts"}
+
+
+def _first_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    mine, other = ours.get("symbols"), theirs.get("symbols")
+    if ours.get("kind") != theirs.get("kind") or not isinstance(mine, list) or not isinstance(other, list):
+        return f"a {theirs.get('kind')} tokenizer, where this run's is {ours.get('kind')}"
+    where = next((i for i, (a, b) in enumerate(zip(mine, other, strict=False)) if a != b), min(len(mine), len(other)))
+    if where == len(mine) == len(other):
+        return "another tokenizer setting"
+    return f"{len(other):,} symbols where this run has {len(mine):,}; they first differ at id {where:,}"
+
+
+class InitialWeights(Callback):
+    """Start a fresh ``fit`` from a trained model's weights: fine-tuning, or carrying a run on from its export.
+
+    Lightning's ``--ckpt_path`` resumes a run exactly, but only from a ``.ckpt`` with its optimizer, loops and RNG;
+    what is published is an export (weights, tokenizer and record, no training state), which this loads instead. The
+    optimizer, schedule and loops start anew from the run's own config, so a continuation sets its learning rate and
+    schedule where the earlier run left them. The weights are loaded at ``setup``, before the optimizer is built and
+    before Lightning restores a ``--ckpt_path``, whose weights therefore win when a run is resumed. A weight-averaging
+    callback copies the network at its own ``setup``: it must come after this one in ``trainer.callbacks``.
+
+    Args:
+        source: a registered name, an export directory, a Hub repo id or a ``.ckpt`` (what ``lm-zoo evaluate``
+            takes). Its architecture, sizes and tokenizer must be this run's.
+        revision: for a Hub repo: a branch, tag or commit.
+    """
+
+    def __init__(self, source: str, revision: str | None = None) -> None:
+        self.source = source
+        self.revision = revision
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Load the weights, after checking that they fit this run's network and vocabulary."""
+        if stage != "fit":
+            return
+        earlier = trainer.callbacks[: trainer.callbacks.index(self)] if self in trainer.callbacks else []
+        copies = [type(c).__name__ for c in earlier if isinstance(c, WeightAveraging | StochasticWeightAveraging)]
+        if copies:
+            raise ConfigError(
+                f"InitialWeights comes after {', '.join(copies)} in trainer.callbacks, which would average from the "
+                "network's random start: list InitialWeights first"
+            )
+        loaded = load(self.source, self.revision)
+        where = f"the initial weights ({loaded.source or self.source})"
+        tokenizer = getattr(trainer.datamodule, "tokenizer", None)
+        if loaded.tokenizer is not None and tokenizer is not None:
+            ours, theirs = _symbols(tokenizer), _symbols(loaded.tokenizer)
+            if ours != theirs:
+                raise ConfigError(
+                    f"{where} were trained with another vocabulary ({_first_difference(ours, theirs)}): train on "
+                    "the corpus and tokenizer they were trained with"
+                )
+        ours, theirs = asdict(pl_module.model.config), asdict(loaded.model.config)
+        differences = ", ".join(
+            f"{k} {theirs.get(k)!r} where this run has {v!r}" for k, v in ours.items() if theirs.get(k) != v
+        )
+        remedy = f"give this run the network they were trained with ({differences or 'no setting differs'})"
+        # load_state_dict copies into this run's float32 parameters, whatever the export stored (float16 here).
+        load_weights(pl_module.model, loaded.model.state_dict(), where, remedy=remedy)
+        if trainer.is_global_zero:  # with the run's other start-up lines (lightning_modules.training.RunSettings)
+            print(f"lm-zoo: the run starts from {where}", file=sys.stderr)
 
 
 class PublishBest(Callback):

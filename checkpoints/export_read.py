@@ -265,11 +265,19 @@ def _tied_names(state: dict[str, Tensor]) -> dict[str, set[str]]:
     return {name: group - {name} for group in groups.values() if len(group) > 1 for name in group}
 
 
-def load_weights(model: RecurrentLM | PianoRollLM, state: dict[str, Tensor], where: str) -> None:
+def load_weights(
+    model: RecurrentLM | PianoRollLM, state: dict[str, Tensor], where: str, remedy: str | None = None
+) -> None:
     """Load ``state`` into ``model`` strictly: every tensor must be there and nothing else.
 
     A tied tensor (the softmax sharing the embedding) may be stored under any one of its names, as safetensors stores
     it once; loading it once fills all of them.
+
+    Args:
+        model: the network to fill.
+        state: its weights, by name.
+        where: names the weights' source in error messages.
+        remedy: what the error says to do (default: for weights read with their own settings).
 
     Raises:
         CheckpointError: naming the missing or unexpected tensors, or the first size mismatch.
@@ -281,13 +289,14 @@ def load_weights(model: RecurrentLM | PianoRollLM, state: dict[str, Tensor], whe
     if missing or unexpected:
         raise CheckpointError(
             f"{where} does not match its architecture: missing tensors {missing[:5]}, unexpected tensors "
-            f"{unexpected[:5]}; use weights written by this lm-zoo version for this configuration"
+            f"{unexpected[:5]}; {remedy or 'use weights written by this lm-zoo version for this configuration'}"
         )
     try:
         model.load_state_dict(state, strict=False)  # strictness checked above, tied names included
     except RuntimeError as err:
         mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), clip(str(err)))
-        raise CheckpointError(f"{where}: {mismatch.rstrip('.')}; the weights do not fit the stored settings") from None
+        remedy = remedy or "the weights do not fit the stored settings"
+        raise CheckpointError(f"{where}: {mismatch.rstrip('.')}; {remedy}") from None
 
 
 def lm_zoo_version() -> str:
