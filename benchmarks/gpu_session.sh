@@ -6,8 +6,8 @@
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
-#                                                               cells profile evaluation syncs fit nce xml; default
-#                                                               all; ptb-word and ptb-char only when named, one a
+#                                                               cells profile evaluation syncs fit nce generate xml;
+#                                                               default all; ptb-word and ptb-char only when named, one a
 #                                                               call: each trains a model for the registry)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
@@ -77,6 +77,9 @@ want fit && step 120 fit_overhead.txt python3 benchmarks/fit_overhead.py --devic
 want fit && step 120 fit_overhead_650.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
     --width 650 --batch 64 --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda_650.json"
 want nce && step 150 nce.txt python3 benchmarks/nce.py --device cuda --steps 3
+# Sampling at batch 1: generate's captured step (zoo/sampling.py) and its plain path against a plain nn.LSTM loop.
+want generate && step 90 generate_speed.txt python3 benchmarks/generate_speed.py --device cuda \
+    --arch lstm mogrifier on_lstm skip_lstm --eager --out "$OUT/generate_speed_cuda.json"
 
 pack_run() {  # pack_run RUN_DIR NAME: the run's logs and best checkpoint into $OUT as NAME.tgz.part-aa, -ab, ...
     # The optimizer's moments are dropped from the checkpoint (they only resume a run; the card reads its param

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import cells, output
 from datamodules.synthetic import xml_closing_tags_matched
@@ -331,3 +332,25 @@ def test_within_window_is_the_chance_that_one_bptt_window_holds_the_name_and_its
     assert rows["100+"]["within"] == {"8": None, "32": None}  # no closing tag that far back: no chance to give
     assert at_once["within"] == pytest.approx({"8": 1 - 7 / 8, "32": 1 - 7 / 32})
     assert after_one["within"] == pytest.approx({"8": 0.0, "32": 1 - 16 / 32})
+
+
+def test_generate_speed_times_each_side_and_records_what_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At a tiny size on the CPU: the plain loop and each architecture's generate (both paths with --eager), every
+    side timed each round, ratios to the plain loop's median, and the machine and settings recorded."""
+    from benchmarks import generate_speed
+
+    out = tmp_path / "generate.json"
+    generate_speed.main(["--arch", "lstm", "mogrifier", "--eager", "--width", "8", "--vocab", "30", "--tokens", "5",
+                         "--rounds", "2", "--out", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    sides = [generate_speed.PLAIN, "lstm generate", "lstm generate, plain path", "mogrifier generate",
+             "mogrifier generate, plain path"]  # fmt: skip
+    assert list(result["tokens_per_s"]) == sides
+    assert all(len(rates) == 2 and min(rates) > 0 for rates in result["tokens_per_s"].values())
+    assert result["ratio_to_plain"][generate_speed.PLAIN] == 1.0
+    assert result["settings"]["width"] == 8 and result["batch"] == 1 and result["cuda"] is None
+    assert "1.00x the plain loop" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        refused(capsys, lambda: generate_speed.main(["--device", "cuda", "--out", str(tmp_path / "x.json")]), "no CUDA")

@@ -364,3 +364,34 @@ def test_a_fit_of_a_per_step_cell_runs_captured_windows_on_cuda(tmp_path: Path, 
     assert not graphs.failed
     assert 1 <= len(graphs.graphs) <= 2  # the data module's last, shorter window may be a second shape
     print(f"{precision}: captured in {graphs.capture_seconds} s")
+
+
+@pytest.mark.parametrize("name", ["lstm", "mogrifier", "on_lstm", "skip_lstm"])
+def test_the_captured_sampling_step_equals_the_same_step_run_eagerly_on_cuda(name: str) -> None:
+    """``generate`` on CUDA (zoo/sampling.py: one captured step a token) draws the ids the same step draws run
+    eagerly with the same seed, with top-k and a stop id; the capture did not fall back (it would warn); and with
+    top-k 1 both equal the plain path's."""
+    import warnings
+
+    from zoo import sampling
+
+    torch.manual_seed(0)
+    model = zoo.RecurrentLM(50, name, 16, 16, num_layers=2).cuda().eval()
+    prompt = torch.randint(50, (3, 5), device="cuda")
+
+    def eager(tokens: int, **options) -> list[list[int]]:
+        with torch.no_grad():
+            logits, state = model(prompt)
+            step = model._sampling_step(prompt)
+            return sampling.sample(step, logits[:, -1], state, tokens, capture=False, **options)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a capture that fell back warns
+        for options in ({}, {"temperature": 0.7, "top_k": 10}, {"stop_id": 3}):
+            captured = model.generate(prompt, 80, generator=torch.Generator().manual_seed(7), **options)
+            assert captured == eager(80, generator=torch.Generator().manual_seed(7), **options), options
+        greedy = model.generate(prompt, 40, top_k=1)
+    from zoo import settings
+
+    with settings.overridden(window_graphs=False):  # the plain path: CPU multinomial, a wait per token
+        assert model.generate(prompt, 40, top_k=1) == greedy

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo import sampling
 from zoo.architectures import build
 from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
@@ -583,6 +584,9 @@ class RecurrentLM(nn.Module):
     ) -> list[list[int]]:
         """Sample continuations of a batch of prompts (nanoGPT's ``generate``, for a recurrent state).
 
+        On CUDA with graphs on (:func:`zoo.sampling.captures`), the tokens are drawn on the device, one captured step
+        a token (:mod:`zoo.sampling`): the same distribution as the plain path's, other ids for the same seed.
+
         Args:
             prompt: ``(B, T)`` ids to condition on (T >= 1), e.g. the end-of-line id to start a sentence.
             max_new_tokens: most tokens sampled per row.
@@ -599,17 +603,15 @@ class RecurrentLM(nn.Module):
         step = self._sampling_step(prompt)
         logits, state = self(prompt)
         logits = logits[:, -1]  # (B, V)
-        # multinomial draws from a CPU generator; on the CPU nothing moves. Without a stop_id nothing needs the ids on
-        # the host before the end: one copy then, rather than one per step.
+        if sampling.captures(prompt.device):  # one captured step a token, read back once (zoo/sampling.py)
+            return sampling.sample(step, logits, state, max_new_tokens, temperature, top_k, stop_id, generator)
+        # The plain path, any device: multinomial draws from a CPU generator; on the CPU nothing moves. Without a
+        # stop_id nothing needs the ids on the host before the end: one copy then, rather than one per step.
         on_host = prompt.device.type == "cpu"
         tokens: list[Tensor] = []  # (B, 1) each
         done = [False] * prompt.size(0)
         for _ in range(max_new_tokens):
-            scores = logits if temperature == 1.0 else logits.float() / temperature
-            if top_k is not None and top_k < scores.size(-1):
-                kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+            probs = torch.softmax(sampling.next_token_scores(logits, temperature, top_k), dim=-1, dtype=torch.float32)
             token = torch.multinomial(probs if on_host else probs.cpu(), 1, generator=generator)  # (B, 1)
             tokens.append(token)
             if stop_id is not None:

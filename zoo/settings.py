@@ -3,7 +3,7 @@
 ==========================  ===========================================================================================
 ``LM_ZOO_KERNELS=plain``    the reference path of plain autograd ops everywhere (:mod:`zoo.kernels`); default: fast
 ``LM_ZOO_CPP=0``            the Mogrifier's Python window loops instead of building the C++ ones (:mod:`zoo.native`)
-``LM_ZOO_WINDOW_GRAPHS=0``  the per-step cells' training windows on CUDA run eagerly, not as graphs (:mod:`zoo.window`)
+``LM_ZOO_WINDOW_GRAPHS=0``  no CUDA graphs: training windows (:mod:`zoo.window`) and sampling (:mod:`zoo.sampling`) eager
 ``LM_ZOO_PROGRESS_SECONDS`` seconds between two progress lines where stderr is no terminal (default 30)
 ``LM_ZOO_MALLOC=default``   glibc's own malloc settings instead of lm-zoo's (:mod:`zoo.allocator`)
 ==========================  ===========================================================================================
@@ -37,7 +37,8 @@ class Settings:
         plain_kernels: run the reference path (plain autograd ops: no oneDNN private op, no C++ extension, no fused
             ``nn.LSTM``/``nn.GRU``) instead of the fast paths.
         cpp_kernels: build and use the C++ window loops of the Mogrifier (else its Python twins).
-        window_graphs: capture each training window of a per-step stack on CUDA as a CUDA graph (:mod:`zoo.window`).
+        window_graphs: capture each training window of a per-step stack on CUDA as a CUDA graph (:mod:`zoo.window`),
+            and ``generate``'s token step (:mod:`zoo.sampling`).
         progress_seconds: seconds between two progress lines where stderr is not a terminal.
         tune_malloc: apply lm-zoo's malloc settings at start-up (``lm-zoo`` only).
     """
