@@ -100,6 +100,61 @@ def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _duration(value: Any) -> str | None:
+    """Lightning's ``max_time`` (``"DD:HH:MM:SS"`` or a mapping of days, hours, minutes, seconds) in words."""
+    if isinstance(value, str) and value.count(":") == 3:
+        days, hours, minutes, seconds = (int(part) for part in value.split(":"))
+    elif isinstance(value, dict):
+        days, hours, minutes, seconds = (int(value.get(k) or 0) for k in ("days", "hours", "minutes", "seconds"))
+    else:
+        return None
+    hours += 24 * days
+    parts = [f"{hours} h" if hours else "", f"{minutes} min" if minutes else "", f"{seconds} s" if seconds else ""]
+    return " ".join(p for p in parts if p) or "0 s"
+
+
+def _stopping_rule(config: dict[str, Any]) -> str | None:
+    """The recipe's rule for ending the run, from its LightningCLI config: its bounds and any early stopping, and how
+    often it validated. ``None`` where the config was not recorded."""
+    trainer = config.get("trainer")
+    if not isinstance(trainer, dict):
+        return None
+    bounds = []
+    if isinstance(trainer.get("max_epochs"), int) and trainer["max_epochs"] > 0:
+        bounds.append(f"{trainer['max_epochs']:,} epochs")
+    if isinstance(trainer.get("max_steps"), int) and trainer["max_steps"] > 0:
+        bounds.append(f"{trainer['max_steps']:,} steps")
+    if _duration(trainer.get("max_time")):
+        bounds.append(f"{_duration(trainer['max_time'])} of training")
+    for callback in trainer.get("callbacks") or []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("EarlyStopping"):
+            options = callback.get("init_args") or {}
+            monitor = str(options.get("monitor") or "").replace("val_", "validation ").replace("_", " ")
+            patience = int(options.get("patience", 3))  # Lightning's default
+            when = (
+                "at the first validation check that does"
+                if patience == 1
+                else f"after {patience} validation checks in a row that do"
+            )
+            delta = options.get("min_delta") or 0
+            bounds.append(f"early stopping {when} not lower the {monitor} by at least {delta:g} below its best")
+    interval, every = trainer.get("val_check_interval"), trainer.get("check_val_every_n_epoch") or 1
+    if isinstance(interval, int):
+        checks = f"every {interval:,} steps"
+    elif isinstance(interval, float) and interval < 1:
+        checks = f"every {interval:g} of an epoch"
+    else:
+        checks = "at the end of every epoch" if every == 1 else f"every {every} epochs"
+    if not bounds:
+        ends = "none: the run ends when it is stopped"
+    else:
+        ends = "it ends at " + (bounds[0] if len(bounds) == 1 else "the first of " + "; ".join(bounds))
+    return (
+        f"- **The recipe's stopping rule:** {ends}. Validation {checks}; no test figure is read. A run that ended "
+        "otherwise says so in the notes below."
+    )
+
+
 def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> list[str]:
     """The run's length and the exported checkpoint's place in it, each said once and labelled: a checkpoint's
     ``epoch`` is Lightning's 0-based index, said here counted from 1 as the run's epochs are."""
@@ -116,7 +171,8 @@ def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> lis
         where = f"in epoch {epoch + 1} (counted from 1)" if isinstance(epoch, int) else "in an unrecorded epoch"
         last = ", the run's last step" if step == run.get("steps") else ""
         lines.append(f"- **The exported checkpoint:** `{name}`{best}, written at step {step:,}{last}, {where}.")
-    return lines
+    rule = _stopping_rule(training.get("config") or {})
+    return lines if rule is None else [*lines, rule]
 
 
 def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[EvaluationResult], unit: str) -> str:

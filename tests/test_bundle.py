@@ -228,6 +228,31 @@ def test_a_card_without_curve_points_says_what_its_picture_shows() -> None:
     assert "The exported checkpoint (step 11,830, 37,856,000 training tokens) is not marked on it." in card
 
 
+def test_a_card_states_the_recipes_stopping_rule_from_its_config() -> None:
+    """The rule is read from the run's LightningCLI config: its bounds, whichever comes first, any early stopping
+    (Lightning's: stop once ``patience`` checks in a row fail to lower the monitored figure by ``min_delta``), and how
+    often it validated."""
+    root = Path(__file__).resolve().parents[1] / "pretrained"
+    config = json.loads((root / "ptb-char-lstm" / CONFIG_NAME).read_text())
+    assert config["training"]["config"]["trainer"]["max_time"] == "00:01:58:00"
+    card = render_card(config, "lm-zoo/ptb-char-lstm", "v1")
+    assert (
+        "- **The recipe's stopping rule:** it ends at the first of 8 epochs; 1 h 58 min of training. Validation at the "
+        "end of every epoch; no test figure is read." in card
+    )
+    trainer = config["training"]["config"]["trainer"]
+    trainer.update(max_epochs=None, max_steps=3000, max_time=None, val_check_interval=250)
+    trainer["callbacks"] = [
+        {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+         "init_args": {"monitor": "val_loss", "patience": 2, "min_delta": 0.01}},
+    ]  # fmt: skip
+    card = render_card(config, "lm-zoo/ptb-char-lstm", "v1")
+    assert (
+        "it ends at the first of 3,000 steps; early stopping after 2 validation checks in a row that do not lower the "
+        "validation loss by at least 0.01 below its best. Validation every 250 steps;" in card
+    )
+
+
 def test_a_changed_byte_is_refused_naming_the_file(
     run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
