@@ -25,7 +25,7 @@ from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from checkpoints.ckpt_read import unreadable
@@ -240,7 +240,12 @@ class LMZooCLI(LightningCLI):
 
         best = next((c for c in trainer.checkpoint_callbacks if not isinstance(c, LastCheckpoint)), None)
         last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
-        lines = []
+        # Why the run ended before its bounds: Lightning's EarlyStopping keeps its reason but says it only when verbose.
+        lines = [
+            f"stopped early: {c.stopping_reason_message}"
+            for c in trainer.callbacks
+            if isinstance(c, EarlyStopping) and c.stopping_reason_message
+        ]
         if best is not None and best.best_model_path:
             score = f" ({best.monitor} {float(best.best_model_score):.4f})" if best.best_model_score is not None else ""
             lines.append(f"best checkpoint: {best.best_model_path}{score}")

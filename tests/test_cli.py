@@ -97,6 +97,21 @@ def test_fit_evaluate_generate(trained: Path, workdir: Path, capsys: pytest.Capt
     assert len(lines) == 3 and all(line.startswith("w1 <unk>") for line in lines)  # unknown prompt word -> <unk>
 
 
+def test_a_fit_stopped_early_says_why(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning's EarlyStopping ends a run before its bounds silently unless verbose: lm-zoo fit's closing lines say
+    it, with the callback's own reason. A validation loss cannot drop by 100 nats, so the second check stops it."""
+    early = {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+             "init_args": {"monitor": "val_loss", "patience": 1, "min_delta": 100.0}}  # fmt: skip
+    trainer = {"max_steps": 40, "val_check_interval": 2, "limit_val_batches": 2, "callbacks": [early]}
+    config = write_tiny_recipe(workdir / "run.yaml", write_word_corpus(workdir / "corpus", "early"), trainer=trainer)
+    assert cli.main(["fit", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    stopped = [line for line in err.splitlines() if line.startswith("lm-zoo: stopped early: ")]
+    assert len(stopped) == 1 and "val_loss did not improve in the last 1 records" in stopped[0], err[-2000:]
+    step = torch.load(workdir / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert step == 4, step  # the second check, 2 steps after the first
+
+
 def test_max_tokens_scores_the_first_windows_of_each_stream(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--max-tokens N``: the windows up to the one holding the N-th predicted token, summed by hand here from the
     network's own per-token NLL; the result says N, and N past the split's end is the whole split."""
