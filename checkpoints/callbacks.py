@@ -102,7 +102,7 @@ class InitialWeights(Callback):
             f"{k} {theirs.get(k)!r} where this run has {v!r}" for k, v in ours.items() if theirs.get(k) != v
         )
         remedy = f"give this run the network they were trained with ({differences or 'no setting differs'})"
-        # load_state_dict copies into this run's float32 parameters, whatever the export stored (float16 here).
+        # load_state_dict copies into this run's float32 parameters, whatever the export stored (float16, say).
         load_weights(pl_module.model, loaded.model.state_dict(), where, remedy=remedy)
         if trainer.is_global_zero:  # with the run's other start-up lines (lightning_modules.training.RunSettings)
             print(f"lm-zoo: the run starts from {where}", file=sys.stderr)

@@ -620,6 +620,4 @@ class RecurrentLM(nn.Module):
                     break
             logits, state = step(token if on_host else token.to(prompt.device), state)
         rows = torch.cat(tokens, 1).tolist() if tokens else [[] for _ in range(prompt.size(0))]
-        if stop_id is not None:  # a row ends at its first stop_id (kept)
-            rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
-        return rows
+        return sampling.cut_at_stop(rows, stop_id)

@@ -59,6 +59,13 @@ def draw(scores: Tensor, generator: torch.Generator | None = None) -> Tensor:
     return torch.argmax(probs / race, dim=-1, keepdim=True)
 
 
+def cut_at_stop(rows: list[list[int]], stop_id: int | None) -> list[list[int]]:
+    """Each row up to and including its first ``stop_id`` (rows go on sampling until every row has stopped)."""
+    if stop_id is None:
+        return rows
+    return [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
+
+
 def device_generator(device: torch.device, generator: torch.Generator | None) -> tuple[torch.Generator, int]:
     """A generator on ``device`` and its seed, drawn from ``generator`` (a seeded CPU generator: the same samples for
     the same seed) or, without one, from torch's global generator (which ``torch.manual_seed`` seeds)."""
@@ -197,7 +204,4 @@ def sample(
             break
         advance()
         produced += 1
-    rows = loop.out[:, :produced].tolist()
-    if stop_id is not None:  # a row ends at its first stop_id (kept)
-        rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
-    return rows
+    return cut_at_stop(loop.out[:, :produced].tolist(), stop_id)

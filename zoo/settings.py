@@ -3,7 +3,7 @@
 ==========================  ===========================================================================================
 ``LM_ZOO_KERNELS=plain``    the reference path of plain autograd ops everywhere (:mod:`zoo.kernels`); default: fast
 ``LM_ZOO_CPP=0``            the Mogrifier's Python window loops instead of building the C++ ones (:mod:`zoo.native`)
-``LM_ZOO_WINDOW_GRAPHS=0``  no CUDA graphs: training windows (:mod:`zoo.window`) and sampling (:mod:`zoo.sampling`) eager
+``LM_ZOO_WINDOW_GRAPHS=0``  no CUDA graphs for training windows (:mod:`zoo.window`) or sampling (:mod:`zoo.sampling`)
 ``LM_ZOO_PROGRESS_SECONDS`` seconds between two progress lines where stderr is no terminal (default 30)
 ``LM_ZOO_MALLOC=default``   glibc's own malloc settings instead of lm-zoo's (:mod:`zoo.allocator`)
 ==========================  ===========================================================================================
