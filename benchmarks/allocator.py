@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import output  # noqa: E402
-from benchmarks.fit_overhead import timed_fit_command  # noqa: E402
+from benchmarks.fit_overhead import child_pythonpath, timed_fit_command  # noqa: E402
 
 NAME = "allocator"
 GLIBC = "glibc's defaults"
@@ -49,7 +49,7 @@ def run_side(corpus: str, side: str, args: argparse.Namespace, work: Path) -> di
     out = work / "result.json"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "LM_ZOO_MALLOC", "GLIBC_TUNABLES"))}
     env = {**clean, **SIDES[side], "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out)}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = child_pythonpath()
     command = timed_fit_command(
         work,
         args.warmup,

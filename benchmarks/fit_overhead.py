@@ -288,6 +288,12 @@ RATIOS = (
 )
 
 
+def child_pythonpath() -> str:
+    """``PYTHONPATH`` for a side's process: the checkout first, then the caller's own. Replacing the caller's once hid
+    jsonargparse, which a GPU machine's Python found through ``PYTHONPATH``, from the ``lm-zoo fit`` side."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+
+
 def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> list[str]:
     """``lm-zoo fit`` of ``configs/ptb/lstm-small.yaml`` with ``overrides``, timed by :class:`StepTimer` (which stops
     it), with no validation, logger, progress bar or model summary, in a new run directory under ``work`` (one per
@@ -305,7 +311,8 @@ def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> l
 
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """One side in a fresh process: tokens per second and the process's peak RSS (bytes)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out)}
+    env["PYTHONPATH"] = child_pythonpath()
     if args.profile:
         env[PROFILE_VARIABLE] = "1"
     if side == FIT_GLIBC_DEFAULTS:

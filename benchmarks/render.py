@@ -430,6 +430,31 @@ def fit_overhead(name: str = "fit_overhead.json") -> str:
     return "\n".join(lines)
 
 
+def fit_overhead_cuda(name: str) -> str:
+    """``benchmarks/fit_overhead.py --device cuda``: the same sides on one GPU, with what measured them."""
+    return "\n".join([fit_overhead(name), "", gpu_provenance(name)])
+
+
+def generate_speed_cuda() -> str:
+    """``benchmarks/generate_speed.py --device cuda``: tokens/s of ``generate`` (the captured device path and the plain
+    path) against a plain ``nn.LSTM`` sampling loop, the median of the rounds with their range."""
+    name = "generate_speed_cuda.json"
+    result = _load(name)
+    settings = result["settings"]
+    plain = result["median_tokens_per_s"]["plain nn.LSTM loop"]
+    lines = [
+        f"`{result['command']}` ({settings['layers']} x {settings['width']} units, a {settings['vocab']:,}-word "
+        f"softmax, {settings['tokens']:,} tokens at batch {result['batch']}, {settings['rounds']} rounds):",
+        "",
+        "| side | tokens/s (median, rounds' range) | x the plain loop |",
+        "|---|---:|---:|",
+    ]
+    for side, rounds in result["tokens_per_s"].items():
+        median = result["median_tokens_per_s"][side]
+        lines.append(_row([side, f"{median:,.0f} ({min(rounds):,.0f}-{max(rounds):,.0f})", f"{median / plain:.2f}"]))
+    return "\n".join([*lines, "", gpu_provenance(name)])
+
+
 def fit_profile(rows: int = 10) -> str:
     """``benchmarks/fit_overhead.py --profile`` before and after the changes it guided: where a step of each
     like-for-like side goes, by cProfile's own time per step."""
@@ -714,7 +739,20 @@ MEASURED_CODE = {
     "cells_cuda.json": ("zoo",),
     "autocast_dtypes_cuda.json": ("zoo",),
     "host_syncs_cuda.json": ("zoo", "datamodules", "lightning_modules"),
+    "fit_overhead_cuda.json": ("zoo", "datamodules", "lightning_modules", "checkpoints", "commands"),
+    "fit_overhead_cuda_650.json": ("zoo", "datamodules", "lightning_modules", "checkpoints", "commands"),
+    "generate_speed_cuda.json": ("zoo",),
 }
+
+
+def provenance_of(result: dict[str, Any]) -> dict[str, Any] | None:
+    """What measured a CUDA result, wherever its script wrote it: a ``provenance`` entry of its own, one inside its
+    ``settings`` (``fit_overhead.py``), or the same fields at the top level (``generate_speed.py``)."""
+    found = result.get("provenance") or result.get("settings", {}).get("provenance")
+    if found is None and {"commit", "device", "torch", "cuda"} <= result.keys():
+        keys = ("commit", "device", "torch", "cuda", "cudnn", "packages")
+        found = {key: result[key] for key in keys if key in result}
+    return found
 
 
 def _project_pins(root: Path = ROOT) -> dict[str, str]:
@@ -766,7 +804,7 @@ def gpu_provenance(name: str) -> str:
     """One paragraph under a CUDA result: what measured it (commit, device, torch and CUDA, the packages a training
     step goes through), whether those are outside the project's pins, and whether the code it measured has changed
     since (:data:`MEASURED_CODE`)."""
-    provenance = _load(name).get("provenance")
+    provenance = provenance_of(_load(name))
     if provenance is None:
         return f"Which commit, torch and CUDA measured `{name}` is not recorded."
     packages = {key: value for key, value in provenance.get("packages", {}).items() if value}
@@ -952,6 +990,9 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "syneval": syneval,
     "fit-overhead": fit_overhead,
     "fit-overhead-tiny": lambda: fit_overhead("fit_overhead_tiny.json"),
+    "fit-overhead-cuda": lambda: fit_overhead_cuda("fit_overhead_cuda.json"),
+    "fit-overhead-cuda-650": lambda: fit_overhead_cuda("fit_overhead_cuda_650.json"),
+    "generate-speed-cuda": generate_speed_cuda,
     "fit-profile": fit_profile,
     "quantize-int8": quantize_int8,
     "inference-overhead": inference_overhead,

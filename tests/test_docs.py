@@ -94,7 +94,7 @@ def test_a_ratio_whose_rounds_span_1_is_said_to_show_no_difference() -> None:
 
 def test_every_gpu_result_says_what_ran_it_and_whether_the_code_moved_on() -> None:
     for path in sorted((ROOT / "benchmarks" / "results").glob("*_cuda.json")):
-        provenance = json.loads(path.read_text(encoding="utf-8")).get("provenance") or {}
+        provenance = render.provenance_of(json.loads(path.read_text(encoding="utf-8"))) or {}
         assert {"commit", "device", "torch", "cuda"} <= set(provenance), path.name
         assert path.name in render.MEASURED_CODE, f"{path.name}: say which code it measured in render.MEASURED_CODE"
         paragraph = render.gpu_provenance(path.name)
