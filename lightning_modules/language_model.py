@@ -32,6 +32,7 @@ from datamodules.kinds import BPC, TEXT
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
+from lightning_modules.training_step import TrainingObjective
 from zoo.errors import CheckpointError, ConfigError
 from zoo.language_model import LMConfig, RecurrentLM
 from zoo.state import State, detach_state, mask_state
@@ -202,40 +203,37 @@ class LanguageModel(StatefulTraining):
         return self.tar * (diff * keep).sum() / pairs.clamp(min=1)
 
     # ------------------------------------------------------------------------------------------------ the loops
-    def training_step(self, batch: LMBatch, batch_idx: int) -> Tensor:
+    def training_objective(self, batch: LMBatch, figures: bool = True) -> TrainingObjective:
+        """The window's training objective: the head's loss (mean nats per predicted token) plus AWD-LSTM's AR and TAR
+        and the cells' own terms, with those terms and the cells' statistics as figures (only when ``figures``)."""
         total, count, raw, dropped = self._window(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted token
-        # Checked with the gradients, in one copy to the host, at the optimizer step (on_before_optimizer_step).
-        self._train_loss = loss.detach()
-        if self.model.decoder.reports_nats:  # a sampled objective (NCE) is not nats: no training perplexity
-            self.metrics["train_nll"].update(loss.detach(), weight=count)
-        # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
-        # predicted tokens would cost a device synchronisation (train_nll above weighs by that count exactly).
-        window = batch.targets.numel()
-        logs = self.logs_this_training_step(batch_idx)
-        if logs:
-            self.log("train_loss", loss, prog_bar=True, batch_size=window)
+        objective, logged = loss, {}
         # AWD-LSTM's activation regularisers: AR on the dropped output, TAR on the raw one (Merity et al. 2017 §4.6).
         if self.ar > 0:
-            ar = self.activation_regularization(dropped)
-            if logs:
-                self.log("train_ar", ar, batch_size=window)
-            loss = loss + ar
+            logged["train_ar"] = self.activation_regularization(dropped)
+            objective = objective + logged["train_ar"]
         if self.tar > 0:
-            tar = self.temporal_activation_regularization(raw, batch.reset)
-            if logs:
-                self.log("train_tar", tar, batch_size=window)
-            loss = loss + tar
+            logged["train_tar"] = self.temporal_activation_regularization(raw, batch.reset)
+            objective = objective + logged["train_tar"]
         # Terms a cell adds to its objective (e.g. Skip RNN's budget loss), and what it reports about the window.
         extra = self.model.rnn.regularization_loss()
         if extra is not None:
-            if logs:
-                self.log("train_cell_loss", extra, batch_size=window)
-            loss = loss + extra
-        if logs:
-            for name, value in self.model.rnn.statistics().items():
-                self.log(f"train_{name}", value, batch_size=window)
-        return loss
+            logged["train_cell_loss"] = extra
+            objective = objective + extra
+        if figures:
+            logged |= {f"train_{name}": value for name, value in self.model.rnn.statistics().items()}
+        # The window's size weighs the epoch mean of the logged values: a host-side number, where the count of
+        # predicted tokens would cost a device synchronisation (train_nll weighs by that count exactly). A sampled
+        # objective (NCE) is not nats: no training perplexity.
+        return TrainingObjective(
+            objective, loss, count, batch.targets.numel(), logged if figures else {}, self.model.decoder.reports_nats
+        )
+
+    def capturable_window(self, batch: LMBatch) -> bool:
+        """A window without resets: where resets fall is worked out on the host (:class:`zoo.state.Resets`), which a
+        captured step could not do anew at each replay."""
+        return batch.reset is None and batch.resets is None
 
     def window_nll(self, batch: LMBatch, stage: str) -> tuple[Tensor, Tensor]:
         """Full-softmax nats summed over the window's predicted tokens, and how many (validation and test)."""

@@ -20,6 +20,7 @@ from torch import Tensor
 from datamodules.music import FrameBatch
 from lightning_modules.language_model import copy_weights
 from lightning_modules.stateful import StatefulTraining
+from lightning_modules.training_step import TrainingObjective
 from zoo.errors import ConfigError
 from zoo.music import NUM_NOTES, PianoRollConfig, PianoRollLM
 from zoo.state import detach_state
@@ -97,14 +98,11 @@ class MusicModel(StatefulTraining):
         mask = batch.mask.to(nll.dtype)
         return (nll * mask).sum(), batch.mask.sum()
 
-    def training_step(self, batch: FrameBatch, batch_idx: int) -> Tensor:
+    def training_objective(self, batch: FrameBatch, figures: bool = True) -> TrainingObjective:
+        """Mean nats per predicted frame: the objective and the loss alike."""
         total, count = self.window_nll(batch, "train")
         loss = total / count.clamp(min=1)  # mean nats per predicted frame
-        self._train_loss = loss.detach()  # for the divergence guard (StatefulTraining.on_before_optimizer_step)
-        self.metrics["train_nll"].update(loss.detach(), weight=count)
-        if self.logs_this_training_step(batch_idx):
-            self.log("train_loss", loss, prog_bar=True, batch_size=batch.mask.numel())
-        return loss
+        return TrainingObjective(loss, loss, count, batch.mask.numel())
 
     def log_epoch_figures(self, stage: str, loss: Tensor) -> None:
         """The same nats per frame divided by the 88 notes."""

@@ -4,9 +4,13 @@ the guards that stop a diverging run before it writes bad weights, and what a ch
 :class:`~lightning_modules.language_model.LanguageModel` (tokens) and :class:`~lightning_modules.music.MusicModel`
 (piano-roll frames) subclass it. A subclass sets ``self.divergence_threshold`` and ``self.model`` (the plain network),
 keeps each stage's state in ``self._state[stage]`` (zeroed here at every epoch start), implements
-:meth:`StatefulTraining.window_nll` (validation and test steps are this module's) and
-:meth:`StatefulTraining.log_epoch_figures`, updates ``self.metrics["train_nll"]`` and sets ``self._train_loss`` in its
-training step for the divergence guard.
+:meth:`StatefulTraining.window_nll` (validation and test steps are this module's),
+:meth:`StatefulTraining.training_objective` (the training window's device work: the training step and what it records
+are this module's) and :meth:`StatefulTraining.log_epoch_figures`.
+
+A training step runs the objective, its backward pass, the clipping and the optimizer's update either in Lightning's
+closure or, where it can, in lm-zoo's own step (:mod:`lightning_modules.training_step`), which on a GPU replays them
+as one captured CUDA graph.
 
 Under DDP (:mod:`lightning_modules.resume` has the details) each rank draws its own dropout masks but the same shared
 draws (:attr:`StatefulTraining.shared_generator`, e.g. NCE noise words), a checkpoint keeps every rank's resume state
@@ -36,6 +40,7 @@ from lightning_modules.resume import (
     set_generator_state,
     set_rng_states,
 )
+from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, plan
 from zoo.errors import CheckpointError, TrainingDivergedError
 from zoo.state import State
 
@@ -84,6 +89,11 @@ class StatefulTraining(L.LightningModule):
     # rank agreed on at this step: (the lowest rank that noted one, its signal), from check_divergence's gather.
     stop_signal: int | None = None
     agreed_stop: tuple[int, int] | None = None
+    # This step's training loss, which the divergence guard reads with the gradients (record_training_step sets it).
+    divergence_loss: Tensor | None = None
+    # Who runs each training step where Lightning's closure does not: chosen at the start of training.
+    step_runner: TrainingStep | None = None
+    step_plan: StepPlan | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,9 +110,66 @@ class StatefulTraining(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.settle_divergence_check()  # the last step's check
+        self.step_runner = None  # its graphs' memory with it
+
+    def step_summary(self) -> str | None:
+        """Who runs this fit's training steps, in words, and what capturing them cost so far (``None`` before the fit
+        starts training)."""
+        if self.step_runner is not None:
+            return self.step_runner.summary()
+        return None if self.step_plan is None else self.step_plan.describe()
 
     def on_test_epoch_start(self) -> None:
         self._state["test"] = None
+
+    # ------------------------------------------------------------------------------------------------ training
+    def training_objective(self, batch: Any, figures: bool = True) -> TrainingObjective:
+        """The window's objective and figures, carrying the training state: device work only, nothing recorded, so
+        that a captured step can replay it (``figures``: compute the per-step figures too)."""
+        raise NotImplementedError
+
+    def capturable_window(self, batch: Any) -> bool:
+        """Whether a captured training step can replay this window (shapes aside): here, never."""
+        return False
+
+    @property
+    def training_state(self) -> State | None:
+        """The state carried from one training window to the next (``None``: zeros, as at an epoch's start)."""
+        return self._state["train"]
+
+    @training_state.setter
+    def training_state(self, state: State | None) -> None:
+        self._state["train"] = state
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """Lightning's training step: :meth:`training_objective`, then :meth:`record_training_step`."""
+        logs = self.logs_this_training_step(batch_idx)
+        result = self.training_objective(batch, figures=logs)
+        self.record_training_step(result, logs)
+        return result.objective
+
+    def record_training_step(self, result: TrainingObjective, logs: bool) -> None:
+        """What a training step leaves behind on the host's side: the loss for the divergence guard (read with the
+        gradients at the optimizer step), the epoch's ``train_nll``, and at logging steps the per-step figures."""
+        self.divergence_loss = result.loss.detach()
+        if result.reports_nats:
+            self.metrics["train_nll"].update(result.loss.detach(), weight=result.count)
+        if logs:
+            self.log("train_loss", result.loss, prog_bar=True, batch_size=result.window)
+            for name, value in result.figures.items():
+                self.log(name, value, batch_size=result.window)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.step_runner is not None:
+            self.step_runner.next_batch(batch, batch_idx)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Lightning's optimizer step, or lm-zoo's whole step where :attr:`step_runner` runs it
+        (:mod:`lightning_modules.training_step`: forward, backward, clipping and update in one, captured on a GPU)."""
+        if self.step_runner is None:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+            return
+        self.step_runner.step(optimizer_closure)
 
     # ------------------------------------------------------------------------------------- evaluation and logging
     def window_nll(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
@@ -212,6 +279,8 @@ class StatefulTraining(L.LightningModule):
             CheckpointError: the checkpoint was written by another number of processes (:func:`rank_state`).
         """
         self.__dict__.pop("_pending_check", None)  # a module fitted again starts with none
+        self.step_plan = chosen = plan(self.trainer, self)
+        self.step_runner = None if chosen.path == "lightning" else TrainingStep(self, self.trainer, chosen)
         resume, self._resume = self._resume, None
         # Rank 0's seed (after seed_everything: the run's seed, the same on every rank) for the rank offsets and the
         # shared generator: broadcast, so that they agree even in a run that seeded nothing.
@@ -291,7 +360,7 @@ class StatefulTraining(L.LightningModule):
         :attr:`agreed_stop` at the same step (the step after the gather, where it is read), and the rank that writes
         ``last.ckpt`` and stops does so in step with the others (:mod:`lightning_modules.faults`). One process stops
         at the step its signal came in."""
-        loss = getattr(self, "_train_loss", None)
+        loss = self.divergence_loss
         checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
         device = checked[0].device if checked else self.device
         # The signal as a fill on the device, not torch.tensor(value, device=...), which is a copy the host waits for.

@@ -128,6 +128,7 @@ class RunSettings(Callback):
     def __init__(self, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> None:
         self.matmul_precision = matmul_precision
         self._first_step_reported = False
+        self._captures_reported = 0
         self._environment: dict[str, Any] | None = None
         self._earlier_environments: list[dict[str, Any]] = []  # of the runs this one resumed
 
@@ -143,13 +144,21 @@ class RunSettings(Callback):
             print(f"lm-zoo: {line}; float32 matmuls at {self.matmul_precision} precision", file=sys.stderr)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *args: Any) -> None:
-        """After the run's first training step, where each per-step stack captured its window on a GPU, one line on
-        what that cost (:func:`zoo.window.summary`)."""
-        if self._first_step_reported or not trainer.is_global_zero:
+        """After the run's first training step, one line on who runs the steps (``StatefulTraining.step_summary``) and
+        one on what capturing the per-step stacks' windows cost on a GPU (:func:`zoo.window.summary`); after the step
+        where a whole step was first captured, that step's line again with what its capture cost."""
+        if not trainer.is_global_zero:
             return
-        self._first_step_reported = True
-        line = window.summary(pl_module)
-        if line is not None:
+        runner = getattr(pl_module, "step_runner", None)
+        captured = len(runner.capture_seconds) if runner is not None else 0
+        if self._first_step_reported and captured <= self._captures_reported:
+            return
+        summary = getattr(pl_module, "step_summary", lambda: None)()
+        lines = [summary] if summary is not None and (captured or not self._first_step_reported) else []
+        if not self._first_step_reported:
+            lines.append(window.summary(pl_module))
+        self._first_step_reported, self._captures_reported = True, max(captured, 1)
+        for line in filter(None, lines):
             print(f"lm-zoo: {line}", file=sys.stderr)
 
     def state_dict(self) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class DivergeOn(L.Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            pl_module._train_loss = torch.tensor(self.value)
+            pl_module.divergence_loss = torch.tensor(self.value)
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.directory / "injected").write_text(repr(time.time()))
 

@@ -4,6 +4,9 @@
 ``LM_ZOO_KERNELS=plain``    the reference path of plain autograd ops everywhere (:mod:`zoo.kernels`); default: fast
 ``LM_ZOO_CPP=0``            the Mogrifier's Python window loops instead of building the C++ ones (:mod:`zoo.native`)
 ``LM_ZOO_WINDOW_GRAPHS=0``  no CUDA graphs for training windows (:mod:`zoo.window`) or sampling (:mod:`zoo.sampling`)
+``LM_ZOO_TRAINING_STEP``    who runs a training step (:mod:`lightning_modules.training_step`): ``graph`` (the default:
+                            lm-zoo, captured as one CUDA graph on a GPU), ``direct`` (lm-zoo, never captured) or
+                            ``lightning`` (Lightning's closure, the reference path)
 ``LM_ZOO_PROGRESS_SECONDS`` seconds between two progress lines where stderr is no terminal (default 30)
 ``LM_ZOO_MALLOC=default``   glibc's own malloc settings instead of lm-zoo's (:mod:`zoo.allocator`)
 ==========================  ===========================================================================================
@@ -23,9 +26,10 @@ import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 DEFAULT_PROGRESS_SECONDS = 30.0
+TrainingStepPath = Literal["graph", "direct", "lightning"]
 _OFF = {"0", "false", "no", "off"}
 
 
@@ -39,6 +43,8 @@ class Settings:
         cpp_kernels: build and use the C++ window loops of the Mogrifier (else its Python twins).
         window_graphs: capture each training window of a per-step stack on CUDA as a CUDA graph (:mod:`zoo.window`),
             and ``generate``'s token step (:mod:`zoo.sampling`).
+        training_step: who runs a training step: ``graph``, ``direct`` or ``lightning``
+            (:mod:`lightning_modules.training_step`; ``plain_kernels`` implies ``lightning``).
         progress_seconds: seconds between two progress lines where stderr is not a terminal.
         tune_malloc: apply lm-zoo's malloc settings at start-up (``lm-zoo`` only).
     """
@@ -46,6 +52,7 @@ class Settings:
     plain_kernels: bool = False
     cpp_kernels: bool = True
     window_graphs: bool = True
+    training_step: TrainingStepPath = "graph"
     progress_seconds: float = DEFAULT_PROGRESS_SECONDS
     tune_malloc: bool = True
 
@@ -60,9 +67,16 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
         plain_kernels=environ.get("LM_ZOO_KERNELS", "").strip().lower() == "plain",
         cpp_kernels=environ.get("LM_ZOO_CPP", "1").strip().lower() not in _OFF,
         window_graphs=environ.get("LM_ZOO_WINDOW_GRAPHS", "1").strip().lower() not in _OFF,
+        training_step=_choice(environ.get("LM_ZOO_TRAINING_STEP", ""), get_args(TrainingStepPath), "graph"),
         progress_seconds=seconds,
         tune_malloc=environ.get("LM_ZOO_MALLOC", "").strip().lower() != "default",
     )
+
+
+def _choice(value: str, choices: tuple[str, ...], default: str) -> Any:
+    """``value`` if it names one of ``choices`` (any case), else ``default``."""
+    value = value.strip().lower()
+    return value if value in choices else default
 
 
 _current: Settings | None = None

@@ -1,0 +1,231 @@
+"""lm-zoo's own training step (lightning_modules/training_step.py) against Lightning's closure, the reference path:
+the same weights, losses and carried state, step for step; the captured path's bookkeeping (the window copied in, the
+state carried and zeroed, a new capture for a new learning rate) on a CPU stand-in for CUDA graphs; and the settings
+under which Lightning's closure runs the step, said in the start-up line. The captured graph itself is held equal to
+the uncaptured step in the GPU suite (tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from datamodules import TextDataModule
+from lightning_modules import LanguageModel, ZarembaDecay
+from lightning_modules import training_step as step_module
+from lightning_modules.training_step import RECAPTURE_LIMIT, WARMUP_STEPS, StepPlan
+from tests.conftest import quiet_trainer, write_word_corpus
+from zoo import settings
+
+
+class ReplayByCall:
+    """A CPU stand-in for :class:`~lightning_modules.training_step.CUDAGraphs`: a capture records the step's function
+    and runs nothing, as a CUDA capture runs no kernel; a replay runs the function again. So the runner must copy each
+    window into the captured one's tensors, carry the state through the captured state's tensors, and take what it
+    records from what the replay wrote, as it must for a real graph (else the stand-in trains on stale windows)."""
+
+    made: list[ReplayByCall] = []
+
+    def __init__(self) -> None:
+        self.captured: list[_Recorded] = []
+        ReplayByCall.made.append(self)
+
+    def warm_up(self, step: Callable[[], Any]) -> Any:
+        return step()
+
+    def capture(self, body: Callable[[], None], generators: tuple = ()) -> _Recorded:
+        self.captured.append(_Recorded(body))
+        return self.captured[-1]
+
+
+class _Recorded:
+    def __init__(self, body: Callable[[], None]) -> None:
+        self.body, self.replays = body, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.body()
+
+
+def _fit(
+    tmp_path: Path,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+    steps: int = 12,
+    epochs: int | None = None,
+    optimizer: Callable[[Any], torch.optim.Optimizer] = lambda p: torch.optim.SGD(p, lr=0.5),
+    scheduler: Callable[[Any], Any] | None = None,
+    stand_in: bool = True,
+    model_options: dict[str, Any] | None = None,
+    **trainer_options: Any,
+) -> dict[str, Any]:
+    """A tiny word model fitted with ``path`` (``graph``: lm-zoo's captured step, on :class:`ReplayByCall` where
+    ``stand_in``): the module, its training loss after each step, the shapes of the windows it trained on, and what
+    the step's runner counted (``runner``: its captures' seconds, replays and uncaptured steps)."""
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    dm = TextDataModule(str(write_word_corpus(tmp_path, "5", words=60)), batch_size=3, bptt=6)
+    torch.manual_seed(0)
+    options = {"embedding_size": 8, "hidden_size": 12, "num_layers": 2, "dropout": 0.2, "ar": 1.0, "tar": 1.0}
+    model = LanguageModel(dm.vocab_size, **{"architecture": "lstm", **options, **(model_options or {})})
+
+    def configure() -> Any:
+        chosen = optimizer(model.parameters())
+        return chosen if scheduler is None else {"optimizer": chosen, "lr_scheduler": scheduler(chosen)}
+
+    model.configure_optimizers = configure  # LightningCLI's job in lm-zoo
+    seen: dict[str, Any] = {"losses": [], "shapes": [], "runner": None}
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, *args: Any) -> None:
+            seen["losses"].append(float(outputs["loss"]))
+            seen["shapes"].append(tuple(batch.inputs.shape))
+
+        def on_train_end(self, trainer: L.Trainer, module: Any) -> None:  # before the module drops its runner
+            runner = module.step_runner
+            if runner is not None:
+                seen["runner"] = {
+                    "captures": runner.capture_seconds,
+                    "replays": runner.replays,
+                    "failed": runner.failed,
+                }
+
+    limits = {"max_epochs": epochs} if epochs else {"max_steps": steps}
+    trainer = quiet_trainer(
+        **limits, limit_val_batches=0, gradient_clip_val=0.3, log_every_n_steps=1, callbacks=[Record()],
+        **trainer_options,
+    )  # fmt: skip
+    with monkeypatch.context() as patch, settings.overridden(training_step=path):
+        if path == "graph" and stand_in:  # on the CPU, plan() would say direct
+            patch.setattr("lightning_modules.stateful.plan", lambda *a: StepPlan("graph"))
+            patch.setattr(step_module, "CUDAGraphs", ReplayByCall)
+        trainer.fit(model, dm)
+    return {"model": model, **seen}
+
+
+def _assert_same_training(one: dict[str, Any], other: dict[str, Any]) -> None:
+    assert one["losses"] == pytest.approx(other["losses"], rel=1e-6, abs=1e-7) and one["losses"]
+    for (name, a), b in zip(one["model"].state_dict().items(), other["model"].state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.5),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_direct_step_trains_as_lightnings_closure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, optimizer: str
+) -> None:
+    """Dropout, AR and TAR, clipping by norm: the same losses and weights after every update, whoever runs the step."""
+    direct = _fit(tmp_path / "direct", "direct", monkeypatch, optimizer=OPTIMIZERS[optimizer])
+    assert direct["model"].step_plan == StepPlan("direct", "LM_ZOO_TRAINING_STEP=direct")
+    assert direct["model"].step_runner is None  # dropped, with any graphs, when training ends
+    lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, optimizer=OPTIMIZERS[optimizer])
+    assert lightning["model"].step_plan.path == "lightning"
+    _assert_same_training(direct, lightning)
+
+
+def test_captured_step_on_a_stand_in_trains_as_lightnings_closure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over three epochs of a per-epoch schedule: the state zeroed at each epoch's start, a capture for each new
+    learning rate and window shape, every step after the warm-up a replay; the same losses and weights as Lightning's
+    closure."""
+    ReplayByCall.made.clear()
+    schedule = {"epochs": 3, "scheduler": lambda o: ZarembaDecay(o, constant_epochs=1, decay=0.5)}
+    captured = _fit(tmp_path / "graph", "graph", monkeypatch, **schedule)
+    [backend] = ReplayByCall.made
+    per_epoch = len(captured["shapes"]) // 3
+    shapes_per_epoch = len(set(captured["shapes"]))
+    assert per_epoch > WARMUP_STEPS
+    assert len(backend.captured) == 3 * shapes_per_epoch  # the rates 0.5, 0.25, 0.125, each with every window shape
+    assert sum(graph.replays for graph in backend.captured) == len(captured["losses"]) - WARMUP_STEPS
+    lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **schedule)
+    print("DBG", captured["losses"][:8], lightning["losses"][:8])
+    _assert_same_training(captured, lightning)
+
+
+def test_a_graph_is_replayed_for_its_shape_in_later_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a schedule, one capture per window shape, each replayed in every later epoch, from a zero state at each
+    epoch's start; the same training as Lightning's closure."""
+    ReplayByCall.made.clear()
+    captured = _fit(tmp_path / "graph", "graph", monkeypatch, epochs=3)
+    [backend] = ReplayByCall.made
+    assert len(backend.captured) == len(set(captured["shapes"]))
+    assert all(graph.replays >= 2 for graph in backend.captured)
+    _assert_same_training(captured, _fit(tmp_path / "lightning", "lightning", monkeypatch, epochs=3))
+
+
+def test_a_learning_rate_changed_at_every_step_stops_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-step schedule would capture anew at every step: after RECAPTURE_LIMIT changes in a row, one warning, and
+    the steps run uncaptured; the same training as Lightning's closure."""
+    ReplayByCall.made.clear()
+
+    def every_step(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s)), "interval": "step"}
+
+    with pytest.warns(UserWarning, match="change at every step"):
+        captured = _fit(tmp_path / "graph", "graph", monkeypatch, steps=15, scheduler=every_step)
+    [backend] = ReplayByCall.made
+    assert len(backend.captured) < RECAPTURE_LIMIT
+    lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, steps=15, scheduler=every_step)
+    _assert_same_training(captured, lightning)
+
+
+class AfterBackward(L.Callback):
+    def on_after_backward(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("trainer_options", "said"),
+    [
+        ({"accumulate_grad_batches": 2}, "accumulate_grad_batches 2"),
+        ({"callbacks": [AfterBackward()]}, "the callback AfterBackward acts in on_after_backward"),
+        ({"precision": "bf16-mixed"}, "precision bf16-mixed"),
+        ({"gradient_clip_val": 0.1, "gradient_clip_algorithm": "value"}, "gradient_clip_algorithm value"),
+    ],
+)
+def test_lightnings_closure_runs_the_steps_lm_zoo_cannot_and_the_line_says_why(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    trainer_options: dict,
+    said: str,
+) -> None:
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    dm = TextDataModule(str(write_word_corpus(tmp_path, "5")), batch_size=3, bptt=6)
+    model = LanguageModel(dm.vocab_size, "lstm", embedding_size=8, hidden_size=8)
+    model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.5)
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=0, **trainer_options)
+    trainer.fit(model, dm)
+    assert model.step_plan == StepPlan("lightning", said)
+    assert model.step_summary() == f"training step: Lightning's closure ({said})"
+
+
+def test_the_plan_follows_the_switch_and_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LM_ZOO_TRAINING_STEP and LM_ZOO_KERNELS=plain pick the path; on a CPU lm-zoo's step runs uncaptured."""
+    assert settings.from_environment({"LM_ZOO_TRAINING_STEP": "Direct"}).training_step == "direct"
+    assert settings.from_environment({"LM_ZOO_TRAINING_STEP": "nonsense"}).training_step == "graph"
+    model = LanguageModel(11, "lstm", embedding_size=4, hidden_size=4)
+    trainer = quiet_trainer(max_steps=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monkeypatch.setattr(L.Trainer, "optimizers", property(lambda self: [optimizer]))
+    model.trainer = trainer
+    for changes, expected in (
+        ({}, StepPlan("direct", "CUDA graphs need a GPU")),
+        ({"training_step": "direct"}, StepPlan("direct", "LM_ZOO_TRAINING_STEP=direct")),
+        ({"training_step": "lightning"}, StepPlan("lightning", "LM_ZOO_TRAINING_STEP=lightning")),
+        ({"plain_kernels": True}, StepPlan("lightning", "LM_ZOO_KERNELS=plain")),
+    ):
+        with settings.overridden(**changes):
+            assert step_module.plan(trainer, model) == expected
