@@ -13,12 +13,21 @@ runs per step. That is ``--layers`` for every cell but FS-RNN, whose layer is a 
 one slow) with the parameters and matmul FLOPs of ``k + 1`` LSTM layers of its width; the table names the depth.
 
 Measurements are interleaved (every model once per round, ``--rounds`` rounds, median kept) so that the ratios are
-measured under the same conditions; only ratios from one run should be compared. oneDNN's primitive cache is made
-large enough for every model's primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, below). Example::
+measured under the same conditions; only ratios from one run should be compared. A round times ``--queued`` steps
+queued one after another between two synchronisations of the device (20 on a GPU, as training queues them; a step's
+own latency, one step per synchronisation, favours the models whose step launches fewer kernels from the host: the
+tables stored before this measured that way, so their ratios to ``nn.LSTM`` are upper bounds).
+
+``--vocab V`` times the whole language model's step instead of the stack's: an embedding of ``V`` words, the stack, and
+a ``V``-way softmax's cross-entropy (PTB: 10,000), around every model alike (what a user trains).
+
+oneDNN's primitive cache is made large enough for every model's primitives (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+below). Example::
 
     python benchmarks/cells.py                                # hidden 650, batch 20 and 64, BPTT 35 and 70
     python benchmarks/cells.py --arch lstm mogrifier --batch 20 --bptt 35 --rounds 3
     python benchmarks/cells.py --arch lstm gru_paper --loop --genomes lstm gru_paper    # genomes vs hand-written
+    python benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --vocab 10000     # the whole LM's step
 
 The table is printed and written to a new results file (``--out``; see benchmarks/output.py).
 """
@@ -140,24 +149,79 @@ def training_step(
     return step
 
 
+class WordModel(nn.Module):
+    """A stack inside a language model: embedding, the stack, a linear softmax layer, the mean cross-entropy."""
+
+    def __init__(self, stack: nn.Module, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.embedding, self.stack, self.decoder = nn.Embedding(vocab, hidden), stack, nn.Linear(hidden, vocab)
+
+    def regularization_loss(self) -> Tensor | None:
+        return self.stack.regularization_loss() if hasattr(self.stack, "regularization_loss") else None
+
+    def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
+        y, _ = self.stack(self.embedding(ids))  # (B, T, H)
+        return nn.functional.cross_entropy(self.decoder(y).flatten(0, 1).float(), targets.flatten())
+
+
+def word_training_step(
+    model: WordModel,
+    ids: Tensor,
+    targets: Tensor,
+    optimizer: torch.optim.Optimizer,
+    autocast: bool = False,
+    eager: bool = False,
+) -> Callable:
+    """:func:`training_step` for a :class:`WordModel`: its cross-entropy over ``targets`` is the loss."""
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with (
+            settings.overridden(window_graphs=not eager),
+            torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast),
+        ):
+            loss = model.loss(ids, targets)
+        extra = model.regularization_loss()
+        (loss if extra is None else loss + extra).backward()
+        optimizer.step()
+
+    return step
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def measure(
-    builders: dict[str, Callable[[], nn.Module]], batch: int, bptt: int, hidden: int, rounds: int, device: torch.device
+    builders: dict[str, Callable[[], nn.Module]],
+    batch: int,
+    bptt: int,
+    hidden: int,
+    rounds: int,
+    device: torch.device,
+    queued: int = 1,
+    vocab: int = 0,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Median seconds per training step of each model, timed in interleaved rounds, and each model's first step
-    (allocator, oneDNN/cuDNN plans, a window graph's capture)."""
+    """Median seconds per training step of each model, timed in interleaved rounds of ``queued`` steps between two
+    synchronisations, and each model's first step (allocator, oneDNN/cuDNN plans, a window graph's capture).
+    ``vocab``: each model inside a :class:`WordModel` of that many words."""
     x = torch.randn(batch, bptt, hidden, device=device)
     direction = torch.randn(batch, bptt, hidden, device=device)
+    ids = torch.randint(vocab or 1, (batch, bptt), device=device)
+    targets = torch.randint(vocab or 1, (batch, bptt), device=device)
     steps = {}
     first_step: dict[str, float] = {}
     for name, build in builders.items():
-        model = build().to(device).train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-        steps[name] = training_step(model, x, direction, optimizer, name.endswith(BF16), name.endswith(EAGER))
+        bf16, eager = name.endswith(BF16), name.endswith(EAGER)
+        if vocab:
+            model = WordModel(build(), vocab, hidden).to(device).train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+            steps[name] = word_training_step(model, ids, targets, optimizer, bf16, eager)
+        else:
+            model = build().to(device).train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+            steps[name] = training_step(model, x, direction, optimizer, bf16, eager)
         _sync(device)
         start = time.perf_counter()
         steps[name]()  # warm-up
@@ -173,9 +237,10 @@ def measure(
             step = steps[name]
             _sync(device)
             start = time.perf_counter()
-            step()
+            for _ in range(queued):
+                step()
             _sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append((time.perf_counter() - start) / queued)
     return {name: statistics.median(values) for name, values in times.items()}, first_step
 
 
@@ -190,7 +255,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bptt", nargs="+", type=int, default=[35, 70])
     parser.add_argument("--hidden", type=int, default=650, help="input and hidden size (PTB medium: 650)")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5, help="timed steps per model (median kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per model (median kept)")
+    parser.add_argument(
+        "--queued",
+        type=int,
+        default=None,
+        help="steps queued between two synchronisations in a round (default: 20 on a GPU, 1 on the CPU)",
+    )
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="time the whole language model's step with a softmax over this many words"
+    )
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loop (it is slow)")
     parser.add_argument(
         "--loop", action="store_true", help="also time the per-step path of architectures that have a fused kernel"
@@ -225,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     path = output.output_path(args, NAME)
 
     device = torch.device(args.device)
+    queued = args.queued or (20 if device.type == "cuda" else 1)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     hidden, layers = args.hidden, args.layers
@@ -266,11 +341,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {device} ({threads} threads), torch {torch.__version__}, hidden {hidden} x {layers} layers")
     if hasattr(os, "getloadavg"):  # ratios are comparable only when the machine is as quiet in every round
         print("# load average at start: " + ", ".join(f"{load:.2f}" for load in os.getloadavg()))
-    print("# training step = forward + backward + SGD update; tokens/s = batch * bptt / median step time")
+    model = f"an embedding, the stack and a {args.vocab:,}-word softmax" if args.vocab else "the stack"
+    print(f"# training step of {model} = forward + backward + SGD update; tokens/s = batch * bptt / median step time")
+    print(f"# each round: {queued} step(s) queued between two synchronisations, {args.rounds} rounds")
     results = []
     for batch in args.batch:
         for bptt in args.bptt:
-            seconds, first_step = measure(builders, batch, bptt, hidden, args.rounds, device)
+            seconds, first_step = measure(builders, batch, bptt, hidden, args.rounds, device, queued, args.vocab)
             print(f"\n## batch {batch}, bptt {bptt}")
             print(
                 f"| {'model':<22} | {'LSTM layers':>11} | {'tokens/s':>9} | {'x nn.LSTM':>9} | {'x naive':>8} "
@@ -313,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "provenance": output.provenance(str(device)),
     }
+    header |= {"queued": queued, "rounds": args.rounds, "vocab": args.vocab}
     output.write(path, {**header, "hidden": hidden, "layers": layers, "results": results})
     print(f"\nwrote {path}")
 

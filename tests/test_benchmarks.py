@@ -75,6 +75,28 @@ def test_cells_compares_fs_rnn_with_an_lstm_of_as_many_cells(tmp_path: Path) -> 
     )
 
 
+def test_cells_times_queued_steps_and_the_whole_word_model(tmp_path: Path) -> None:
+    """--queued steps between two synchronisations (recorded; 1 by default on the CPU), --vocab around every model
+    alike: an embedding and a softmax of that many words, whose cross-entropy trains (the weights move)."""
+    out = tmp_path / "lm.json"
+    argv = ["--arch", "lstm", "--batch", "2", "--bptt", "3", "--hidden", "8", "--rounds", "2", "--no-naive"]
+    cells.main([*argv, "--device", "cpu", "--vocab", "50", "--queued", "3", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert (written["queued"], written["rounds"], written["vocab"]) == (3, 2, 50)
+    assert {row["model"] for row in written["results"]} == {"nn.LSTM", "lstm"}
+    cells.main([*argv, "--device", "cpu", "--out", str(tmp_path / "stack.json")])
+    assert json.loads((tmp_path / "stack.json").read_text())["queued"] == 1
+    model = cells.WordModel(cells.TorchLSTM(8, 8, 1), 50, 8)
+    ids, targets = torch.randint(50, (2, 3)), torch.randint(50, (2, 3))
+    before = model.decoder.weight.detach().clone()
+    cells.word_training_step(model, ids, targets, torch.optim.SGD(model.parameters(), lr=1.0))()
+    assert not torch.equal(before, model.decoder.weight)
+    expected = torch.nn.functional.cross_entropy(
+        model.decoder(model.stack(model.embedding(ids))[0]).flatten(0, 1), targets.flatten()
+    )
+    torch.testing.assert_close(model.loss(ids, targets), expected)
+
+
 def test_the_cell_profile_sorts_kernels_by_their_names() -> None:
     from benchmarks.cell_profile import kind_of
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -96,3 +97,22 @@ def test_the_summary_line_counts_captures_and_failures_and_is_silent_where_none_
     assert window.summary(model) == "2 training window shape(s) captured as CUDA graphs in 0.75 s"
     graphs.failed[("c",)] = "RuntimeError: refused"
     assert window.summary(model).endswith("; 1 could not be and run eagerly (warned above)")
+
+
+def test_windows_of_new_shapes_past_the_graph_limit_say_so_once_and_are_counted() -> None:
+    """Past MAX_GRAPHS captured shapes a new one runs the plain path: one warning for the first, a count in the
+    summary for all (variable BPTT without rounding meets many lengths)."""
+    stack, size = tiny_stack("on_lstm")
+    graphs = stack._window_graphs()
+    for index in range(window.MAX_GRAPHS):
+        graphs.graphs[(index,)] = window._Graph(lambda *a: a, 2, False, 0.1)
+    state = tuple(torch.zeros(2, 3, 4) for _ in range(2))
+    with pytest.warns(UserWarning, match=f"after {window.MAX_GRAPHS} captured ones runs eagerly"):
+        assert graphs.run(stack, torch.randn(3, 5, size), state, None) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graphs.run(stack, torch.randn(3, 6, size), state, None) is None  # said once
+        assert graphs.run(stack, torch.randn(3, 6, size), state, None) is None  # the same shape, counted once
+    assert window.summary(torch.nn.Sequential(stack)).endswith(
+        f"; 2 more past the limit of {window.MAX_GRAPHS} run eagerly"
+    )

@@ -121,6 +121,7 @@ class WindowGraphs:
     def __init__(self) -> None:
         self.graphs: dict[tuple, _Graph] = {}
         self.failed: dict[tuple, str] = {}
+        self.past_limit: set[tuple] = set()  # signatures met after MAX_GRAPHS were captured: they run eagerly
         self.regularization: Tensor | None = None
 
     def __deepcopy__(self, memo: dict) -> WindowGraphs:
@@ -150,7 +151,17 @@ class WindowGraphs:
         key = _signature(stack, args, reset is not None)
         graph = self.graphs.get(key)
         if graph is None:
-            if key in self.failed or len(self.graphs) >= MAX_GRAPHS:
+            if key in self.failed:
+                return None
+            if len(self.graphs) >= MAX_GRAPHS:
+                if not self.past_limit:
+                    warnings.warn(
+                        f"lm-zoo: a training window of a new shape after {MAX_GRAPHS} captured ones runs eagerly, as "
+                        "will any further new shape (each graph keeps a window's memory): round the window lengths to "
+                        "a few values to replay them all",
+                        stacklevel=3,
+                    )
+                self.past_limit.add(key)
                 return None
             graph = self._capture(stack, args, key, reset is not None)
             if graph is None:
@@ -215,10 +226,12 @@ def summary(model: nn.Module) -> str | None:
     tried = [m.__dict__["_graphs"] for m in model.modules() if "_graphs" in m.__dict__]
     seconds = [s for graphs in tried for s in graphs.capture_seconds]
     failed = sum(len(graphs.failed) for graphs in tried)
+    past_limit = sum(len(graphs.past_limit) for graphs in tried)
     if not seconds and not failed:
         return None
     line = f"{len(seconds)} training window shape(s) captured as CUDA graphs in {sum(seconds):.2f} s"
-    return line + (f"; {failed} could not be and run eagerly (warned above)" if failed else "")
+    line += f"; {failed} could not be and run eagerly (warned above)" if failed else ""
+    return line + (f"; {past_limit} more past the limit of {MAX_GRAPHS} run eagerly" if past_limit else "")
 
 
 def captures(stack: RecurrentStack, x: Tensor) -> bool:
