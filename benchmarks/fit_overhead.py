@@ -8,7 +8,9 @@ same batch and BPTT. The allocator is set on both sides alike, so that each rati
 
 - the plain loop with glibc's malloc defaults (as the peers run it), and with ``zoo.allocator``'s settings (the
   ``mallopt`` calls ``lm-zoo`` makes at start-up, made here at the worker's start);
-- ``lm-zoo fit`` as installed (those settings) and with ``LM_ZOO_MALLOC=default`` (glibc's defaults);
+- ``lm-zoo fit`` as installed (those settings, lm-zoo's own training step), with ``LM_ZOO_MALLOC=default`` (glibc's
+  defaults), and with ``LM_ZOO_TRAINING_STEP=lightning`` (Lightning's closure running each step, as before
+  ``lightning_modules/training_step.py``: what that step gives, measured side by side);
 - lm-zoo's network (``zoo.RecurrentLM``, built from the same config) and ``torch.optim.SGD`` in the plain loop, with
   lm-zoo's settings: what separates the two like-for-like sides is then split in two, the network's own cost against
   ``nn.LSTM``'s and the training loop's around it (Lightning's loop, hooks and callbacks, and ``LanguageModel``'s
@@ -272,8 +274,9 @@ PLAIN_LM_ZOO_MALLOC = "plain loop, lm-zoo's malloc settings"
 NETWORK = "lm-zoo's network in the plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
 FIT = "lm-zoo fit"
-SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, FIT_GLIBC_DEFAULTS, FIT)
-SIDES_CUDA = (PLAIN, NETWORK, FIT)  # the allocator settings are the host's: nothing to compare on a GPU
+FIT_LIGHTNING_STEP = "lm-zoo fit, Lightning's closure running each step"  # LM_ZOO_TRAINING_STEP=lightning
+SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, FIT_GLIBC_DEFAULTS, FIT_LIGHTNING_STEP, FIT)
+SIDES_CUDA = (PLAIN, NETWORK, FIT_LIGHTNING_STEP, FIT)  # the allocator settings are the host's: nothing to compare
 # (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
 RATIOS = (
     (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
@@ -285,6 +288,7 @@ RATIOS = (
     (FIT, PLAIN, "lm-zoo as installed against the plain loop as the peers run it"),
     (PLAIN_LM_ZOO_MALLOC, PLAIN, "what lm-zoo's malloc settings give the plain loop"),
     (FIT, FIT_GLIBC_DEFAULTS, "what lm-zoo's malloc settings give lm-zoo fit"),
+    (FIT, FIT_LIGHTNING_STEP, "what lm-zoo's own training step gives lm-zoo fit (lightning_modules/training_step.py)"),
 )
 
 
@@ -317,6 +321,10 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         env[PROFILE_VARIABLE] = "1"
     if side == FIT_GLIBC_DEFAULTS:
         env["LM_ZOO_MALLOC"] = "default"
+    if side == FIT_LIGHTNING_STEP:
+        env["LM_ZOO_TRAINING_STEP"] = "lightning"
+    elif side == FIT:
+        env.pop("LM_ZOO_TRAINING_STEP", None)  # lm-zoo's default: its own step, captured on a GPU
     if side in (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK):
         command = [sys.executable, __file__, "--worker", f"--batch={args.batch}", f"--bptt={args.bptt}"]
         command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]

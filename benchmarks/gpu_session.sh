@@ -6,9 +6,11 @@
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
 #     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
-#                                                               cells profile evaluation syncs fit nce generate xml;
-#                                                               default all; ptb-word and ptb-char only when named, one a
-#                                                               call: each trains a model for the registry)
+#                                                               cells cells-lm profile evaluation syncs fit nce generate
+#                                                               xml; default all; ptb-word and ptb-char only when named,
+#                                                               one a call: each trains a model for the registry)
+#     device run: bash benchmarks/gpu_session.sh measure       (the training step's measurements in one call, at most
+#                                                               565 s of steps: windows cells cells-lm syncs fit generate)
 #     device run: XML_CONFIG=configs/synthetic/xml-lstm-gpu-1024.yaml bash benchmarks/gpu_session.sh xml
 #
 # LM_ZOO_COMMIT=$(git rev-parse --short=12 HEAD) names the commit measured (the results files record it): the copy
@@ -46,6 +48,7 @@ want() {  # want STEP: whether the command line asked for it (none named: every 
     [ $# -gt 0 ] && { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 }
 STEPS=("$@")
+if [ "${STEPS[*]:-}" = measure ]; then STEPS=(windows cells cells-lm syncs fit generate); fi
 
 step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in $OUT/LOGNAME and on stdout
     local limit=$1 log=$2
@@ -59,26 +62,31 @@ step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in
     return $rc
 }
 
-# The captured windows first (zoo/window.py, issue 45): equal to the plain path, dropout, a Lightning fit.
-want windows && step 150 gpu_windows.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider \
+# The captured windows and the captured training step first (zoo/window.py, lightning_modules/training_step.py):
+# equal to their uncaptured paths, dropout, a Lightning fit.
+want windows && step 100 gpu_windows.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider \
     -k "captured or replay or per_step_cell"
 want suite && step 200 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
 want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
-want cells && step 150 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 3 --eager --loop \
-    --out "$OUT/cells_cuda.json"
+# Every cell against nn.LSTM, 20 steps queued between two synchronisations as training queues them, the median of 5
+# rounds: the stack alone, then the whole language model (embedding, stack, PTB's 10,000-word softmax).
+want cells && step 110 cells.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 5 \
+    --queued 20 --no-naive --out "$OUT/cells_cuda.json"
+want cells-lm && step 90 cells_lm.txt python3 benchmarks/cells.py --device cuda --batch 20 64 --bptt 35 --rounds 5 \
+    --queued 20 --no-naive --vocab 10000 --out "$OUT/cells_lm_cuda.json"
 want profile && step 90 cell_profile.txt python3 benchmarks/cell_profile.py --device cuda --arch mogrifier fs_rnn \
     on_lstm lstm_no_forget --batch 20 64 --out "$OUT/cell_profile_cuda.json"
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
-want syncs && step 60 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
+want syncs && step 45 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
 # lm-zoo fit against the plain loop on the GPU (needs PTB's word files in .gpudata/ptb): the 2 x 200 recipe at
-# batch 20, and 2 x 650 at batch 64.
-want fit && step 120 fit_overhead.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
+# batch 20, and 2 x 650 at batch 64; lm-zoo fit with its captured step and with Lightning's closure, side by side.
+want fit && step 80 fit_overhead.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
     --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda.json"
-want fit && step 120 fit_overhead_650.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
+want fit && step 80 fit_overhead_650.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
     --width 650 --batch 64 --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda_650.json"
 want nce && step 150 nce.txt python3 benchmarks/nce.py --device cuda --steps 3
 # Sampling at batch 1: generate's captured step (zoo/sampling.py) and its plain path against a plain nn.LSTM loop.
-want generate && step 90 generate_speed.txt python3 benchmarks/generate_speed.py --device cuda \
+want generate && step 60 generate_speed.txt python3 benchmarks/generate_speed.py --device cuda \
     --arch lstm mogrifier on_lstm skip_lstm --eager --out "$OUT/generate_speed_cuda.json"
 
 pack_run() {  # pack_run RUN_DIR NAME: the run's logs and best checkpoint into $OUT as NAME.tgz.part-aa, -ab, ...

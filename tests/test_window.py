@@ -116,3 +116,22 @@ def test_windows_of_new_shapes_past_the_graph_limit_say_so_once_and_are_counted(
     assert window.summary(torch.nn.Sequential(stack)).endswith(
         f"; 2 more past the limit of {window.MAX_GRAPHS} run eagerly"
     )
+
+
+def test_a_replayed_window_reports_its_own_statistics_and_a_plain_one_its_layers() -> None:
+    """Skip RNN's update fraction is an output of the window's graph: after a replay the stack reports the replayed
+    window's (a layer keeps the tensor of its graph's capture, which the replay of another shape's graph leaves
+    stale), and after a window on the plain path, the layers' own."""
+    stack, size = tiny_stack("skip_lstm")
+    stack.train()
+    x = torch.randn(3, 5, size)
+    y, state = stack(x)
+    plain = stack.statistics()["update_fraction"]
+    graphs = stack._window_graphs()
+    key = window._signature(stack, (x, *state), False)
+    replayed = torch.tensor(0.125)
+    graphs.graphs[key] = window._Graph(lambda *a: (y, *state, replayed), len(state), False, 0.1, ("update_fraction",))
+    graphs.run(stack, x, state, None)
+    assert stack.statistics() == {"update_fraction": replayed}
+    stack(x)  # the plain path (on the CPU nothing is captured)
+    torch.testing.assert_close(stack.statistics()["update_fraction"], plain)

@@ -129,6 +129,9 @@ class RecurrentStack(nn.Module):
             ``(y, state)`` with ``y`` the last layer's outputs ``(B, T, H)`` (with ``sum_layer_outputs``: the sum of
             every layer's).
         """
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None:  # what a replay left is the last window's only if this window is replayed too
+            graphs.statistics = None
         if state is None:
             parameter = next(self.parameters(), None)
             state = self.initial_state(x.size(0), x if parameter is None else x.new_empty(0, dtype=parameter.dtype))
@@ -275,6 +278,9 @@ class RecurrentStack(nn.Module):
 
     def statistics(self) -> dict[str, Tensor]:
         """The layers' statistics for the last window, averaged over layers."""
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None and graphs.statistics is not None:  # the last window was a graph's replay
+            return graphs.statistics
         per_layer = [layer.statistics() for layer in self.layers]
         keys = {key for stats in per_layer for key in stats}
         return {key: torch.stack([s[key] for s in per_layer if key in s]).mean() for key in sorted(keys)}

@@ -70,10 +70,13 @@ class _Graph:
     state_size: int
     has_regularization: bool
     capture_seconds: float
+    statistics: tuple[str, ...] = ()  # the names of the layers' statistics, the last outputs
 
 
 class _Window(nn.Module):
-    """A stack's window as a module of tensor arguments, for capture: ``(x, *state[, keep]) -> (y, *state[, loss])``.
+    """A stack's window as a module of tensor arguments, for capture: ``(x, *state[, keep]) -> (y, *state[, loss],
+    *statistics)``. The statistics (Skip RNN's update fraction) are outputs of the graph: a layer keeps them as a
+    tensor of the capture's, which a replay of another window shape's graph would leave stale.
 
     The stack is held by a weak reference, not in ``_modules`` (it owns this wrapper, not the other way around);
     :meth:`parameters` is the stack's, which is what :func:`torch.cuda.make_graphed_callables` differentiates the
@@ -90,6 +93,7 @@ class _Window(nn.Module):
         self.state_size = state_size
         self.has_keep = has_keep
         self.has_regularization = False
+        self.statistics: tuple[str, ...] = ()
         self.training = stack.training
 
     @property
@@ -107,7 +111,11 @@ class _Window(nn.Module):
         y, final = self.stack.run_layers(x, state, keep)
         loss = self.stack.regularization_loss()
         self.has_regularization = loss is not None
-        return (y, *final) if loss is None else (y, *final, loss)
+        statistics = self.stack.statistics()
+        self.statistics = tuple(statistics)
+        # Detached and copied: an output of the graph of its own, not a view that autograd would track.
+        values = tuple(value.detach().clone() for value in statistics.values())
+        return (y, *final, *values) if loss is None else (y, *final, loss, *values)
 
 
 class WindowGraphs:
@@ -123,6 +131,7 @@ class WindowGraphs:
         self.failed: dict[tuple, str] = {}
         self.past_limit: set[tuple] = set()  # signatures met after MAX_GRAPHS were captured: they run eagerly
         self.regularization: Tensor | None = None
+        self.statistics: dict[str, Tensor] | None = None  # the last replayed window's layer statistics
 
     def __deepcopy__(self, memo: dict) -> WindowGraphs:
         return WindowGraphs()
@@ -146,7 +155,7 @@ class WindowGraphs:
             state: the stack's state, each ``(L, B, ...)``.
             reset: ``(B, T)`` bool or :class:`~zoo.state.Resets`, or ``None``.
         """
-        self.regularization = None
+        self.regularization = self.statistics = None
         args = (x, *state) if reset is None else (x, *state, keep_mask(reset, x.dtype))
         key = _signature(stack, args, reset is not None)
         graph = self.graphs.get(key)
@@ -168,7 +177,9 @@ class WindowGraphs:
                 return None
         outputs = graph.run(*args)
         y, final = outputs[0], tuple(outputs[1 : 1 + graph.state_size])
-        self.regularization = outputs[-1] if graph.has_regularization else None
+        rest = outputs[1 + graph.state_size :]
+        self.regularization = rest[0] if graph.has_regularization else None
+        self.statistics = dict(zip(graph.statistics, rest[graph.has_regularization :], strict=True))
         return y, final
 
     def _capture(self, stack: RecurrentStack, args: tuple[Tensor, ...], key: tuple, has_keep: bool) -> _Graph | None:
@@ -193,7 +204,9 @@ class WindowGraphs:
         finally:
             if collecting:
                 gc.enable()
-        graph = _Graph(run, window.state_size, window.has_regularization, time.perf_counter() - start)
+        graph = _Graph(
+            run, window.state_size, window.has_regularization, time.perf_counter() - start, window.statistics
+        )
         self.graphs[key] = graph
         return graph
 
