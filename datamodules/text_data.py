@@ -32,6 +32,9 @@ class TextData(StreamData):
         eval_batch_size: validation/test streams; perplexity depends on it (each stream starts without context).
         eval_bptt: validation/test window length; ``None`` uses ``bptt``.
         variable_bptt: AWD-LSTM's random training window lengths around ``bptt``.
+        bptt_multiple: with ``variable_bptt``, each length rounded to a multiple of this and the epoch's last window
+            padded to one (:class:`~datamodules.windows.StreamWindows`): a few shapes, each replayed from a captured
+            step on a GPU. ``None``: the lengths as drawn.
         data_root: where corpora live; ``None`` uses ``$LM_ZOO_DATA`` or ``~/.cache/lm-zoo/data``.
         download: fetch a missing registered corpus from its canonical URL.
         corpus_options: options of generated corpora (``seed``, ``train_chars``, ... for the synthetic tasks).
@@ -48,6 +51,7 @@ class TextData(StreamData):
         eval_batch_size: int = 10,
         eval_bptt: int | None = None,
         variable_bptt: bool = False,
+        bptt_multiple: int | None = None,
         data_root: str | None = None,
         download: bool = True,
         corpus_options: dict[str, Any] | None = None,
@@ -64,6 +68,7 @@ class TextData(StreamData):
         self.eval_batch_size = eval_batch_size
         self.eval_bptt = eval_bptt or bptt
         self.variable_bptt = variable_bptt
+        self.bptt_multiple = bptt_multiple
         self.data_root = data_root
         self.download = download
         self.corpus_options = corpus_options
@@ -167,4 +172,5 @@ class TextData(StreamData):
             variable_bptt=self.variable_bptt and training,
             seed=self.seed,
             epoch=self._training_epoch(split),
+            bptt_multiple=self.bptt_multiple,
         )

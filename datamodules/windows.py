@@ -180,6 +180,10 @@ class StreamWindows(ResumableStream):
         seed: seed of the variable lengths; epoch ``e`` uses ``(seed, e)``, the same on every rank.
         epoch: called when an iteration starts for the epoch it reads (the trainer's ``current_epoch``); ``None``:
             count the iterations.
+        bptt_multiple: with ``variable_bptt``, round each drawn length to the nearest multiple of this (at least one
+            multiple), and pad the epoch's last window up to one, its extra targets ignored (``-100``) and its extra
+            inputs ``start_id``: a few window shapes instead of some thirty, so that a GPU replays a captured step
+            for every window (:mod:`lightning_modules.training_step`). ``None``: AWD-LSTM's lengths as drawn.
     """
 
     def __init__(
@@ -193,10 +197,13 @@ class StreamWindows(ResumableStream):
         variable_bptt: bool = False,
         seed: int = 0,
         epoch: Callable[[], int] | None = None,
+        bptt_multiple: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or bptt < 1:
             raise ConfigError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
+        if bptt_multiple is not None and bptt_multiple < 1:
+            raise ConfigError(f"bptt_multiple must be >= 1 (null: lengths as drawn), got {bptt_multiple}")
         ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))  # a writable int64 copy of a (memory-mapped) array
         stream = torch.cat([torch.tensor([start_id]), ids])  # (N + 1,)
         num_pairs = ids.numel()
@@ -207,8 +214,9 @@ class StreamWindows(ResumableStream):
         self.lengths = torch.tensor([length for _, length in spans])  # (B,)
         for row, (start, length) in enumerate(spans):
             self.tokens[row, : length + 1] = stream[start : start + length + 1]
-        self.bptt = bptt
+        self.bptt, self.start_id = bptt, start_id
         self.variable_bptt = variable_bptt
+        self.bptt_multiple = bptt_multiple if variable_bptt else None
         self.seed = seed
         self._init_epochs(epoch)
 
@@ -230,7 +238,10 @@ class StreamWindows(ResumableStream):
         rng = np.random.default_rng([self.seed, epoch])
         lengths, total = [], 0
         while total < self.column_length:
-            length = min(sample_window_length(self.bptt, rng), self.column_length - total)
+            length = sample_window_length(self.bptt, rng)
+            if self.bptt_multiple:
+                length = self.bptt_multiple * max(1, round(length / self.bptt_multiple))
+            length = min(length, self.column_length - total)
             lengths.append(length)
             total += length
         return lengths
@@ -254,6 +265,10 @@ class StreamWindows(ResumableStream):
             targets = self.tokens[:, start + 1 : start + length + 1].masked_fill(
                 padding[:, start : start + length], IGNORE_INDEX
             )
+            short = -length % self.bptt_multiple if self.bptt_multiple else 0  # the epoch's last window, padded
+            if short:
+                inputs = torch.cat([inputs, inputs.new_full((inputs.size(0), short), self.start_id)], 1)
+                targets = torch.cat([targets, targets.new_full((targets.size(0), short), IGNORE_INDEX)], 1)
             self._yielded(epoch, index + 1)
             yield LMBatch(inputs, targets, None)
             start += length

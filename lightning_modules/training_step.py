@@ -20,8 +20,9 @@ The captured graph follows PyTorch's "whole-network capture" (``torch.cuda.graph
 * the first :data:`WARMUP_STEPS` steps run eagerly on the capture's side stream (cuBLAS and cuDNN workspaces, the
   optimizer's state), with the per-window graphs of ``zoo.window`` off;
 * one graph per signature: the window's shapes, the optimizer's settings (a new learning rate is captured anew: SGD
-  bakes it into its kernels), the parameters' storage and the module's mode; at most :data:`MAX_GRAPHS`, the least
-  recently used dropped first; a schedule that changes the rate at every step makes the run stop capturing;
+  bakes it into its kernels), the parameters' storage and the module's mode; at most :data:`MAX_GRAPHS` (AWD-LSTM's
+  variable window lengths rounded to a few values by the data's ``bptt_multiple``); a schedule that changes the rate at
+  every step makes the run stop capturing;
 * the window is copied into the graph's own input tensors (``copy_``); the carried state lives in tensors of the
   graph's own, which each replay reads and overwrites, zeroed where an epoch starts;
 * the gradients are the graph's (``zero_grad(set_to_none=True)`` before the capture, none between replays: each
@@ -43,7 +44,6 @@ on a GPU the captured step to the uncaptured one over 50 steps.
 
 from __future__ import annotations
 
-import collections
 import time
 import warnings
 from collections.abc import Callable
@@ -61,8 +61,10 @@ from zoo.state import State
 
 #: Eager steps before the first capture, on the capture's stream: libraries' lazy workspaces and the optimizer's state.
 WARMUP_STEPS = 3
-#: Captured steps kept at once: each holds a memory pool of its own (a window's activations and gradients).
-MAX_GRAPHS = 4
+#: Captured steps kept at once, each with a memory pool of its own (a window's activations and gradients): the window
+#: shapes of a run whose lengths are rounded to a few values (``bptt_multiple``), with room to spare. A new shape past
+#: it runs uncaptured (one warning); graphs of an earlier learning rate are dropped first, as they never come back.
+MAX_GRAPHS = 16
 #: Consecutive steps whose optimizer settings changed, after which the run stops capturing (a per-step schedule).
 RECAPTURE_LIMIT = 3
 #: The hooks Lightning calls inside a step, which lm-zoo's step does not call.
@@ -262,11 +264,12 @@ class TrainingStep:
         self.clip = trainer.gradient_clip_val or None
         self.captures = step_plan.path == "graph"
         self.backend = graphs
-        self.graphs: collections.OrderedDict[tuple, _Captured] = collections.OrderedDict()
+        self.graphs: dict[tuple, _Captured] = {}
         self.failed: dict[tuple, str] = {}
         self.eager_steps = 0  # steps run uncaptured so far (the warm-up counts them)
         self.replays = 0
         self.uncaptured_windows = 0  # windows a capturing run met that no graph can replay (resets)
+        self.past_limit: set[tuple] = set()  # signatures met once MAX_GRAPHS were held: they run uncaptured
         self.capture_seconds: list[float] = []
         self._batch: Any = None
         self._batch_idx = 0
@@ -362,15 +365,24 @@ class TrainingStep:
             return None
         captured = self.graphs.get(key)
         if captured is not None:
-            self.graphs.move_to_end(key)
             return captured
         if key in self.failed or self.eager_steps < WARMUP_STEPS:
+            return None
+        if len(self.graphs) >= MAX_GRAPHS:
+            for old in [old for old in self.graphs if old[1] != key[1]]:  # another learning rate's: never replayed
+                del self.graphs[old]
+        if len(self.graphs) >= MAX_GRAPHS:
+            if not self.past_limit:
+                warnings.warn(
+                    f"lm-zoo: a training window of a new shape after {MAX_GRAPHS} captured ones runs uncaptured, as "
+                    "will any further new shape: round variable window lengths (the data's bptt_multiple)",
+                    stacklevel=3,
+                )
+            self.past_limit.add(key)
             return None
         captured = self._capture(key, batch)
         if captured is not None:
             self.graphs[key] = captured
-            while len(self.graphs) > MAX_GRAPHS:
-                self.graphs.popitem(last=False)
         return captured
 
     def _capture(self, key: tuple, batch: Any) -> _Captured | None:
@@ -451,4 +463,6 @@ class TrainingStep:
             line += f"; {len(self.failed)} could not be and run uncaptured (warned above)"
         if self.captures and self.uncaptured_windows:
             line += f"; {self.uncaptured_windows} window(s) with resets ran uncaptured"
+        if self.past_limit:
+            line += f"; {len(self.past_limit)} window shape(s) past the limit of {MAX_GRAPHS} ran uncaptured"
         return line

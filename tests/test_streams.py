@@ -85,3 +85,24 @@ def test_variable_bptt_is_deterministic_bounded_and_covers_the_epoch() -> None:
     ).window_lengths(0)
     _, targets, _ = _columns(ds)
     assert sorted(t for column in targets for t in column) == list(range(1, 5001))
+
+
+def test_variable_bptt_rounded_to_a_multiple_keeps_every_target_in_a_few_shapes() -> None:
+    """bptt_multiple: each drawn length rounded to a multiple, the epoch's last window padded to one (its extra
+    targets ignored, its extra inputs the start id); every target predicted once, as without it, in a few shapes."""
+    plain = StreamWindows(_stream(5000), 4, 35, start_id=START, variable_bptt=True, seed=3)
+    rounded = StreamWindows(_stream(5000), 4, 35, start_id=START, variable_bptt=True, seed=3, bptt_multiple=8)
+    lengths = rounded.window_lengths(0)
+    assert sum(lengths) == rounded.column_length and all(length % 8 == 0 for length in lengths[:-1])
+    # The same draws, rounded: the nearest multiple of 8 of each of plain's lengths while both sequences run alike.
+    assert lengths[0] == 8 * max(1, round(plain.window_lengths(0)[0] / 8))
+    inputs, targets, shapes = _columns(rounded)
+    assert all(shape % 8 == 0 for shape in shapes) and len(set(shapes)) <= 6
+    assert sorted(t for column in targets for t in column) == list(range(1, 5001))
+    assert inputs == _columns(plain)[0]  # the predicted positions see the same inputs
+    last = list(rounded)[-1]
+    short = -lengths[-1] % 8
+    if short:
+        assert (last.inputs[:, -short:] == START).all() and (last.targets[:, -short:] == IGNORE_INDEX).all()
+    fixed = StreamWindows(_stream(5000), 4, 35, start_id=START, bptt_multiple=8)  # only variable lengths are rounded
+    assert fixed.window_lengths(0) == StreamWindows(_stream(5000), 4, 35, start_id=START).window_lengths(0)

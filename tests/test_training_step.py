@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +92,7 @@ def _fit(
                     "captures": runner.capture_seconds,
                     "replays": runner.replays,
                     "failed": runner.failed,
+                    "past_limit": len(runner.past_limit),
                 }
 
     limits = {"max_epochs": epochs} if epochs else {"max_steps": steps}
@@ -163,6 +165,22 @@ def test_a_graph_is_replayed_for_its_shape_in_later_epochs(tmp_path: Path, monke
     _assert_same_training(captured, _fit(tmp_path / "lightning", "lightning", monkeypatch, epochs=3))
 
 
+def test_a_window_shape_past_the_graph_limit_runs_uncaptured_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one graph, the epoch's shorter last window runs uncaptured (one warning, counted in the summary)
+    while the full windows replay theirs; the same training as Lightning's closure."""
+    ReplayByCall.made.clear()
+    monkeypatch.setattr(step_module, "MAX_GRAPHS", 1)
+    with pytest.warns(UserWarning, match="new shape after 1 captured ones runs uncaptured"):
+        captured = _fit(tmp_path / "graph", "graph", monkeypatch, epochs=2)
+    assert len(set(captured["shapes"])) == 2
+    [backend] = ReplayByCall.made
+    assert len(backend.captured) == 1 and backend.captured[0].replays > 2
+    assert captured["runner"]["past_limit"] == 1
+    _assert_same_training(captured, _fit(tmp_path / "lightning", "lightning", monkeypatch, epochs=2))
+
+
 def test_a_learning_rate_changed_at_every_step_stops_the_capture(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,3 +247,21 @@ def test_the_plan_follows_the_switch_and_the_device(monkeypatch: pytest.MonkeyPa
     ):
         with settings.overridden(**changes):
             assert step_module.plan(trainer, model) == expected
+
+
+@pytest.mark.parametrize("recipe", ["configs/ptb/awd-lstm-gpu.yaml", "configs/ptb-char/awd-lstm-gpu.yaml"])
+def test_a_gpu_recipes_variable_windows_fit_in_the_captured_steps(recipe: str) -> None:
+    """AWD-LSTM's variable lengths rounded by the recipe's bptt_multiple: over ten epochs of a PTB-sized stream, fewer
+    window shapes than the graphs a run keeps, so every window replays a captured step."""
+    import yaml
+
+    from datamodules.windows import StreamWindows
+
+    data = yaml.safe_load((Path(__file__).parents[1] / recipe).read_text())["data"]["init_args"]
+    windows = StreamWindows(
+        np.arange(1, 1_000_001), data["batch_size"], data["bptt"], start_id=0, variable_bptt=data["variable_bptt"],
+        seed=data["seed"], bptt_multiple=data["bptt_multiple"],
+    )  # fmt: skip
+    multiple = data["bptt_multiple"]
+    shapes = {-(-length // multiple) * multiple for epoch in range(10) for length in windows.window_lengths(epoch)}
+    assert len(shapes) <= step_module.MAX_GRAPHS  # the last windows padded to a multiple too
