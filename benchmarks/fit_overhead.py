@@ -130,6 +130,8 @@ def plain_loop(
     torch.manual_seed(1)
     if network == "lm-zoo":
         return _lm_zoo_network_loop(columns, len(vocab), width, bptt, steps, warmup, profiler)
+    if network == "lightning":
+        return _bare_lightning_loop(RNNModel().to(device), columns, len(vocab), bptt, steps, warmup, device)
     model, criterion, lr = RNNModel().to(device).train(), nn.CrossEntropyLoss(), 20.0
     hidden = tuple(torch.zeros(2, batch, width, device=device) for _ in range(2))
     timing: dict[str, float] = {}
@@ -203,6 +205,46 @@ def _lm_zoo_network_loop(
     return timing["seconds"]
 
 
+def _bare_lightning_loop(
+    model: Any, columns: Any, vocab_size: int, bptt: int, steps: int, warmup: int, device: str
+) -> float:
+    """The plain loop's network and step inside Lightning's Trainer, with nothing of lm-zoo's: a LightningModule of a
+    dozen lines (automatic optimization, SGD, ``gradient_clip_val``, no logger, checkpoint or progress bar). What
+    Lightning's own loop costs a step, the floor of any Lightning application's overhead over the plain loop."""
+    import torch
+    import torch.nn.functional as F
+
+    starts = (step * bptt % (columns.size(0) - 1 - bptt) for step in range(warmup + steps + 1))  # the plain loop's
+    windows = [(columns[i : i + bptt], columns[i + 1 : i + 1 + bptt]) for i in starts]  # views, no copies
+
+    class Bare(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.network, self.hidden = model, None
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            data, targets = batch
+            hidden = None if self.hidden is None else tuple(h.detach() for h in self.hidden)
+            output, self.hidden = self.network(data, hidden)
+            return F.cross_entropy(output.view(-1, vocab_size), targets.reshape(-1))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=20.0)
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(windows, batch_size=None)
+
+    timer = StepTimer(warmup, steps)
+    timer.write = False
+    trainer = L.Trainer(
+        max_steps=warmup + steps + 1, max_epochs=-1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=0.25, callbacks=[timer],
+        accelerator="gpu" if device == "cuda" else "cpu", devices=1,
+    )  # fmt: skip
+    trainer.fit(Bare())
+    return timer.seconds
+
+
 class StepTimer(L.Callback):
     """Added to ``lm-zoo fit`` by ``--trainer.callbacks+=benchmarks.fit_overhead.StepTimer``: writes the seconds per
     training step after ``warmup`` steps, with the process's peak RSS, to ``$FIT_OVERHEAD_OUT``, then stops the run.
@@ -215,6 +257,7 @@ class StepTimer(L.Callback):
     def __init__(self, warmup: int = 20, steps: int = 400) -> None:
         self.warmup, self.steps = warmup, steps
         self.start: float | None = None
+        self.write, self.seconds = True, 0.0  # write: to $FIT_OVERHEAD_OUT (lm-zoo fit's side), else kept here
         self.profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
@@ -227,8 +270,10 @@ class StepTimer(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.warmup + self.steps and self.start is not None:
             synchronize()
-            seconds = (time.perf_counter() - self.start) / self.steps
-            if self.profiler is None:
+            seconds = self.seconds = (time.perf_counter() - self.start) / self.steps
+            if not self.write:
+                pass
+            elif self.profiler is None:
                 write_result(seconds)
             else:
                 self.profiler.disable()
@@ -275,8 +320,9 @@ NETWORK = "lm-zoo's network in the plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
 FIT = "lm-zoo fit"
 FIT_LIGHTNING_STEP = "lm-zoo fit, Lightning's closure running each step"  # LM_ZOO_TRAINING_STEP=lightning
-SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, FIT_GLIBC_DEFAULTS, FIT_LIGHTNING_STEP, FIT)
-SIDES_CUDA = (PLAIN, NETWORK, FIT_LIGHTNING_STEP, FIT)  # the allocator settings are the host's: nothing to compare
+BARE_LIGHTNING = "the plain loop's network and step in a bare Lightning Trainer"
+SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, BARE_LIGHTNING, FIT_GLIBC_DEFAULTS, FIT_LIGHTNING_STEP, FIT)
+SIDES_CUDA = (PLAIN, NETWORK, BARE_LIGHTNING, FIT_LIGHTNING_STEP, FIT)  # no allocator settings to compare there
 # (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
 RATIOS = (
     (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
@@ -289,6 +335,8 @@ RATIOS = (
     (PLAIN_LM_ZOO_MALLOC, PLAIN, "what lm-zoo's malloc settings give the plain loop"),
     (FIT, FIT_GLIBC_DEFAULTS, "what lm-zoo's malloc settings give lm-zoo fit"),
     (FIT, FIT_LIGHTNING_STEP, "what lm-zoo's own training step gives lm-zoo fit (lightning_modules/training_step.py)"),
+    (BARE_LIGHTNING, PLAIN, "what Lightning's own loop costs, with nothing of lm-zoo's"),
+    (FIT, BARE_LIGHTNING, "lm-zoo fit against the same network in a bare Lightning Trainer"),
 )
 
 
@@ -325,13 +373,14 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         env["LM_ZOO_TRAINING_STEP"] = "lightning"
     elif side == FIT:
         env.pop("LM_ZOO_TRAINING_STEP", None)  # lm-zoo's default: its own step, captured on a GPU
-    if side in (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK):
+    if side in (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, BARE_LIGHTNING):
         command = [sys.executable, __file__, "--worker", f"--batch={args.batch}", f"--bptt={args.bptt}"]
         command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={args.threads}"]
         command += [f"--data-root={args.data_root}", f"--width={args.width}", f"--corpus={args.corpus}"]
         command += [f"--device={args.device}"]
-        command += ["--lm-zoo-malloc"] if side != PLAIN else []
+        command += ["--lm-zoo-malloc"] if side not in (PLAIN, BARE_LIGHTNING) else []
         command += ["--lm-zoo-network"] if side == NETWORK else []
+        command += ["--bare-lightning"] if side == BARE_LIGHTNING else []
     else:
         command = timed_fit_command(
             out.parent,
@@ -406,6 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lm-zoo-malloc", action="store_true", help=argparse.SUPPRESS)  # the worker's allocator
     parser.add_argument("--lm-zoo-network", action="store_true", help=argparse.SUPPRESS)  # the worker's network
+    parser.add_argument("--bare-lightning", action="store_true", help=argparse.SUPPRESS)  # the worker's loop
     output.add_arguments(parser, NAME)
     args = parser.parse_args(argv)
     args.data_root = args.data_root.expanduser()
@@ -417,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         applied = keep_freed_memory() if args.lm_zoo_malloc else False  # as lm-zoo's start-up does
         torch.set_num_threads(args.threads)
         profiler = cProfile.Profile() if os.environ.get(PROFILE_VARIABLE) else None
-        network = "lm-zoo" if args.lm_zoo_network else "plain"
+        network = "lm-zoo" if args.lm_zoo_network else "lightning" if args.bare_lightning else "plain"
         seconds = plain_loop(
             args.data_root, args.batch, args.bptt, args.steps, args.warmup, profiler, args.width, args.corpus, network,
             args.device,

@@ -220,6 +220,29 @@ def test_fit_overhead_network_side_trains_the_network_lm_zoo_fit_builds() -> Non
     assert (lr, clip) == (config["optimizer"]["init_args"]["lr"], config["trainer"]["gradient_clip_val"])
 
 
+def test_fit_overhead_bare_lightning_side_trains_the_plain_network_in_lightnings_loop() -> None:
+    """The floor of a Lightning application's overhead: the plain loop's network and windows in a bare Trainer, timed
+    over the steps after the warm-up; it trains (the weights move)."""
+    from benchmarks import fit_overhead
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding, self.rnn = torch.nn.Embedding(11, 4), torch.nn.LSTM(4, 4, 2)
+            self.decoder = torch.nn.Linear(4, 11)
+
+        def forward(self, x: torch.Tensor, hidden: tuple | None) -> tuple:
+            output, hidden = self.rnn(self.embedding(x), hidden)
+            return self.decoder(output), hidden
+
+    torch.manual_seed(0)
+    model = Tiny()
+    before = model.decoder.weight.detach().clone()
+    columns = torch.randint(11, (60, 3))  # (N, B)
+    seconds = fit_overhead._bare_lightning_loop(model, columns, 11, bptt=5, steps=4, warmup=2, device="cpu")
+    assert seconds > 0 and not torch.equal(before, model.decoder.weight)
+
+
 def test_fit_overhead_summary_differences_in_milliseconds_and_older_files_without_a_side() -> None:
     from benchmarks import fit_overhead
 
