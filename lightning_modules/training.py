@@ -83,13 +83,20 @@ def hardware(device: torch.device | None = None) -> str:
     return f"{os.cpu_count()}-core CPU ({platform.machine()})"
 
 
+#: The folder the packages were imported from: a clone's top level (with ``.git`` beside the packages), or
+#: site-packages for an installed wheel, which is no git checkout even where its environment sits inside one.
+PACKAGES_ROOT = Path(__file__).resolve().parents[1]
+
+
 def source_commit() -> str:
     """The lm-zoo commit this code is: ``$LM_ZOO_COMMIT`` where the checkout's git is not the code's (a working tree
-    copied to a lent GPU machine), else git's ``HEAD``, with ``-dirty`` when tracked files have uncommitted changes;
-    ``unknown`` outside git (an installed wheel)."""
+    copied to a GPU machine), else git's ``HEAD``, with ``-dirty`` when tracked files have uncommitted changes;
+    ``unknown`` outside a clone (an installed wheel), where no git command runs."""
     if os.environ.get("LM_ZOO_COMMIT"):
         return os.environ["LM_ZOO_COMMIT"]
-    directory = Path(__file__).resolve().parent
+    directory = PACKAGES_ROOT
+    if not (directory / ".git").exists():
+        return "unknown"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, check=True

@@ -275,3 +275,18 @@ def test_tune_helpers_take_the_gpus_in_turn() -> None:
     assert [tune.worker_environment(i, 2, chosen)["CUDA_VISIBLE_DEVICES"] for i in (1, 2)] == ["7", "5"]
     assert "CUDA_VISIBLE_DEVICES" not in tune.worker_environment(1, 1, {})  # one GPU (or none): nothing to share out
     assert "CUDA_VISIBLE_DEVICES" not in tune.worker_environment(1, 0, {})
+
+
+def test_the_commit_is_looked_up_only_in_a_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packages imported from site-packages (an installed wheel) are no git checkout, even inside one: no git command
+    runs and the commit is unknown; in this clone git says which commit, unless $LM_ZOO_COMMIT names it."""
+    from lightning_modules import training
+
+    monkeypatch.delenv("LM_ZOO_COMMIT", raising=False)
+    here = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert source_commit().removesuffix("-dirty") == here
+    monkeypatch.setattr(training, "PACKAGES_ROOT", tmp_path / "site-packages")
+    monkeypatch.setattr(training.subprocess, "run", lambda *a, **k: pytest.fail(f"git ran: {a}"))
+    assert source_commit() == "unknown"
+    monkeypatch.setenv("LM_ZOO_COMMIT", "abc123")
+    assert source_commit() == "abc123"
