@@ -16,7 +16,7 @@ from datamodules.kinds import PROCEDURES
 from lightning_modules.evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
 from lightning_modules.evaluation.scoring import ScoringProcedure
 from zoo.errors import ConfigError, number_flag
-from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, set_matmul_precision
+from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, matmul_precision_in_force
 
 
 def cmd_evaluate(argv: Sequence[str]) -> None:
@@ -52,7 +52,6 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
         )
     loaded = checkpoints.load(args.source, args.revision)
     quantize_model(loaded, args.quantize, args.device)
-    set_matmul_precision(args.matmul_precision)  # for the whole command: temperature search and dynamic steps too
     datamodule = loaded.datamodule(args.corpus, args.data_root)
     if procedure is not None or args.long_context or args.temperature != 1.0:
         loaded.kind.refuse(PROCEDURES, loaded.source)  # a music model is scored as it is
@@ -62,7 +61,12 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
         "seed": args.seed,
         "procedure": procedure,
     }
-    result = score(loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, args.max_tokens, **options)
+    # For the whole scoring, the temperature search and dynamic steps too; the caller's own put back after (a script
+    # or a test calling cmd_evaluate keeps its precision).
+    with matmul_precision_in_force(args.matmul_precision):
+        result = score(
+            loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, args.max_tokens, **options
+        )
     result.source = loaded.source
     result.matmul_precision = args.matmul_precision  # a setting the figure depends on, as the eval batch size
     result.quantize = args.quantize

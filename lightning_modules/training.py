@@ -140,10 +140,19 @@ class RunSettings(Callback):
         self._earlier_environments: list[dict[str, Any]] = []  # of the runs this one resumed
 
     def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        # The run's precision for its own work only: a script or a tune trial that fits in its process gets its own
+        # back at teardown.
+        self._precision_before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
         set_matmul_precision(self.matmul_precision)
         watch_peers(trainer.global_rank, trainer.world_size)  # the process group is up by now
         if stage == "fit":
             self._environment = run_environment(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        before = self.__dict__.pop("_precision_before", None)
+        if before is not None:
+            torch.set_float32_matmul_precision(before[0])
+            torch.backends.cudnn.allow_tf32 = before[1]
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         if trainer.is_global_zero:

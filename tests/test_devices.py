@@ -112,6 +112,8 @@ def test_an_in_process_fit_pins_one_device_applies_and_records_its_precision(
     with matmul_precision_in_force("highest"):
         run_lightning(["fit", "--config", str(config), "--matmul_precision", "medium"], [probe])
         assert probe.flags == ("medium", True)  # bfloat16 products allowed, and TF32 in cuDNN
+        # The caller's precision is back once the fit is over.
+        assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == ("highest", False)
     assert isinstance(probe.strategy, SingleDeviceStrategy) and probe.devices == 1
     saved = saved_config(workdir / "run")
     assert saved["trainer"]["devices"] == 1  # pinned in the config the run saved, not left at auto
@@ -185,7 +187,20 @@ def test_a_two_process_ddp_fit_says_once_what_it_chose(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ lm-zoo evaluate
-def test_evaluate_applies_and_records_its_matmul_precision(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_applies_and_records_its_matmul_precision(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from commands import evaluate as evaluate_command
+
+    flags = []
+    scoring = evaluate_command.score
+    monkeypatch.setattr(
+        evaluate_command,
+        "score",
+        lambda *a, **k: (
+            flags.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)) or scoring(*a, **k)
+        ),
+    )
     run_lightning(["fit", "--config", str(tiny_config(workdir))])
     best = str(workdir / "run" / "checkpoints" / "best.ckpt")
     capsys.readouterr()
@@ -194,7 +209,8 @@ def test_evaluate_applies_and_records_its_matmul_precision(workdir: Path, capsys
     assert default["matmul_precision"] == "highest"
     with matmul_precision_in_force("highest"):
         assert cli.main(["evaluate", best, "--device", "cpu", "--json", "--matmul-precision", "high"]) == 0
-        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+        assert flags[-1] == ("high", True)  # while it scored
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32  # put back
     high = json.loads(capsys.readouterr().out)
     assert high["matmul_precision"] == "high"
     assert high["tokens"] == default["tokens"] and high["eval_batch_size"] == default["eval_batch_size"]
