@@ -156,9 +156,7 @@ def _lightning_needed(trainer: Any, module: LightningModule) -> str | None:
     algorithm = trainer.gradient_clip_algorithm
     if trainer.gradient_clip_val and algorithm not in (None, "norm"):
         return f"gradient_clip_algorithm {getattr(algorithm, 'value', algorithm)}"
-    if any(p.grad is not None and p.grad.is_sparse for p in module.parameters()) or getattr(
-        getattr(module, "hparams", {}), "get", lambda *_: False
-    )("sparse_gradients", False):
+    if module.hparams.get("sparse_gradients", False):  # sparse_gradients' own clipping rule (sparse_gradients.py)
         return "sparse gradients"
     for callback in trainer.callbacks:
         hook = next((h for h in IN_STEP_HOOKS if getattr(type(callback), h) is not getattr(Callback, h)), None)
