@@ -31,6 +31,11 @@ SCALE_HELP = (
 )
 
 
+def named(file: str) -> str:
+    """FILE as an error message names it: ``-`` is standard input."""
+    return "standard input" if file == "-" else file
+
+
 def open_lines(file: str) -> Iterator[str]:
     """The lines of ``file`` (``-``: standard input) as they are read, without their line ends (``\\n``, ``\\r\\n``);
     nothing else in a line is changed, so that an n-best hypothesis comes back byte for byte. The file is opened at
@@ -53,7 +58,8 @@ def open_lines(file: str) -> Iterator[str]:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise DataError(
-                        f"{file} line {number}: not UTF-8 text ({err.reason} at byte {err.start}): give a text file"
+                        f"{named(file)} line {number}: not UTF-8 text ({err.reason} at byte {err.start}): "
+                        "give a text file"
                     ) from None
                 yield line.removesuffix("\n").removesuffix("\r")
 
@@ -95,7 +101,10 @@ def parse_nbest(lines: Iterable[str], file: str) -> Iterator[NbestLine]:
             key = line.split(maxsplit=1)[0] if line.strip() else ""
             entry = NbestLine(indent + key, " ", line[len(indent) + len(key) :])
         if not key.strip():
-            raise DataError(f"{file} line {number}: no hypothesis ID; n-best lines are 'ID<TAB>hypothesis' or 'ID w w'")
+            raise DataError(
+                f"{named(file)} line {number}: no hypothesis ID: give every n-best line one, 'ID<TAB>hypothesis' or "
+                "'ID w w' (an empty hypothesis is its ID alone)"
+            )
         yield entry
 
 

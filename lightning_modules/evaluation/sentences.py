@@ -9,6 +9,7 @@ before it, and a batch gives each sentence what it would get alone. The scores t
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -86,7 +87,8 @@ class SentenceScore:
         """The score in one of :data:`SCALES`: log10 p, ln p, or Kaldi's cost -ln p."""
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
-        return {"log10": self.log10prob, "ln": self.logprob, "kaldi-cost": -self.logprob}[scale]
+        # + 0.0 turns -0.0 (the cost of a hypothesis with nothing scored) into 0.0, which prints without a sign.
+        return {"log10": self.log10prob, "ln": self.logprob, "kaldi-cost": -self.logprob}[scale] + 0.0
 
 
 def _sentence_score(text: str, scores: torch.Tensor, tokenizer: Any, per_token: bool) -> SentenceScore:
@@ -112,6 +114,10 @@ def score_sentences(
     by_length: bool = True,
 ) -> list[SentenceScore]:
     """log p(sentence) of each sentence, read after ``<eos>`` (``<S>`` for sentence models such as GBW's).
+
+    At the edges: a sentence of no words scores its end alone, or, with ``end=()``, 0 nats over 0 tokens (in a
+    document it leaves the carried state as it was); a sentence of any length is read whole, its state never cut at
+    the training or evaluation window (docs/evaluation.md, "At the edges").
 
     Args:
         model: a text model.
@@ -154,18 +160,26 @@ def stream_scores(
             yield from score_sentences(model, tokenizer, batch, batch_size, end=end, per_token=per_token)
         return
     end = [tokenizer.eos_id] if end is None else list(end)
-    texts: deque[str] = deque()
+    # The document's rows are handed to score_document one at a time, each as its score is asked for, so that a line
+    # with nothing to score (an empty line with ``end=()``) can be answered here, in its place, without the model: a
+    # recurrent network cannot read a window of no steps, and reading nothing leaves the carried state as it was.
+    queue: deque[list[int]] = deque()
 
-    def rows() -> Iterator[list[int]]:
-        before = tokenizer.bos_id
+    def fed() -> Iterator[list[int]]:
+        while True:
+            yield queue.popleft()
+
+    before = tokenizer.bos_id
+    with contextlib.closing(model.score_document(fed())) as scorer:
         for text in sentences:
             ids = [*tokenizer.encode(text), *end]
-            texts.append(text)
-            yield [before, *ids]
-            before = ids[-1] if ids else before
-
-    for scores in model.score_document(rows()):
-        yield _sentence_score(texts.popleft(), scores, tokenizer, per_token)
+            if ids:
+                queue.append([before, *ids])
+                scores = next(scorer)
+                before = ids[-1]
+            else:
+                scores = torch.zeros(0, dtype=torch.float64)  # 0 nats over 0 tokens
+            yield _sentence_score(text, scores, tokenizer, per_token)
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
