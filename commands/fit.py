@@ -59,7 +59,7 @@ from lightning_modules.training import (
     trainer_arguments,
     versions_root,
 )
-from zoo.errors import ConfigError, LMZooError
+from zoo.errors import CheckpointError, ConfigError, LMZooError
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MatmulPrecision
 
 
@@ -201,8 +201,16 @@ class LMZooCLI(LightningCLI):
             trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
 
     def _parse_ckpt_path(self) -> None:
-        """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a truncated or foreign
-        file is said in one line (:func:`checkpoints.ckpt_read.unreadable`) instead of ``torch.load``'s traceback."""
+        """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a path that is not
+        there is refused (:func:`check_ckpt_path`), and a truncated or foreign file is said in one line
+        (:func:`checkpoints.ckpt_read.unreadable`) instead of ``torch.load``'s traceback.
+
+        The path is checked here rather than in :meth:`before_instantiate_classes` with the other settings because
+        Lightning seeds (and says ``Seed set to N``) between the two: a refused run prints nothing before its line.
+        """
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_ckpt_path(self.config[subcommand].get("ckpt_path"))
         try:
             super()._parse_ckpt_path()
         except LMZooError:
@@ -296,6 +304,34 @@ class LMZooCLI(LightningCLI):
                 f"{where}): leave out --ckpt_path to start a new run"
             )
         continue_logging_in(self.trainer, found)
+
+
+# The --ckpt_path values that name no file: Lightning's named checkpoints ("last", which LMZooCLI.before_fit resolves
+# among the earlier runs, "best", "hpc") and its model registry ("registry" or "registry:NAME").
+NAMED_CHECKPOINT = re.compile(r"^(last|best|hpc|registry(:.*)?)$", re.IGNORECASE)
+
+
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """Refuse a ``--ckpt_path`` naming a local checkpoint file that is not there, in one line, before the run is
+    seeded, built or announced (Lightning would say so only after its start-up lines and the trainer's set-up). A
+    named checkpoint (:data:`NAMED_CHECKPOINT`) and a remote path (``s3://``, ``gs://``, ``hf://``: fsspec reads them)
+    are left to Lightning.
+
+    Raises:
+        CheckpointError: the path does not exist, or is a directory.
+    """
+    if ckpt_path is None or NAMED_CHECKPOINT.match(str(ckpt_path)) or "://" in str(ckpt_path):
+        return
+    path = Path(ckpt_path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"--ckpt_path {ckpt_path}: a directory, not a checkpoint file: give the path of a .ckpt written by "
+            "lm-zoo fit (a run's is in lightning_logs/version_N/checkpoints/), or last"
+        )
+    if not path.is_file():
+        raise CheckpointError(
+            f"--ckpt_path {ckpt_path}: no such file: give the path of a .ckpt written by lm-zoo fit (or last)"
+        )
 
 
 def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own_command: bool | None = None) -> None:
