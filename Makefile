@@ -5,6 +5,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 DEMO := runs/demo
+# The demo's run keeps its checkpoints in its own version folder, as every recipe's run does (none sets
+# checkpoint.dirpath); `make demo` empties runs/demo first, so its run is version_0.
+DEMO_CKPT := $(DEMO)/lightning_logs/version_0/checkpoints/best.ckpt
 
 .PHONY: setup quick test verify-pretrained docs demo publish-pretrained clean
 
@@ -44,10 +47,10 @@ docs: setup
 demo: setup
 	rm -rf $(DEMO)
 	$(BIN)/lm-zoo fit --config configs/synthetic/xml-lstm.yaml
-	$(BIN)/lm-zoo evaluate $(DEMO)/checkpoints/best.ckpt --split test
-	$(BIN)/lm-zoo generate $(DEMO)/checkpoints/best.ckpt --num-samples 5 --temperature 0.7 --seed 1
+	$(BIN)/lm-zoo evaluate $(DEMO_CKPT) --split test
+	$(BIN)/lm-zoo generate $(DEMO_CKPT) --num-samples 5 --temperature 0.7 --seed 1
 	@$(BIN)/python -c "import checkpoints; from release.bundle import xml_nesting; \
-	r = xml_nesting(checkpoints.load('$(DEMO)/checkpoints/best.ckpt')); \
+	r = xml_nesting(checkpoints.load('$(DEMO_CKPT)')); \
 	print(f\"closing tags that close the innermost open tag: {r['fraction']:.0%} of {r['closing_tags']} in {r['samples']} sampled documents\")"
 	@echo "and a word model lm-zoo ships (pretrained/ptb-lstm-small, trained on Penn Treebank):"
 	$(BIN)/lm-zoo generate ptb-lstm-small --prompt "the stock market" --num-samples 3 --max-tokens 30 --seed 1

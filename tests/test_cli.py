@@ -13,9 +13,11 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
+import yaml
 
 import cli
 from commands.common import device_argument
+from commands.fit import check_ckpt_path
 from lightning_modules.training import continue_logging_in
 from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
 
@@ -60,6 +62,8 @@ def test_every_shipped_config_parses(config: Path, capsys: pytest.CaptureFixture
         cli.main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
+    parsed = yaml.safe_load(printed)  # its checkpoints go in the run's own version folder, wherever the root moves
+    assert parsed["checkpoint"]["dirpath"] is None and parsed["last_checkpoint"].get("dirpath") is None  # linked
     if config.parent.name == "music":  # piano rolls: the music model on a music dataset
         assert "class_path: lightning_modules.MusicModel" in printed
         assert "class_path: datamodules.MusicDataModule" in printed
@@ -69,6 +73,45 @@ def test_every_shipped_config_parses(config: Path, capsys: pytest.CaptureFixture
         f"class_path: datamodules.{name}" in printed
         for name in ("TextDataModule", "GBWDataModule", "ReverseCopyDataModule")
     )
+
+
+def dirpaths(node: object, where: str = "") -> list[str]:
+    """The keys (dotted) under which a parsed YAML sets a ``dirpath``, at any depth (a ``checkpoint:`` section, a
+    callback's ``init_args``, a dotted ``checkpoint.dirpath`` key)."""
+    if isinstance(node, list):
+        return [found for i, item in enumerate(node) for found in dirpaths(item, f"{where.removesuffix('.')}[{i}].")]
+    if not isinstance(node, dict):
+        return []
+    found = [f"{where}{key}" for key, value in node.items() if str(key).split(".")[-1] == "dirpath" and value]
+    return found + [hit for key, value in node.items() for hit in dirpaths(value, f"{where}{key}.")]
+
+
+def test_no_recipe_fixes_where_its_checkpoints_go() -> None:
+    """Every recipe's checkpoints go in its own run's version folder, Lightning's default without a dirpath
+    (``<default_root_dir>/lightning_logs/version_N/checkpoints``), wherever ``--trainer.default_root_dir`` moves the
+    run: a fixed ``checkpoint.dirpath`` (or ``last_checkpoint.dirpath``, linked to it) stayed put when the root moved,
+    and two runs of the recipe wrote into one folder. Every YAML under configs/, the tuning and search ones too."""
+    recipes = sorted((ROOT / "configs").rglob("*.yaml"))
+    assert len(recipes) > 40
+    fixed = {str(p.relative_to(ROOT)): found for p in recipes if (found := dirpaths(yaml.safe_load(p.read_text())))}
+    assert not fixed, f"recipes that fix where checkpoints go (drop the dirpath): {fixed}"
+
+
+def test_two_runs_of_a_recipe_keep_their_own_checkpoints(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a dirpath, a second run of a recipe under the same root writes version_1, the first run's checkpoints
+    untouched; moving the root moves the checkpoints with the logs."""
+    corpus = write_word_corpus(workdir / "corpus", "a")
+    config = write_tiny_recipe(workdir / "run.yaml", corpus, checkpoint=None, trainer={"limit_train_batches": 2})
+    for root in ("runs/a", "runs/a", "runs/b"):
+        assert cli.main(["fit", "--config", str(config), "--trainer.default_root_dir", root]) == 0
+    versions = workdir / "runs" / "a" / "lightning_logs"
+    assert sorted(p.relative_to(workdir).as_posix() for p in (workdir / "runs").rglob("best.ckpt")) == [
+        "runs/a/lightning_logs/version_0/checkpoints/best.ckpt",
+        "runs/a/lightning_logs/version_1/checkpoints/best.ckpt",
+        "runs/b/lightning_logs/version_0/checkpoints/best.ckpt",
+    ]
+    assert (versions / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert not (workdir / "run").exists()  # the recipe's own default root is not written when the root moves
 
 
 def test_models_lists_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -379,7 +422,9 @@ def test_resuming_from_nothing_or_the_wrong_thing(
     one_line_error(capsys, cli.main(["fit", "--config", str(fresh), "--ckpt_path", "last"]), "nothing to resume")
     config = _config(workdir, workdir / "corpus")
     code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(workdir / "missing.ckpt")])
-    one_line_error(capsys, code, "missing.ckpt does not exist")
+    one_line_error(capsys, code, f"--ckpt_path {workdir / 'missing.ckpt'}: no such file", "(or last)")
+    code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(workdir)])
+    one_line_error(capsys, code, f"--ckpt_path {workdir}: a directory, not a checkpoint file")
     truncated = workdir / "truncated.ckpt"
     truncated.write_bytes(trained.read_bytes()[:3000])
     code = cli.main(["fit", "--config", str(config), "--ckpt_path", str(truncated)])
@@ -432,6 +477,40 @@ def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
         "lm-zoo: error: --config nothere.yaml: no such file, and no shipped recipe of that name; lm-zoo recipes "
         "lists them"
     ]
+
+
+def test_a_missing_checkpoint_is_refused_before_lightning_says_anything(tmp_path: Path) -> None:
+    """``fit --ckpt_path missing.ckpt`` is one line, and none of Lightning's start-up lines (the seed, the devices, a
+    warning about the checkpoint folder) comes before it: through the installed ``lm-zoo`` in a process of its own,
+    where Lightning's log lines reach stderr as a user's shell sees them."""
+    config = write_tiny_recipe(tmp_path / "run.yaml", write_word_corpus(tmp_path / "corpus", "a"))
+    script = Path(sys.executable).with_name("lm-zoo")
+    result = subprocess.run(
+        [str(script), "fit", "--config", str(config), "--ckpt_path", "missing.ckpt"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "LM_ZOO_CACHE": str(tmp_path / "cache")},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "lm-zoo: error: --ckpt_path missing.ckpt: no such file: give the path of a .ckpt written by lm-zoo fit "
+        "(or last)"
+    ]
+    assert "Seed set" not in result.stderr and "GPU available" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "ckpt_path", ["last", "best", "hpc", "registry:my-model", "s3://bucket/run/last.ckpt", "hf://user/repo/last.ckpt"]
+)
+def test_named_and_remote_checkpoints_are_left_to_lightning(
+    ckpt_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``last`` (which lm-zoo's before_fit resolves), Lightning's other named checkpoints and its registry, and a
+    remote path (fsspec reads it) name no local file, so the early check lets them pass."""
+    monkeypatch.chdir(tmp_path)  # where no file of these names is
+    check_ckpt_path(ckpt_path)
 
 
 def test_an_unwritable_cache_is_one_line(workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
