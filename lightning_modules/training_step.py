@@ -275,6 +275,13 @@ class TrainingStep:
         self._changes = 0
         self._template: State | None = None  # the carried state's tensors after the last uncaptured step
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """A copy of the module (a weight average's, a script's) has no runner: its graphs replay on the original."""
+        return None
+
+    def __reduce__(self) -> tuple:
+        return (_no_runner, ())
+
     # ------------------------------------------------------------------------------------------------ the step
     def next_batch(self, batch: Any, batch_idx: int) -> None:
         """The window the next :meth:`step` trains on (Lightning's ``on_train_batch_start`` hands it over)."""
@@ -464,3 +471,8 @@ class TrainingStep:
         if self.past_limit:
             line += f"; {len(self.past_limit)} window shape(s) past the limit of {MAX_GRAPHS} ran uncaptured"
         return line
+
+
+def _no_runner() -> None:
+    """What a pickled :class:`TrainingStep` comes back as: none (a graph replays on the memory it was captured on)."""
+    return None

@@ -18,7 +18,7 @@ import torch
 from datamodules import TextDataModule
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules import training_step as step_module
-from lightning_modules.training_step import RECAPTURE_LIMIT, WARMUP_STEPS, StepPlan
+from lightning_modules.training_step import RECAPTURE_LIMIT, WARMUP_STEPS, StepPlan, TrainingStep
 from tests.conftest import quiet_trainer, write_word_corpus
 from zoo import settings
 
@@ -152,6 +152,18 @@ def test_captured_step_on_a_stand_in_trains_as_lightnings_closure(
     lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **schedule)
     print("DBG", captured["losses"][:8], lightning["losses"][:8])
     _assert_same_training(captured, lightning)
+
+
+def test_a_copy_of_a_module_in_training_has_no_runner() -> None:
+    """A deep copy or a pickle of the module while it trains (its runner holds graphs bound to the original's memory)
+    carries no runner."""
+    import copy
+    import pickle
+
+    model = LanguageModel(11, "lstm", embedding_size=4, hidden_size=4)
+    model.step_runner = TrainingStep.__new__(TrainingStep)
+    assert copy.deepcopy(model).step_runner is None
+    assert pickle.loads(pickle.dumps(model)).step_runner is None
 
 
 def test_a_graph_is_replayed_for_its_shape_in_later_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
