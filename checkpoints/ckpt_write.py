@@ -31,7 +31,11 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from checkpoints.ckpt_read import unreadable
-from lightning_modules.faults import is_peer_failure
+from lightning_modules.faults import (
+    is_peer_failure,
+    restore_lightnings_sigterm_broadcast,
+    skip_lightnings_sigterm_broadcast,
+)
 from zoo.errors import CheckpointError, ConfigError, Interrupted
 
 DEFAULT_INTERVAL = timedelta(minutes=30)
@@ -211,6 +215,9 @@ class LastCheckpoint(ModelCheckpoint):
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
             self._previous = {signum: signal.signal(signum, self._note_signal) for signum in self.SIGNALS}
+            if hasattr(pl_module, "agreed_stop"):  # the ranks agree on a signal in the step's gather (faults.py)
+                self._broadcast_skipped_on = trainer
+                skip_lightnings_sigterm_broadcast(trainer)
 
     def _note_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
@@ -230,6 +237,9 @@ class LastCheckpoint(ModelCheckpoint):
         if previous and threading.current_thread() is threading.main_thread():
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        trainer = self.__dict__.pop("_broadcast_skipped_on", None)
+        if trainer is not None:
+            restore_lightnings_sigterm_broadcast(trainer)
 
     def _agreed_stop(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[int | None, int] | None:
         """(the rank that was signalled, the signal) once every rank knows of it; a module without the shared

@@ -16,8 +16,9 @@ So each way of ending is made a decision every rank knows:
   machine, the process that is gone (each rank writes its host and process id into the store at the start,
   :func:`watch_peers`). A rank on another machine that vanished is reported as such, without a name.
 
-The process group's timeout bounds what no failure report reaches (an NCCL collective whose peer hangs rather than
-exits): :data:`DEFAULT_PROCESS_GROUP_TIMEOUT`, a recorded setting of ``lm-zoo fit`` (``--process_group_timeout``).
+The process group's timeout bounds what no failure report reaches (a peer that hangs rather than exits: a stuck
+NCCL kernel, a process stopped by SIGSTOP): :data:`DEFAULT_PROCESS_GROUP_TIMEOUT`, a recorded setting of ``lm-zoo fit``
+(``--process_group_timeout``). When it runs out, a rank of this machine found stopped is named as frozen.
 """
 
 from __future__ import annotations
@@ -68,6 +69,29 @@ def watch_peers(rank: int, world_size: int) -> None:
     store = dist.PrefixStore(_PREFIX, dist.distributed_c10d._get_default_store())
     store.set(f"process/{rank}", f"{socket.gethostname()} {os.getpid()}")
     _peers = _Peers(store, rank, world_size)
+
+
+def skip_lightnings_sigterm_broadcast(trainer: Any) -> None:
+    """Stop Lightning's per-step broadcast of rank 0's SIGTERM flag, for a run whose signals lm-zoo handles.
+
+    Lightning 2.6 broadcasts ``trainer.received_sigterm`` from rank 0 at every step of a multi-process run, and reads it
+    back on the host (a collective and a host synchronisation a step). Its own SIGTERM handler sets that flag; lm-zoo's
+    (:class:`checkpoints.ckpt_write.LastCheckpoint`) replaces that handler during training and agrees on any rank's
+    signal through the step's divergence gather, so the flag stays unset and the broadcast only costs. A private
+    Lightning method (the epoch loop's ``_broadcast_sigterm_tensor``), shadowed on this trainer's loop alone;
+    :func:`restore_lightnings_sigterm_broadcast` gives it back.
+    """
+    if trainer.world_size > 1:
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+
+
+def restore_lightnings_sigterm_broadcast(trainer: Any) -> None:
+    """Give Lightning's epoch loop its SIGTERM broadcast back (:func:`skip_lightnings_sigterm_broadcast`)."""
+    trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+
+def _no_broadcast() -> None:
+    """In place of Lightning's SIGTERM broadcast: lm-zoo's agreed stop carries every rank's signal."""
 
 
 def forget_peers() -> None:
@@ -145,9 +169,10 @@ def _what_stopped(peers: _Peers) -> str:
 
 
 def _fate(pid: int) -> str | None:
-    """How process ``pid`` of this machine ended, ``None`` while it runs: a child of this process (Lightning's
-    launcher starts the other ranks from rank 0) is reaped for its exit status; any other is looked up in /proc,
-    where a killed process waits as a zombie until its parent reaps it."""
+    """How process ``pid`` of this machine ended or froze, ``None`` while it runs: a child of this process
+    (Lightning's launcher starts the other ranks from rank 0) is reaped for its exit status; any other, and a child
+    still there, is looked up in /proc, where a killed process waits as a zombie until its parent reaps it and a
+    stopped one shows its stop."""
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -157,12 +182,14 @@ def _fate(pid: int) -> str | None:
             if os.WIFSIGNALED(status):
                 return f"was killed by {_signal_name(os.WTERMSIG(status))}"
             return f"exited with status {os.WEXITSTATUS(status)}"
-        return None  # our child, still running
+        # Our child, not ended: running, or stopped (which waitpid reports only when asked to reap stops too).
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
             state = stat.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "is gone (killed: SIGKILL or the OOM killer leave no word)"
+    if state in ("T", "t"):  # a stopped process: SIGSTOP, or a debugger's stop; it never reaches the collective
+        return "is frozen (stopped, by SIGSTOP or a debugger: neither running nor gone)"
     return "is gone (killed: SIGKILL or the OOM killer leave no word)" if state in ("Z", "X") else None
 
 

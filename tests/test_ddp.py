@@ -278,8 +278,9 @@ def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
 class FaultAt(L.Callback):
     """Test helper: at the start of step ``step`` on rank ``rank``, the ``fault``: ``SIGTERM`` or ``SIGINT`` to this
     process alone (a scheduler's preemption reaches one worker), ``SIGINT to the group`` (Ctrl-C in the run's
-    terminal reaches every rank), ``SIGKILL`` (the OOM killer) or ``raise`` (any bug, a ``RuntimeError``). Writes the
-    time it struck to ``<directory>/struck``."""
+    terminal reaches every rank), ``SIGKILL`` (the OOM killer), ``SIGSTOP`` (a rank that hangs without exiting, as one
+    in a stuck NCCL kernel) or ``raise`` (any bug, a ``RuntimeError``). Writes the time it struck to
+    ``<directory>/struck``."""
 
     def __init__(self, step: int, rank: int, fault: str, directory: str) -> None:
         self.step, self.rank, self.fault, self.directory = step, rank, fault, Path(directory)
@@ -372,5 +373,33 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
     assert "[rank0]" not in stderr and "Connection reset by peer" not in stderr, stderr[-3000:]  # no gloo traceback
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 5
     resumed = tmp_path / f"resumed_lost_{how}_{launcher}"
+    _fit(ddp_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    _same_weights_as(uninterrupted, resumed)
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_stops_the_others_within_the_timeout_naming_it(
+    uninterrupted: Path, ddp_workspace: tuple[Path, Path, dict[str, str]]
+) -> None:
+    """Rank 1 stops (SIGSTOP) at step 8 without exiting: no failure report reaches rank 0, whose next collective waits
+    for the process group's timeout (8 s here), then it stops with one line naming rank 1 as frozen; the last
+    checkpoint (step 5's) is whole and resumes to the uninterrupted run's weights."""
+    tmp_path, corpus, env = ddp_workspace
+    run = tmp_path / "frozen"
+    timeout = 8
+    recipe = ddp_recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault="SIGSTOP", directory=run / "marks"))
+    process = _start(recipe, env, f"--process_group_timeout={timeout}")
+    try:
+        process.wait(timeout=TIMEOUT)  # rank 0; rank 1 stays stopped, holding stderr open
+        elapsed = time.time() - float((run / "marks" / "struck").read_text())
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the frozen rank, which no one else ends
+        stderr = process.communicate()[1]
+    print(f"\nrank 1 frozen at step 8: rank 0 gone {elapsed:.2f} s later (process group timeout {timeout} s)")
+    assert process.returncode != 0 and timeout <= elapsed < timeout + 30, stderr[-3000:]
+    line = re.search(r"lm-zoo: error: rank 1 \(process \d+\) is frozen [^\n]*, so rank 0 stops too[^\n]*", stderr)
+    assert line is not None, f"{process.returncode} {stderr[-3000:]} {recipe.with_suffix('.log').read_text()[-3000:]}"
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 5
+    resumed = tmp_path / "resumed_frozen"
     _fit(ddp_recipe(resumed, corpus), env, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
     _same_weights_as(uninterrupted, resumed)

@@ -278,3 +278,26 @@ def test_a_checkpoint_write_refused_by_a_full_disk_keeps_the_previous_one_and_st
     assert not list(last.parent.glob(".*.tmp"))
     monkeypatch.undo()
     assert cli.main(["fit", "--config", str(_recipe(workdir)), "--ckpt_path", "last"]) == 0
+
+
+def test_lightnings_per_step_sigterm_broadcast_is_skipped_where_lm_zoo_agrees_on_signals() -> None:
+    """Lightning's epoch loop broadcasts rank 0's SIGTERM flag at every step of a multi-process run (a collective and a
+    host synchronisation); lm-zoo's handler never sets that flag, and its own agreed stop carries every rank's signal,
+    so a multi-process fit shadows the broadcast on its loop and gives it back after. (tests/test_ddp.py holds the
+    agreed stop: a signal to one rank stops both at one step.)"""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    from lightning_modules.faults import restore_lightnings_sigterm_broadcast, skip_lightnings_sigterm_broadcast
+
+    assert callable(_TrainingEpochLoop._broadcast_sigterm_tensor)  # the private method this relies on is still there
+    loop = _TrainingEpochLoop.__new__(_TrainingEpochLoop)
+    for world_size, skipped in ((1, False), (2, True)):
+        trainer = SimpleNamespace(world_size=world_size, fit_loop=SimpleNamespace(epoch_loop=loop))
+        skip_lightnings_sigterm_broadcast(trainer)
+        assert ("_broadcast_sigterm_tensor" in loop.__dict__) == skipped
+        if skipped:
+            assert loop._broadcast_sigterm_tensor() is None  # no collective, nothing read back
+        restore_lightnings_sigterm_broadcast(trainer)
+        assert "_broadcast_sigterm_tensor" not in loop.__dict__
