@@ -399,3 +399,16 @@ def test_generate_speed_times_each_side_and_records_what_ran(
     assert "1.00x the plain loop" in capsys.readouterr().out
     if not torch.cuda.is_available():
         refused(capsys, lambda: generate_speed.main(["--device", "cuda", "--out", str(tmp_path / "x.json")]), "no CUDA")
+
+
+def test_sigterm_broadcast_times_lightnings_broadcast_beside_the_same_loop_without(tmp_path: Path) -> None:
+    from benchmarks import sigterm_broadcast
+
+    out = tmp_path / "broadcast.json"
+    sigterm_broadcast.main(["--steps", "5", "--rounds", "1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert set(written["median_us_per_step"]) == {"with the broadcast", "without"}
+    assert len(written["us_per_step"]) == 2 and written["settings"]["backend"] == "gloo"
+    assert written["broadcast_us"] == pytest.approx(
+        written["median_us_per_step"]["with the broadcast"] - written["median_us_per_step"]["without"]
+    )
