@@ -14,7 +14,8 @@ So each way of ending is made a decision every rank knows:
   that failure into one line naming the rank and its error.
 - **A rank that is killed** (SIGKILL, the OOM killer) says nothing: :func:`peer_lost` finds, among the ranks of this
   machine, the process that is gone (each rank writes its host and process id into the store at the start,
-  :func:`watch_peers`). A rank on another machine that vanished is reported as such, without a name.
+  :func:`watch_peers`). A rank on another machine cannot be looked up there: each rank counts a heartbeat in the
+  store every :data:`HEARTBEAT_SECONDS`, and the rank whose count has stopped is the one named.
 
 The process group's timeout bounds what no failure report reaches (a peer that hangs rather than exits: a stuck
 NCCL kernel, a process stopped by SIGSTOP): :data:`DEFAULT_PROCESS_GROUP_TIMEOUT`, a recorded setting of ``lm-zoo fit``
@@ -44,6 +45,9 @@ _PREFIX = "lm-zoo/"  # this module's keys in the rendezvous store, apart from to
 # loaded machine a rank can look for it in between and find it still running. It looks again for this long (seconds)
 # before saying that no rank of this machine is gone.
 _GONE_WAIT, _GONE_POLL = 2.0, 0.05
+#: Seconds between two beats of a rank's heartbeat in the store (a thread's one small write); a rank whose count has not
+#: moved over three of them is no longer there.
+HEARTBEAT_SECONDS = 1.0
 
 
 @dataclass
@@ -51,6 +55,16 @@ class _Peers:
     store: Any  # the process group's store (a TCPStore's client), under our prefix
     rank: int
     world_size: int
+    stop_beating: threading.Event | None = None
+
+
+def _beat(store: Any, rank: int, stop: threading.Event) -> None:
+    """Count this rank's heartbeat in the store until the run is over or the store is gone (rank 0's process)."""
+    while not stop.wait(HEARTBEAT_SECONDS):
+        try:
+            store.add(f"beat/{rank}", 1)
+        except Exception:  # noqa: BLE001 - the store went with rank 0: nothing is left to tell
+            return
 
 
 _peers: _Peers | None = None  # the multi-process run this process takes part in, once watch_peers has run
@@ -68,7 +82,10 @@ def watch_peers(rank: int, world_size: int) -> None:
     # that every launcher (Lightning's, torchrun, SLURM) sets up differently, while this one they all share.
     store = dist.PrefixStore(_PREFIX, dist.distributed_c10d._get_default_store())
     store.set(f"process/{rank}", f"{socket.gethostname()} {os.getpid()}")
-    _peers = _Peers(store, rank, world_size)
+    forget_peers()  # a fit run again in this process: the earlier run's heartbeat stops
+    stop = threading.Event()
+    threading.Thread(target=_beat, args=(store, rank, stop), name="lm-zoo heartbeat", daemon=True).start()
+    _peers = _Peers(store, rank, world_size, stop)
 
 
 def skip_lightnings_sigterm_broadcast(trainer: Any) -> None:
@@ -95,8 +112,10 @@ def _no_broadcast() -> None:
 
 
 def forget_peers() -> None:
-    """The run is over: this process no longer speaks for a rank."""
+    """The run is over: this process no longer speaks for a rank, and its heartbeat stops."""
     global _peers
+    if _peers is not None and _peers.stop_beating is not None:
+        _peers.stop_beating.set()
     _peers = None
 
 
@@ -165,7 +184,25 @@ def _what_stopped(peers: _Peers) -> str:
         if time.monotonic() >= deadline:
             break
         time.sleep(_GONE_POLL)
+    silent = _silent_ranks(peers, others)
+    if silent:
+        return "; ".join(
+            f"rank {rank} (process {places[rank][1]} on {places[rank][0]}) stopped answering (killed, frozen, or its "
+            "machine lost)"
+            for rank in silent
+        )
     return "another rank stopped without a report (on another machine, or killed where this one cannot see it)"
+
+
+def _silent_ranks(peers: _Peers, others: list[int]) -> list[int]:
+    """The ranks among ``others`` whose heartbeat count does not move over three beats (every rank's thread counts
+    one a beat, wherever it runs), or none if the store cannot say."""
+    try:
+        before = {rank: peers.store.add(f"beat/{rank}", 0) for rank in others}  # add 0: a read that needs no key
+        time.sleep(3 * HEARTBEAT_SECONDS)
+        return [rank for rank in others if peers.store.add(f"beat/{rank}", 0) == before[rank]]
+    except Exception:  # noqa: BLE001 - the store is rank 0's: gone with it
+        return []
 
 
 def _fate(pid: int) -> str | None:

@@ -301,3 +301,30 @@ def test_lightnings_per_step_sigterm_broadcast_is_skipped_where_lm_zoo_agrees_on
             assert loop._broadcast_sigterm_tensor() is None  # no collective, nothing read back
         restore_lightnings_sigterm_broadcast(trainer)
         assert "_broadcast_sigterm_tensor" not in loop.__dict__
+
+
+def test_a_rank_on_another_machine_whose_heartbeat_stopped_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank of another machine cannot be looked up in /proc: the one whose heartbeat count in the run's store has
+    stopped is named, with its host and process; one still beating is not."""
+    import threading
+
+    import torch.distributed as dist
+
+    from lightning_modules import faults
+    from tests.conftest import free_port
+
+    monkeypatch.setattr(faults, "HEARTBEAT_SECONDS", 0.05)
+    server = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
+    store = dist.PrefixStore("lm-zoo/", server)
+    store.set("process/1", "far-away 111")
+    store.set("process/2", "far-away 222")
+    stop = threading.Event()
+    beating = threading.Thread(target=faults._beat, args=(store, 2, stop), daemon=True)  # rank 2 is alive
+    beating.start()
+    store.add("beat/1", 5)  # rank 1 beat, then stopped
+    try:
+        said = faults._what_stopped(faults._Peers(store, 0, 3))
+    finally:
+        stop.set()
+        beating.join()
+    assert said == "rank 1 (process 111 on far-away) stopped answering (killed, frozen, or its machine lost)"
