@@ -131,11 +131,12 @@ def test_an_in_process_fit_pins_one_device_applies_and_records_its_precision(
 
 def test_lm_zoos_own_command_line_keeps_lightnings_choice(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # own_command: what `lm-zoo fit` (argv None) and `lm-zoo --debug fit` pass; on this CPU machine auto is 1 device.
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     run_lightning(["fit", "--config", str(tiny_config(workdir))], own_command=True)
     saved = saved_config(workdir / "run")
     assert saved["trainer"]["devices"] == "auto"
     assert saved["matmul_precision"] == "highest"  # the default, recorded
-    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before  # put back after
     lines = choice_lines(capsys.readouterr().err)
     assert lines == [
         "lm-zoo: training on 1 cpu device, 4 columns per rank, 4 in all; float32 matmuls at highest precision"
