@@ -293,7 +293,9 @@ def models_vs_papers() -> str:
                     _registry_figure(valid),
                     _registry_figure(test),
                     f"{test['eval_batch_size']}, {test['bptt']}",
-                    f"{run['wall_time_s'] / 60:.0f} min, {run['tokens_per_s']:,.0f}",
+                    # A model carried on over several runs gives each run's minutes (its earlier runs stored with it).
+                    " + ".join(f"{r['wall_time_s'] / 60:.0f}" for r in [*run.get("earlier_runs", []), run])
+                    + f" min, {run['tokens_per_s']:,.0f}",
                     PAPER_FIGURES.get(name, "—"),
                 ]
             )
@@ -990,6 +992,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "syneval": syneval,
     "fit-overhead": fit_overhead,
     "fit-overhead-tiny": lambda: fit_overhead("fit_overhead_tiny.json"),
+    "fit-overhead-tiny-step": lambda: fit_overhead("fit_overhead_tiny_step.json"),
     "fit-overhead-cuda": lambda: fit_overhead_cuda("fit_overhead_cuda.json"),
     "fit-overhead-cuda-650": lambda: fit_overhead_cuda("fit_overhead_cuda_650.json"),
     "generate-speed-cuda": generate_speed_cuda,

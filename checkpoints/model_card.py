@@ -12,6 +12,7 @@ shows the sampled piece ``sample.png`` with a link to ``sample.mid`` when the ex
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -137,7 +138,11 @@ def _stopping_rule(config: dict[str, Any]) -> str | None:
                 else f"after {patience} validation checks in a row that do"
             )
             delta = options.get("min_delta") or 0
-            bounds.append(f"early stopping {when} not lower the {monitor} by at least {delta:g} below its best")
+            # Lightning's EarlyStopping starts from no best (inf): the run's first check always counts as a gain.
+            bounds.append(
+                f"early stopping {when} not lower the {monitor} by at least {delta:g} below its best (never the "
+                "run's first check: with no best before it, that one always counts as lowering it)"
+            )
     interval, every = trainer.get("val_check_interval"), trainer.get("check_val_every_n_epoch") or 1
     if isinstance(interval, int):
         checks = f"every {interval:,} steps"
@@ -155,12 +160,119 @@ def _stopping_rule(config: dict[str, Any]) -> str | None:
     )
 
 
+def _run_cells(record: dict[str, Any]) -> str:
+    """A run's cells of the card's run table: seed, commit, torch (and CUDA), hardware, wall time, tokens/s."""
+    torch_version = record.get("torch_version")
+    if record.get("cuda_version"):  # trained on a GPU
+        torch_version = f"{torch_version} (CUDA {record['cuda_version']})"
+    minutes = (record.get("wall_time_s") or 0) / 60
+    return (
+        f"| {record.get('seed')} | `{record.get('commit')}` | {torch_version} | {record.get('hardware')} | "
+        f"{minutes:.1f} min | {record.get('tokens_per_s') or 0:,.0f} |"
+    )
+
+
+def _earlier_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs this one carried on from, first to last (``training.run.earlier_runs``, which ``python -m release
+    continues`` records from an earlier revision's ``config.json``): each later run started from the exported
+    checkpoint of the one before it."""
+    return [record for record in run.get("earlier_runs") or [] if isinstance(record, dict)]
+
+
+def _run_table(run: dict[str, Any], revision: str | None, unit: str) -> list[str]:
+    """The run table: one row, or, for weights that several runs made in turn, a row for each and their total."""
+    earlier = _earlier_runs(run)
+    if not earlier:
+        return [
+            f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
+            "|---|---|---|---|---:|---:|",
+            _run_cells(run),
+        ]
+    runs = [*earlier, run]
+    seconds = sum(r.get("wall_time_s") or 0 for r in runs)
+    tokens = sum(r.get("tokens") or 0 for r in runs)
+    rate = f"{tokens / seconds:,.0f}" if seconds and all(r.get("tokens") for r in runs) else ""
+    return [
+        f"These weights are the work of {len(runs)} runs in turn, each after the first starting from the exported "
+        "checkpoint of the one before; the last is the run of the command above:",
+        "",
+        f"| run | seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
+        "|---|---|---|---|---|---:|---:|",
+        *(f"| `{r.get('revision')}`: `{r.get('config_file')}` {_run_cells(r)}" for r in earlier),
+        f"| {f'`{revision}`: ' if revision else ''}this run {_run_cells(run)}",
+        f"| in all | | | | | {seconds / 60:.1f} min | {rate} |",
+    ]
+
+
+def _earlier_run_lines(run: dict[str, Any], unit: str) -> list[str]:
+    """What each earlier run was (its command and length) and where its record was taken from."""
+    lines = []
+    for record in _earlier_runs(run):
+        source = record.get("source") or {}
+        step = record.get("exported_step")
+        start = f"; the next run started from its exported checkpoint (step {step:,})" if isinstance(step, int) else ""
+        lines.append(
+            f"- **The run of `{record.get('revision')}`:** `{record.get('command')}`: "
+            f"{_count(record.get('steps') or 0)} steps in {_count(record.get('epochs'))} epochs, "
+            f"{_count(record.get('tokens') or 0)} training {unit}s{start}. Its record is `training.run` of "
+            f"`{source.get('file')}` at lm-zoo commit `{source.get('commit')}`, kept in this `config.json` under "
+            "`training.run.earlier_runs`."
+        )
+    return lines
+
+
+# A curve's validation figure as a loss in nats (per token, character or frame), by the curve's unit.
+_CURVE_NATS = {"perplexity": math.log, "bpc": lambda bits: bits * math.log(2), "nats per frame": float}
+
+
+def _early_stopping(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The options of the run's EarlyStopping callback, from its LightningCLI config; ``None`` if it had none."""
+    for callback in (config.get("trainer") or {}).get("callbacks") or []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("EarlyStopping"):
+            return callback.get("init_args") or {}
+    return None
+
+
+def _first_check(run: dict[str, Any], training: dict[str, Any]) -> str | None:
+    """The run's first validation beside the one it started from (the previous run's at its exported checkpoint),
+    both read from the stored curves, and what the early-stopping rule made of it; ``None`` without them."""
+    earlier = _earlier_runs(run)
+    curve, before = run.get("curve") or {}, (earlier[-1].get("curve") if earlier else None) or {}
+    points, previous = (curve.get("valid") or {}).get("points"), (before.get("valid") or {}).get("points")
+    exported, unit = before.get("exported_step"), curve.get("unit")
+    if not points or not previous or exported is None or unit != before.get("unit") or unit not in _CURVE_NATS:
+        return None
+    step, value = points[0]
+    _, start = min(previous, key=lambda point: abs(point[0] - exported))  # the point the curve's mark rings
+    if unit == "perplexity":
+        change = f"{start / value - 1:.2%} lower" if value < start else f"{value / start - 1:.2%} higher"
+    else:
+        change = f"{abs(start - value):.4g} {'lower' if value < start else 'higher'}"
+    line = (
+        f"- **This run's first check:** {curve['valid'].get('label', 'validation')} {value:g} (step {step:,}), against "
+        f"`{earlier[-1].get('revision')}`'s {start:g} at the exported checkpoint it started from (step "
+        f"{exported:,}): {change}"
+    )
+    rule = _early_stopping(training.get("config") or {})
+    if rule is None or rule.get("monitor") != "val_loss":
+        return f"{line}."
+    drop, delta = _CURVE_NATS[unit](start) - _CURVE_NATS[unit](value), float(rule.get("min_delta") or 0)
+    if drop >= delta:
+        return f"{line}, a drop of {drop:.4f} in validation loss."
+    return (
+        f"{line}, a drop of {drop:.4f} in validation loss, less than the rule's {delta:g}; as the run's first check "
+        "it could not stop the run, which went on."
+    )
+
+
 def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> list[str]:
     """The run's length and the exported checkpoint's place in it, each said once and labelled: a checkpoint's
     ``epoch`` is Lightning's 0-based index, said here counted from 1 as the run's epochs are."""
+    label = "This run" if _earlier_runs(run) else "The run"
     lines = [
-        f"- **The run:** {_count(run.get('steps') or 0)} steps in {_count(run.get('epochs'))} epochs (an epoch is "
-        f"counted once begun), {_count(run.get('tokens') or 0)} training {unit}s."
+        *_earlier_run_lines(run, unit),
+        f"- **{label}:** {_count(run.get('steps') or 0)} steps in {_count(run.get('epochs'))} epochs (an epoch is "
+        f"counted once begun), {_count(run.get('tokens') or 0)} training {unit}s.",
     ]
     step, epoch = training.get("global_step"), training.get("epoch")
     if step is not None:
@@ -172,7 +284,8 @@ def _run_length(run: dict[str, Any], training: dict[str, Any], unit: str) -> lis
         last = ", the run's last step" if step == run.get("steps") else ""
         lines.append(f"- **The exported checkpoint:** `{name}`{best}, written at step {step:,}{last}, {where}.")
     rule = _stopping_rule(training.get("config") or {})
-    return lines if rule is None else [*lines, rule]
+    first = _first_check(run, training)
+    return [*lines, *([] if rule is None else [rule]), *([] if first is None else [first])]
 
 
 def _curve_caption(run: dict[str, Any], training: dict[str, Any], results: list[EvaluationResult], unit: str) -> str:
@@ -222,20 +335,19 @@ def _run_section(
     training: dict[str, Any] | None = None,
     results: list[EvaluationResult] | None = None,
     unit: str = "token",
+    revision: str | None = None,
 ) -> list[str]:
-    """How the model was made (``release.bundle`` records it): command, provenance, speed, the run's length and
-    the exported checkpoint's place in it, the curve, notes and samples.
+    """How the model was made (``release.bundle`` records it): command, provenance, speed (a row for each run where
+    several made the weights in turn), the run's length and the exported checkpoint's place in it, the curve, notes
+    and samples.
 
     ``unit`` names what a step reads batch size x BPTT of: tokens, or a music model's frames (which the run's
-    ``tokens`` and ``tokens_per_s`` then count).
+    ``tokens`` and ``tokens_per_s`` then count). ``revision`` is the registered revision these weights are published
+    as, which names this run's row beside earlier revisions' runs.
     """
     if not run:
         return []
     training = training or {}
-    minutes = (run.get("wall_time_s") or 0) / 60
-    torch_version = run.get("torch_version")
-    if run.get("cuda_version"):  # trained on a GPU
-        torch_version = f"{torch_version} (CUDA {run['cuda_version']})"
     lines = [
         "",
         "## How it was made",
@@ -246,10 +358,7 @@ def _run_section(
         str(run.get("command")),
         "```",
         "",
-        f"| seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
-        "|---|---|---|---|---:|---:|",
-        f"| {run.get('seed')} | `{run.get('commit')}` | {torch_version} | {run.get('hardware')} | "
-        f"{minutes:.1f} min | {run.get('tokens_per_s') or 0:,.0f} |",
+        *_run_table(run, revision, unit),
         "",
         *_run_length(run, training, unit),
         "",
@@ -465,7 +574,7 @@ def _assemble(config: dict[str, Any], repo_id: str | None, revision: str | None,
     else:
         lines.append("No results were measured for this export.")
     training = config.get("training", {})
-    lines += _run_section(content.run, training, _results(config), content.unit)
+    lines += _run_section(content.run, training, _results(config), content.unit, revision)
     lines += _usage(config, repo_id, revision, content.generate_options, content.python)
     lines += [
         "",

@@ -1,4 +1,4 @@
-"""``python -m release build|publish|table|card``: see :mod:`release.command`."""
+"""``python -m release build|publish|table|card|check|continues``: see :mod:`release.command`."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""``python -m release build|publish|table|card|check``: maintainers' commands for the models shipped under
+"""``python -m release build|publish|table|card|check|continues``: maintainers' commands for the models shipped under
 ``pretrained/``, with ``lm-zoo``'s one-line errors (:func:`cli.run_command`)."""
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from checkpoints import registry
 from cli import run_command
 from commands.common import CommandParser
 from commands.sharing import shard_size
-from release.bundle import REPO_OWNER, build, measure_checks, publish_all, render_again, write_table
+from release.bundle import (
+    REPO_OWNER,
+    build,
+    measure_checks,
+    publish_all,
+    record_continued,
+    render_again,
+    write_table,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +54,11 @@ def release(argv: Sequence[str]) -> None:
     build_parser.add_argument("--max-sample-tokens", type=int, default=60)
     build_parser.add_argument("--notes", default="", help="a paragraph for the card")
     build_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
+    build_parser.add_argument(
+        "--continues",
+        metavar="COMMIT",
+        help="the run started from the export of NAME's revision bundled at this lm-zoo commit: record its runs",
+    )
     publish_parser = commands.add_parser("publish", help="publish the bundled models (needs HF_TOKEN)")
     publish_parser.add_argument("names", nargs="*", help="default: every registered model")
     publish_parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
@@ -60,6 +73,13 @@ def release(argv: Sequence[str]) -> None:
     )
     check_parser.add_argument("names", nargs="*", help="default: every registered model")
     check_parser.add_argument("--data-root", help="where corpora live (default: $LM_ZOO_DATA)")
+    continues_parser = commands.add_parser(
+        "continues",
+        help="record that a bundled model's run started from the export of its revision bundled at COMMIT (that "
+        "revision's runs, read with git, go into config.json, the card and the registry); no run needed",
+    )
+    continues_parser.add_argument("name")
+    continues_parser.add_argument("commit", help="an lm-zoo commit whose pretrained/NAME is the earlier revision")
     args = parser.parse_args(argv)
     if args.action == "build":
         entry = build(
@@ -78,6 +98,7 @@ def release(argv: Sequence[str]) -> None:
             data_root=args.data_root,
             notes=args.notes,
             max_shard_size=args.max_shard_size,
+            continues=args.continues,
         )
         print(json.dumps(entry.to_json(), indent=2))
     elif args.action == "publish":
@@ -87,6 +108,9 @@ def release(argv: Sequence[str]) -> None:
         for name in args.names or list(registry.load_registry()):
             changed = render_again(name)
             print(f"{name}: {', '.join(sorted(changed)) or 'unchanged'}")
+    elif args.action == "continues":
+        for run in record_continued(args.name, args.commit):
+            print(f"{args.name}: carries on from {run['revision']} ({run['config_file']}, {run['source']['commit']})")
     elif args.action == "check":
         for name, check in measure_checks(args.names, args.data_root).items():
             print(f"{name}: {json.dumps(check['test'])}")

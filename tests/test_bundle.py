@@ -247,10 +247,120 @@ def test_a_card_states_the_recipes_stopping_rule_from_its_config() -> None:
          "init_args": {"monitor": "val_loss", "patience": 2, "min_delta": 0.01}},
     ]  # fmt: skip
     card = render_card(config, "lm-zoo/ptb-char-lstm", "v1")
+    # Lightning's EarlyStopping starts from no best: the run's first check always counts as lowering it.
     assert (
         "it ends at the first of 3,000 steps; early stopping after 2 validation checks in a row that do not lower the "
-        "validation loss by at least 0.01 below its best. Validation every 250 steps;" in card
+        "validation loss by at least 0.01 below its best (never the run's first check: with no best before it, that "
+        "one always counts as lowering it). Validation every 250 steps;" in card
     )
+
+
+def test_lightnings_early_stopping_never_stops_at_the_first_check() -> None:
+    """What the card says of the rule: the first check is an improvement whatever its figure, as no best precedes
+    it; the second is measured against the first."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    rule = EarlyStopping(monitor="val_loss", min_delta=0.01, patience=1)
+    assert rule._evaluate_stopping_criteria(torch.tensor(5.0))[0] is False
+    assert rule._evaluate_stopping_criteria(torch.tensor(4.995))[0] is True  # lowered by less than 0.01
+
+
+def _earlier_config(curve: dict, exported_step: int) -> dict:
+    """An earlier revision's config.json, as far as its run record goes."""
+    run = {
+        "name": "tiny",
+        "command": "lm-zoo fit --config first.yaml, resumed with --ckpt_path last at step 50",
+        "config_file": "first.yaml",
+        "seed": 7,
+        "commit": "c0ffee",
+        "torch_version": "2.13.0+cpu",
+        "hardware": "2-core CPU (x86_64)",
+        "wall_time_s": 3000.0,
+        "steps": 100,
+        "tokens": 100 * 24,
+        "tokens_per_s": 0.8,
+        "epochs": 3,
+        "notes": "not kept",
+        "curve": curve,
+    }
+    return {"training": {"global_step": exported_step, "run": run}}
+
+
+def test_weights_made_by_two_runs_show_both_on_the_card_and_in_the_registry(
+    run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m release continues NAME COMMIT`: the run started from the export of NAME's revision bundled at COMMIT
+    (read with git), whose run record goes into config.json, a row of the card's run table (with the total) and the
+    registry; the card sets the run's first validation beside the earlier run's at its exported checkpoint."""
+    entry = _build(run, capsys)
+    directory = bundle_env / "tiny"
+    config = json.loads((directory / CONFIG_NAME).read_text())
+    now = config["training"]["run"]
+    first = now["curve"]["valid"]["points"][0][1]
+    earlier_curve = {
+        "unit": "perplexity",
+        "tokens_per_step": 24,
+        "exported_step": 90,
+        "train_loss": {"label": "training loss (nats per token)", "points": [[3, 5.0]]},
+        "valid": {"label": "validation perplexity", "points": [[49, first * 2], [89, first * 1.005], [99, first]]},
+    }
+    earlier = _earlier_config(earlier_curve, 90)
+    files = {
+        "checkpoints/registry.json": json.dumps({"models": {"tiny": {"revision": "v0"}}}),
+        f"pretrained/tiny/{CONFIG_NAME}": json.dumps(earlier),
+    }
+
+    def git(*args: str) -> str:  # two files at one commit stand in for the clone's history
+        if args[0] == "rev-parse":
+            return "f" * 40 + "\n"
+        commit, path = args[1].split(":", 1)
+        assert (args[0], commit) == ("show", "f" * 40)
+        return files[path]
+
+    monkeypatch.setattr(bundle, "_git", git)
+    capsys.readouterr()
+    assert release_main(["continues", "tiny", "abc"]) == 0
+    assert capsys.readouterr().out == f"tiny: carries on from v0 (first.yaml, {'f' * 40})\n"
+    config = json.loads((directory / CONFIG_NAME).read_text())
+    [record] = config["training"]["run"]["earlier_runs"]
+    assert record["revision"] == "v0" and record["exported_step"] == 90 and "notes" not in record
+    assert record["curve"] == {k: v for k, v in earlier_curve.items() if k != "train_loss"}
+    assert record["source"] == {"commit": "f" * 40, "file": f"pretrained/tiny/{CONFIG_NAME}"}
+    after = registry.load_registry()["tiny"]
+    assert after.training == bundle.registry_training(config["training"]["run"])
+    [kept] = after.training["earlier_runs"]
+    assert kept["wall_time_s"] == 3000.0 and "curve" not in kept and kept["source"] == record["source"]
+    assert after.files[WEIGHTS_NAME] == entry["files"][WEIGHTS_NAME]
+    assert registry.bundled(after) == directory  # every hash holds
+    card = (directory / CARD_NAME).read_text()
+    total = (3000.0 + now["wall_time_s"]) / 60
+    assert "| `v0`: `first.yaml` | 7 | `c0ffee` | 2.13.0+cpu | 2-core CPU (x86_64) | 50.0 min | 1 |" in card
+    assert "| `v1`: this run | 1 | `abc123` |" in card and f"| in all | | | | | {total:.1f} min |" in card
+    assert "- **The run of `v0`:** `lm-zoo fit --config first.yaml, resumed" in card and "(step 90)" in card
+    assert "- **This run:** 8 steps in 1 epochs" in card
+    # The earlier run's validation at its exported step (the point nearest it), against this run's first.
+    assert f"against `v0`'s {first * 1.005:g} at the exported checkpoint it started from (step 90): 0.50% lower" in card
+    # Again: the same record, not a second one.
+    assert release_main(["continues", "tiny", "abc"]) == 0
+    assert len(json.loads((directory / CONFIG_NAME).read_text())["training"]["run"]["earlier_runs"]) == 1
+
+
+def test_the_shipped_continued_run_says_its_first_check_could_not_stop_it() -> None:
+    """wikitext-2-lstm v4 started from v3's export under an early-stopping rule: its card has both runs, and says that
+    its first check, though it lowered the validation loss below v3's by less than the rule asks, was no stop."""
+    root = Path(__file__).resolve().parents[1] / "pretrained"
+    config = json.loads((root / "wikitext-2-lstm" / CONFIG_NAME).read_text())
+    run = config["training"]["run"]
+    [v3] = run["earlier_runs"]
+    assert (v3["revision"], v3["config_file"]) == ("v3", "configs/wikitext-2/lstm-medium-cpu-tied.yaml")
+    start = min(v3["curve"]["valid"]["points"], key=lambda point: abs(point[0] - v3["exported_step"]))[1]
+    first = run["curve"]["valid"]["points"][0][1]
+    [rule] = [c for c in config["training"]["config"]["trainer"]["callbacks"] if "EarlyStopping" in c["class_path"]]
+    assert math.log(start / first) < rule["init_args"]["min_delta"]  # a stop, had it not been the first check
+    card = (root / "wikitext-2-lstm" / CARD_NAME).read_text()
+    assert card == render_card(config, "lm-zoo/wikitext-2-lstm", "v4")
+    assert f"| {(v3['wall_time_s'] + run['wall_time_s']) / 60:.1f} min |" in card
+    assert f"{start / first - 1:.2%} lower" in card and "as the run's first check it could not stop the run" in card
 
 
 def test_a_changed_byte_is_refused_naming_the_file(
@@ -272,8 +382,9 @@ def test_a_changed_byte_is_refused_naming_the_file(
 def test_the_checkpoint_says_where_it_trained_and_the_card_and_registry_repeat_it(
     run: Path, bundle_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A model trained on a lent GPU is bundled at home: its card and registry entry name the machine, torch, CUDA and
-    commit of the training, which the checkpoint recorded (lightning_modules.training.RunSettings), not this one's."""
+    """A model trained on a GPU machine is bundled on another: its card and registry entry name the machine, torch,
+    CUDA and commit of the training, which the checkpoint recorded (lightning_modules.training.RunSettings), not this
+    one's."""
     checkpoint = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     here = {
         "hardware": hardware(torch.device("cpu")),
@@ -311,7 +422,7 @@ def test_the_checkpoint_says_where_it_trained_and_the_card_and_registry_repeat_i
 def test_float16_bundle_is_measured_on_its_stored_weights(
     run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A run trained on a lent GPU and bundled at home names the machine it was trained on, not this one.
+    # A run trained on a GPU machine and bundled on another names the machine it was trained on, not this one.
     entry = _build(run, capsys, "tiny16", "--dtype", "float16", "--hardware", "NVIDIA H100 80GB HBM3")
     assert entry["training"]["hardware"] == "NVIDIA H100 80GB HBM3"
     assert "| NVIDIA H100 80GB HBM3 |" in (bundle_env / "tiny16" / CARD_NAME).read_text()

@@ -24,7 +24,7 @@ import cli
 from checkpoints import registry
 from datamodules.kinds import MUSIC
 from lightning_modules import LanguageModel, MusicModel
-from release.bundle import REGISTRY_TRAINING_KEYS, publish_all, table, xml_nesting
+from release.bundle import publish_all, registry_training, table, xml_nesting
 from tests.conftest import assert_same_figure, needs_data, registered_figure
 from tests.hub_server import FakeHub
 from zoo import RecurrentLM
@@ -60,9 +60,10 @@ def test_bundle_files_match_the_registry(name: str) -> None:
     assert entry.size_bytes == sum((directory / f).stat().st_size for f in entry.files)
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     assert config["num_parameters"] == entry.num_parameters
-    # The registry keeps the card's record of how the model was made: where (hardware, torch, CUDA), at which commit.
+    # The registry keeps the card's record of how the model was made: where (hardware, torch, CUDA), at which commit;
+    # for weights that several runs made in turn, each earlier run's too.
     run = config["training"]["run"]
-    assert entry.training == {key: run[key] for key in REGISTRY_TRAINING_KEYS if key in run}
+    assert entry.training == registry_training(run)
     assert {"commit", "hardware", "torch_version", "wall_time_s"} <= entry.training.keys()
 
 
