@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ProgressB
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from datamodules.data_modules import StreamDataModule
+from lightning_modules.cores import CoreSharing
 from lightning_modules.faults import watch_peers
 from lightning_modules.progress import FitProgressBar
 from zoo import window
@@ -149,20 +150,31 @@ class RunSettings(Callback):
             self._environment = run_environment(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        cores = self.__dict__.pop("_cores", None)
+        if cores is not None:
+            cores.restore()
         before = self.__dict__.pop("_precision_before", None)
         if before is not None:
             torch.set_float32_matmul_precision(before[0])
             torch.backends.cudnn.allow_tf32 = before[1]
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._cores = CoreSharing()  # every rank its own: they share the machine's cores with whatever else runs
+        threads = self._cores.start()
         if trainer.is_global_zero:
             line = describe_devices(trainer, getattr(trainer.datamodule, "batch_size", None))
-            print(f"lm-zoo: {line}; float32 matmuls at {self.matmul_precision} precision", file=sys.stderr)
+            print(f"lm-zoo: {line}; float32 matmuls at {self.matmul_precision} precision; {threads}", file=sys.stderr)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *args: Any) -> None:
-        """After the run's first training step, one line on who runs the steps (``StatefulTraining.step_summary``) and
-        one on what capturing the per-step stacks' windows cost on a GPU (:func:`zoo.window.summary`); after the step
-        where a whole step was first captured, that step's line again with what its capture cost."""
+        """Every few seconds, the CPU threads fitted to the other work on the cores (:class:`CoreSharing`: a line when
+        they change). After the run's first training step, one line on who runs the steps
+        (``StatefulTraining.step_summary``) and one on what capturing the per-step stacks' windows cost on a GPU
+        (:func:`zoo.window.summary`); after the step where a whole step was first captured, that step's line again
+        with what its capture cost."""
+        cores = self.__dict__.get("_cores")
+        changed = cores.check() if cores is not None else None
+        if changed is not None and trainer.is_global_zero:
+            print(f"lm-zoo: from step {trainer.global_step:,}: {changed}", file=sys.stderr)
         if not trainer.is_global_zero:
             return
         runner = getattr(pl_module, "step_runner", None)

@@ -54,8 +54,15 @@ def saved_config(run: Path) -> dict[str, Any]:
     return yaml.safe_load(found.read_text())
 
 
+THREADS = re.compile(r"; \d+ CPU threads?( \((OMP_NUM_THREADS|other processes keep \d+ of \d+ cores busy)\))?$")
+
+
 def choice_lines(err: str) -> list[str]:
-    return [line for line in err.splitlines() if line.startswith("lm-zoo: training on ")]
+    """The start-up lines, each without its CPU threads, which follow whatever else runs on the machine (checked
+    here to be said, and in test_a_fit_shares_the_cores_with_other_work_and_gives_its_threads_back)."""
+    lines = [line for line in err.splitlines() if line.startswith("lm-zoo: training on ")]
+    assert all(THREADS.search(line) for line in lines), lines
+    return [THREADS.sub("", line) for line in lines]
 
 
 # -------------------------------------------------------------------------------------------- the in-process rule
@@ -307,3 +314,44 @@ def test_the_commit_is_looked_up_only_in_a_clone(tmp_path: Path, monkeypatch: py
     assert source_commit() == "unknown"
     monkeypatch.setenv("LM_ZOO_COMMIT", "abc123")
     assert source_commit() == "abc123"
+
+
+def test_a_fit_shares_the_cores_with_other_work_and_gives_its_threads_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CoreSharing: the cores left by other processes' work (a core counted from half of one), at least one thread
+    and at most the process's own; re-read every CHECK_SECONDS, a line when the count changes; OMP_NUM_THREADS and a
+    single thread are kept as they are; the process's own count back at the end."""
+    from lightning_modules import cores
+
+    clock = {"now": 100.0, "busy": 0.0, "own": 0.0}
+    monkeypatch.setattr(cores.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(cores.time, "sleep", lambda seconds: advance(seconds, others=0.0))
+    monkeypatch.setattr(cores, "cpu_seconds", lambda: (clock["busy"], clock["own"]))
+
+    def advance(seconds: float, others: float, own: float = 1.0) -> None:
+        clock["now"] += seconds
+        clock["own"] += own * seconds
+        clock["busy"] += (own + others) * seconds
+
+    before = torch.get_num_threads()
+    try:
+        sharing = cores.CoreSharing(cores=4, threads=4, fixed=False)
+        assert sharing.start() == "4 CPU threads" and torch.get_num_threads() == 4
+        advance(cores.CHECK_SECONDS / 2, others=2.0)
+        assert sharing.check() is None and torch.get_num_threads() == 4  # not yet time to look
+        advance(cores.CHECK_SECONDS, others=2.0)
+        assert sharing.check() == "2 CPU threads (other processes keep 2 of 4 cores busy)"
+        advance(cores.CHECK_SECONDS, others=3.6)
+        assert sharing.check() == "1 CPU thread (other processes keep 4 of 4 cores busy)"  # never fewer than one
+        advance(cores.CHECK_SECONDS, others=0.4)
+        assert sharing.check() == "4 CPU threads" and torch.get_num_threads() == 4  # the others are gone
+        assert [sharing.threads_for(x) for x in (0.49, 0.5, 1.49, 1.5)] == [4, 3, 3, 2]
+        torch.set_num_threads(2)
+        sharing.restore()
+        assert torch.get_num_threads() == 4
+        kept = cores.CoreSharing(cores=4, threads=1)  # one thread: nothing to give up
+        advance(cores.CHECK_SECONDS, others=3.0)
+        assert kept.fixed and kept.check() is None
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert cores.CoreSharing(cores=4, threads=3).describe().endswith("(OMP_NUM_THREADS)")
+    finally:
+        torch.set_num_threads(before)
