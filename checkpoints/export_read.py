@@ -128,10 +128,32 @@ class LoadedModel:
         """Text or music (a model of piano-roll frames): what its figures, data, output and commands are."""
         return MUSIC if isinstance(self.model, PianoRollLM) else TEXT
 
+    def refuse(self, what: str) -> None:
+        """Stop a command that does not serve this model: its kind's refusal (:meth:`ModelKind.refuse`, ``what`` one
+        of :data:`datamodules.kinds.SCORE`, ``PROCEDURES``, ``SYNEVAL``, ``PARSE``, ``QUANTIZE``), told by its kind and
+        its tokenizer's.
+
+        Raises:
+            ConfigError: one line naming the model, its kind and what would serve.
+        """
+        self.kind.refuse(what, self.source, self._tokens)
+
+    @property
+    def called(self) -> str:
+        """What it is, in words, for a message: ``a word-level text model``, ``a music model (piano rolls)``."""
+        return self.kind.called(self._tokens)
+
+    @property
+    def _tokens(self) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.kind
+
     def datamodule(self, corpus: str | None = None, data_root: str | None = None) -> StreamData:
         """The data module the model was trained with (its class and settings, or on ``corpus``: for a music model
         another dataset), using the model's own tokenizer. A text model's is :class:`datamodules.TextData`, the
-        ``TextDataModule`` without Lightning: scoring and sampling need the corpus, not a Trainer.
+        ``TextDataModule`` without Lightning: scoring and sampling need the corpus, not a Trainer. Its windows are
+        of fixed length, the training split's too: a recipe's ``variable_bptt`` draws the lengths of training windows,
+        while what reads a loaded model's training split scores with it (``--dynamic``'s gradient statistics, one
+        segment of ``--dyn-max-time-steps`` at a time, as Krause et al. 2017 take them).
 
         Raises:
             ConfigError: the model does not say which corpus it was trained on and none was given.
@@ -150,6 +172,8 @@ class LoadedModel:
             settings[key] = corpus
         if data_root is not None and reads_files:
             settings["data_root"] = data_root
+        if settings.get("variable_bptt"):
+            settings["variable_bptt"] = False  # scored, never trained: fixed-length windows (above)
         datamodule = data_class(**settings)
         if self.tokenizer is not None:
             datamodule.use_tokenizer(self.tokenizer)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from datamodules.corpora import cache_root
+from datamodules.kinds import QUANTIZE
 from zoo.errors import ConfigError, DataError, LMZooError
 
 SOURCE_HELP = (
@@ -33,14 +34,37 @@ QUANTIZE_HELP = (
 )
 
 
+# The commands with --quantize: an int8 model is no stored kind of model (an export holds float32 or float16 weights)
+# but a copy made in memory as one of these runs it. The others that take a model refuse the flag (refuse_quantize).
+QUANTIZING = ("evaluate", "generate", "score")
+
+
 def source_arguments(parser: argparse.ArgumentParser, quantize: bool = False) -> None:
     """The arguments of a command that runs a model: SOURCE, ``--revision``, ``--device`` and, with ``quantize``,
-    ``--quantize`` (:func:`quantize_model` applies it)."""
+    ``--quantize`` (:func:`quantize_model` applies it; without, :func:`refuse_quantize` refuses it)."""
     parser.add_argument("source", help=SOURCE_HELP)
     parser.add_argument("--revision", help="for a Hub source: branch, tag or commit (default main)")
     parser.add_argument("--device", type=device_argument, default="auto", help=DEVICE_HELP)
     if quantize:
         parser.add_argument("--quantize", choices=QUANTIZE_MODES, help=QUANTIZE_HELP)
+    else:
+        refuse_quantize(parser)
+
+
+class _NoQuantize(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        mode = values if values in QUANTIZE_MODES else QUANTIZE_MODES[0]
+        raise ConfigError(
+            f"{parser.prog} has no --quantize: an int8 model is not stored (an export holds float32 or float16 "
+            f"weights) but made in memory by lm-zoo {', '.join(QUANTIZING[:-1])} or {QUANTIZING[-1]} --quantize "
+            f"{mode} --device cpu; drop --quantize here"
+        )
+
+
+def refuse_quantize(parser: argparse.ArgumentParser) -> None:
+    """``--quantize`` (hidden from ``--help``) on a command that takes a model but runs no int8 copy of it: one line
+    saying which commands make one (:data:`QUANTIZING`), where argparse would only call the flag unrecognized."""
+    parser.add_argument("--quantize", nargs="?", action=_NoQuantize, help=argparse.SUPPRESS)
 
 
 def quantize_model(loaded: Any, quantize: str | None, device: str) -> None:
@@ -48,10 +72,12 @@ def quantize_model(loaded: Any, quantize: str | None, device: str) -> None:
     (``int8``) or its output layer alone (``int8-head``).
 
     Raises:
-        ConfigError: a device other than the CPU, or a model the quantization does not apply to.
+        ConfigError: a device other than the CPU, a kind of model that has no int8 copy (music), or a model the
+            quantization does not apply to.
     """
     if quantize is None:
         return
+    loaded.refuse(QUANTIZE)  # a music model has no int8 copy
     if not str(device).startswith("cpu"):
         raise ConfigError(f"--quantize {quantize} runs on the CPU (PyTorch's int8 kernels): add --device cpu")
     from zoo.quantization import quantize_int8  # deferred: most commands never quantize

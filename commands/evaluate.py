@@ -54,7 +54,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     quantize_model(loaded, args.quantize, args.device)
     datamodule = loaded.datamodule(args.corpus, args.data_root)
     if procedure is not None or args.long_context or args.temperature != 1.0:
-        loaded.kind.refuse(PROCEDURES, loaded.source)  # a music model is scored as it is
+        loaded.refuse(PROCEDURES)  # a music model is scored as it is
     options = {
         "long_context": args.long_context,
         "temperature": args.temperature,

@@ -10,6 +10,7 @@ import checkpoints
 from commands import COMMANDS
 from commands.common import CommandParser, source_arguments
 from datamodules.corpora import data_root
+from datamodules.kinds import PARSE
 from lightning_modules.evaluation import parsing
 from zoo.errors import ConfigError
 
@@ -39,6 +40,8 @@ def cmd_parse(argv: Sequence[str]) -> None:
         treebank = Path(args.treebank) if args.treebank else data_root() / "treebank" / "treebank.zip"
         trees = parsing.read_treebank(treebank)
     loaded = checkpoints.load(args.source, args.revision)
+    loaded.refuse(PARSE)  # a music model, or text read in characters, bytes or pieces
+    parsing.require_on_lstm(loaded.model, f"{loaded.source} ({loaded.called})")
     model = loaded.model.to(args.device)
     if trees is None:
         words, d_hat = parsing.parse_text(model, loaded.tokenizer, args.text)

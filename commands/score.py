@@ -139,7 +139,7 @@ def cmd_score(argv: Sequence[str]) -> None:
 
     lines = open_lines(args.file)  # before loading a model: a missing file stops at once
     loaded = checkpoints.load(args.source, args.revision)
-    loaded.kind.refuse(SCORE, loaded.source)
+    loaded.refuse(SCORE)
     quantize_model(loaded, args.quantize, args.device)
     entries = parse_nbest(lines, args.file) if args.nbest else None
     # Entries are read as the scores are asked for; those read but not yet printed wait here, one batch at most.

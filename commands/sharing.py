@@ -11,7 +11,7 @@ from checkpoints import hub, registered_directory, registry
 from checkpoints.export_read import CONFIG_NAME, STORED_DTYPES
 from checkpoints.export_write import export
 from commands import COMMANDS
-from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument
+from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument, refuse_quantize
 from datamodules.corpora import REPORTED_SPLITS, SPLITS
 from lightning_modules.evaluation.results import result_from_json
 from zoo.errors import ConfigError
@@ -45,6 +45,7 @@ def cmd_export(argv: Sequence[str]) -> None:
         help="how the weights are stored (float16: half the size; the figures measured are of the stored weights)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    refuse_quantize(parser)
     args = parser.parse_args(argv)
 
     results = [_read_result(path) for path in args.results] if args.results else None
@@ -105,6 +106,7 @@ def cmd_publish(argv: Sequence[str]) -> None:
     parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
     parser.add_argument("--name", help="short name for the registry entry printed with --json (default: repo name)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (with a registry entry)")
+    refuse_quantize(parser)
     args = parser.parse_args(argv)
 
     options = {"revision": args.revision, "tag": args.tag, "commit_message": args.commit_message}
@@ -126,6 +128,7 @@ def cmd_download(argv: Sequence[str]) -> None:
     parser.add_argument("--revision", help="branch, tag or commit (default main, or the registry's pinned revision)")
     parser.add_argument("--endpoint", help="the Hub's URL (default: $HF_ENDPOINT or https://huggingface.co)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    refuse_quantize(parser)
     args = parser.parse_args(argv)
 
     entry = registry.lookup(args.model) if "/" not in args.model else None

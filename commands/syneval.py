@@ -10,6 +10,7 @@ import checkpoints
 from commands import COMMANDS
 from commands.common import CommandParser, source_arguments
 from datamodules.corpora import data_root
+from datamodules.kinds import SYNEVAL
 from lightning_modules.evaluation import syneval
 from zoo.errors import ConfigError
 
@@ -32,11 +33,7 @@ def cmd_syneval(argv: Sequence[str]) -> None:
     templates = Path(args.templates) if args.templates else data_root() / "syneval" / "templates.tar.xz"
     conditions = syneval.read_templates(templates)  # before loading a model: a refused file stops at once
     loaded = checkpoints.load(args.source, args.revision)
-    if loaded.tokenizer.kind not in ("word", "sentence"):
-        raise ConfigError(
-            f"syneval scores sentences word by word, and {args.source} reads {loaded.tokenizer.kind} tokens: "
-            "give a word-level model"
-        )
+    loaded.refuse(SYNEVAL)  # a music model, or text read in characters, bytes or pieces
     result = syneval.evaluate_syneval(
         loaded.model.to(args.device), loaded.tokenizer, conditions, args.batch_size, args.max_tuples
     )

@@ -23,8 +23,27 @@ NLL_PER_STEP = "nll_per_step"
 # The tokenizers whose tokens are characters: their text is scored per character whatever the corpus's level.
 CHARACTER_TOKENIZERS = ("char", "byte")
 MUSIC_HEAD = "bernoulli"  # config.json's "head" of a piano-roll model: one Bernoulli per note (zoo.music)
-# What a command may refuse a kind (ModelKind.refuse): scoring lines of text, evaluate's procedures.
-SCORE, PROCEDURES = "score", "procedures"
+# What a command may refuse a kind (ModelKind.refuse): scoring lines of text, evaluate's procedures, syntactic
+# evaluation, parsing, an int8 copy (--quantize).
+SCORE, PROCEDURES, SYNEVAL, PARSE, QUANTIZE = "score", "procedures", "syneval", "parse", "quantize"
+# A text model's tokens in words, for messages: "a character-level text model".
+LEVELS = {
+    "word": "word-level",
+    "sentence": "sentence-level",
+    "char": "character-level",
+    "byte": "byte-level",
+    "sentencepiece": "subword (SentencePiece)",
+}
+# The tokenizers whose tokens are words: what syneval's minimal pairs and parse's treebank sentences are read as.
+WORD_TOKENIZERS = ("word", "sentence")
+# What the commands that read words refuse a text model whose tokens are not words (characters, bytes, pieces): the
+# rest of the line after "SOURCE is a <level> text model", {tokens} its tokenizer's kind.
+WORDS_ONLY = {
+    SYNEVAL: "; lm-zoo syneval scores sentences word by word, and it reads {tokens} tokens: give a word-level model "
+    "such as ptb-lstm-small",
+    PARSE: "; lm-zoo parse splits sentences of words, and it reads {tokens} tokens: give a word-level ON-LSTM text "
+    "model such as ptb-on-lstm",
+}
 
 
 def text_figures(per_character: bool, tokenizer: str | None) -> tuple[str, ...]:
@@ -69,8 +88,10 @@ class ModelKind:
         has_tokenizer: whether it reads through a tokenizer (a frame of notes is its own input).
         sample_files: whether ``lm-zoo generate`` writes its samples as files (MIDI, under ``--out``) rather than
             printing text.
-        refusals: what the commands refuse it (:data:`SCORE`, :data:`PROCEDURES`), each with the rest of the line
-            that says so after "SOURCE is a <name> model".
+        refusals: what the commands refuse it (:data:`SCORE`, :data:`PROCEDURES`, :data:`SYNEVAL`, :data:`PARSE`,
+            :data:`QUANTIZE`), each with the rest of the line that says so after "SOURCE is <what it is called>"
+            (:meth:`called`) and what would serve instead.
+        gloss: what the kind's name leaves unsaid, for messages (a music model's ``(piano rolls)``).
     """
 
     name: str
@@ -83,16 +104,33 @@ class ModelKind:
     has_tokenizer: bool
     sample_files: bool
     refusals: Mapping[str, str] = field(default_factory=dict)
+    gloss: str = ""
 
-    def refuse(self, what: str, source: str) -> None:
-        """Stop a command that does not apply to this kind (``what``: :data:`SCORE`, :data:`PROCEDURES`).
+    def called(self, tokenizer: str | None = None) -> str:
+        """The kind in words, for a message: ``a music model (piano rolls)``; a text model's with its tokens' level
+        (``a character-level text model``) when its tokenizer's kind is given."""
+        level = LEVELS.get(tokenizer) if self.has_tokenizer and tokenizer else None
+        return f"a {level} {self.name} model" if level else f"a {self.name} model{self.gloss}"
+
+    def refuse(self, what: str, source: str, tokenizer: str | None = None) -> None:
+        """Stop a command that does not apply to this kind of model (``what``: :data:`SCORE`, :data:`PROCEDURES`,
+        :data:`SYNEVAL`, :data:`PARSE`, :data:`QUANTIZE`), or to a text model whose tokens are not words where the
+        command reads words (:data:`WORDS_ONLY`).
+
+        Args:
+            what: what the command does.
+            source: the model, as the line names it.
+            tokenizer: the model's tokenizer's kind (``word``, ``char``, ...; ``None``: a music model's, or not
+                known, which no command that reads words is refused for).
 
         Raises:
-            ConfigError: this kind refuses ``what``; the line names ``source`` and what to do instead.
+            ConfigError: the model is refused; the line names ``source``, its kind, and what would serve instead.
         """
         why = self.refusals.get(what)
+        if why is None and tokenizer is not None and tokenizer not in WORD_TOKENIZERS:
+            why = WORDS_ONLY.get(what)
         if why is not None:
-            raise ConfigError(f"{source} is a {self.name} model{why}")
+            raise ConfigError(f"{source} is {self.called(tokenizer)}{why.format(tokens=tokenizer)}")
 
 
 TEXT = ModelKind(
@@ -117,10 +155,18 @@ MUSIC = ModelKind(
     has_tokenizer=False,
     sample_files=True,
     refusals={
-        SCORE: ": lm-zoo score scores text (lm-zoo evaluate scores music)",
+        SCORE: "; lm-zoo score scores lines of text: give a text model such as ptb-lstm-small (lm-zoo evaluate "
+        "scores music: NLL per frame)",
         PROCEDURES: ", scored as it is: --temperature, --long-context, --mc-samples and --dynamic apply to text "
         "models; drop them",
+        SYNEVAL: "; lm-zoo syneval scores sentences of a text model word by word: give a word-level text model such "
+        "as ptb-lstm-small",
+        PARSE: "; lm-zoo parse splits sentences of words by an ON-LSTM's master forget gates: give a word-level "
+        "ON-LSTM text model such as ptb-on-lstm",
+        QUANTIZE: "; --quantize applies to text models (their LSTM/GRU and output layers in int8): drop --quantize, "
+        "a music model runs in float32",
     },
+    gloss=" (piano rolls)",
 )
 KINDS = (TEXT, MUSIC)
 METRICS = tuple(metric for kind in KINDS for metric in kind.metrics)  # every figure a result may be quoted by

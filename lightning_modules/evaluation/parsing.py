@@ -225,6 +225,27 @@ def random_tree(words: Sequence[str], rng: random.Random) -> BinaryTree:
 
 
 # ----------------------------------------------------------------------------------------------------- the model side
+def require_on_lstm(model: torch.nn.Module, where: str = "this model") -> None:
+    """What parsing needs of a network: an ON-LSTM stack, whose master forget gates give the split points.
+
+    Args:
+        model: the network.
+        where: the model as the line names it (``lm-zoo parse``: its SOURCE).
+
+    Raises:
+        ConfigError: another stack; the line names its cells and what would serve.
+    """
+    stack = getattr(model, "rnn", None)
+    if hasattr(stack, "split_points"):
+        return
+    config = getattr(model, "config", None)
+    cells = getattr(config, "architecture", None) or (type(stack).__name__ if stack is not None else "no recurrent")
+    raise ConfigError(
+        f"parsing reads an ON-LSTM's master forget gates, and {where} has {cells} cells: give a word-level ON-LSTM "
+        "text model such as ptb-on-lstm"
+    )
+
+
 def sentence_split_points(
     model: torch.nn.Module, tokenizer: Any, sentences: Sequence[Sequence[str]], batch_size: int = 64
 ) -> list[torch.Tensor]:
@@ -239,12 +260,8 @@ def sentence_split_points(
     Returns:
         One ``(L, n)`` float tensor per sentence of n words.
     """
-    stack = getattr(model, "rnn", None)
-    if not hasattr(stack, "split_points"):
-        raise ConfigError(
-            f"parsing reads ON-LSTM's master forget gate, and this model's stack is "
-            f"{type(stack).__name__ if stack is not None else 'missing'}: give an on_lstm model"
-        )
+    require_on_lstm(model)
+    stack = model.rnn
     device = next(model.parameters()).device
     model.eval()
     results: list[torch.Tensor] = []
