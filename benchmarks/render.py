@@ -457,6 +457,32 @@ def generate_speed_cuda() -> str:
     return "\n".join([*lines, "", gpu_provenance(name)])
 
 
+def side_by_side() -> str:
+    """``benchmarks/side_by_side.py``: two fits started together on one machine, each one's speed against one alone,
+    with lm-zoo's thread sharing and with the threads fixed at the cores."""
+    result = _load("side_by_side.json")
+    settings = result["settings"]
+    lines = [
+        f"`{result['command']}` ({result['cores']} cores, the 2 x {settings['width']} LSTM on PTB's characters, "
+        f"{settings['steps']:,} timed steps a fit, {settings['fixed_steps']:,} for the pair with fixed threads; "
+        f"{len(result['rounds'])} round(s)):",
+        "",
+        "| fits | steps/s (median; each fit of a pair) | the slower fit against one alone |",
+        "|---|---:|---:|",
+    ]
+    alone = result["median_alone_steps_per_s"]
+    for side in result["rounds"][0]:
+        values = [r[side] for r in result["rounds"]]
+        if isinstance(values[0], list):
+            pairs = "; ".join(", ".join(f"{v:,.0f}" for v in pair) for pair in values)
+            share = result["slower_of_the_pair_over_alone"][side]
+            lines.append(_row([side, pairs, f"{share:.2f}x"]))
+        else:
+            lines.append(_row([side, f"{statistics.median(values):,.0f}", ""]))
+    lines += ["", f"Measured at commit `{result['commit']}` on {result['hardware']['cpu']}; one alone: {alone:,.0f}."]
+    return "\n".join(lines)
+
+
 def fit_profile(rows: int = 10) -> str:
     """``benchmarks/fit_overhead.py --profile`` before and after the changes it guided: where a step of each
     like-for-like side goes, by cProfile's own time per step."""
@@ -993,6 +1019,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "fit-overhead": fit_overhead,
     "fit-overhead-tiny": lambda: fit_overhead("fit_overhead_tiny.json"),
     "fit-overhead-tiny-step": lambda: fit_overhead("fit_overhead_tiny_step.json"),
+    "side-by-side": side_by_side,
     "fit-overhead-cuda": lambda: fit_overhead_cuda("fit_overhead_cuda.json"),
     "fit-overhead-cuda-650": lambda: fit_overhead_cuda("fit_overhead_cuda_650.json"),
     "generate-speed-cuda": generate_speed_cuda,
