@@ -271,13 +271,11 @@ class StepTimer(L.Callback):
         if trainer.global_step == self.warmup + self.steps and self.start is not None:
             synchronize()
             seconds = self.seconds = (time.perf_counter() - self.start) / self.steps
-            if not self.write:
-                pass
-            elif self.profiler is None:
-                write_result(seconds)
-            else:
+            if self.profiler is not None:
                 self.profiler.disable()
-                write_result(seconds, profile=top_functions(self.profiler, self.steps))
+            if self.write:
+                profile = {} if self.profiler is None else {"profile": top_functions(self.profiler, self.steps)}
+                write_result(seconds, **profile)
             trainer.should_stop = True
 
 

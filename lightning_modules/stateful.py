@@ -40,7 +40,7 @@ from lightning_modules.resume import (
     set_generator_state,
     set_rng_states,
 )
-from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, plan
+from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, gradients_sum, plan
 from zoo.errors import CheckpointError, TrainingDivergedError
 from zoo.state import State
 
@@ -318,9 +318,7 @@ class StatefulTraining(L.LightningModule):
             return
         trainer = self._trainer
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
-        # A sum is NaN or infinite iff some element is (short of ~1e38 gradients), with no per-element temporary.
-        sums = [] if scaled else [p.grad.sum(dtype=torch.float32) for p in self.parameters() if p.grad is not None]
-        self.check_divergence(torch.stack(sums).sum() if sums else None)
+        self.check_divergence(None if scaled else gradients_sum(self.parameters()))
 
     def logs_this_training_step(self, batch_idx: int) -> bool:
         """Whether this training step logs its per-step figures (``train_loss`` and the like): the first step, and

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -188,6 +188,13 @@ def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> N
             state["step"] = step.to(device=device, dtype=torch.float32)
 
 
+def gradients_sum(parameters: Iterable[Tensor]) -> Tensor | None:
+    """One scalar that is NaN or infinite iff some gradient is (short of ~1e38 gradients), with no per-element
+    temporary: the divergence guard's figure where no clipping computes the gradients' norm; ``None`` without any."""
+    sums = [p.grad.sum(dtype=torch.float32) for p in parameters if p.grad is not None]
+    return torch.stack(sums).sum() if sums else None
+
+
 def hand_result_to_loop(closure: Any, objective: Tensor) -> None:
     """Give Lightning's automatic-optimization loop the result its closure would have produced.
 
@@ -253,15 +260,14 @@ class TrainingStep:
         module: the :class:`~lightning_modules.stateful.StatefulTraining` being fitted.
         trainer: its Trainer.
         step_plan: :func:`plan`'s decision (``graph`` or ``direct``).
-        graphs: how to capture (:class:`CUDAGraphs`; made when first needed).
     """
 
-    def __init__(self, module: Any, trainer: Any, step_plan: StepPlan, graphs: Any = None) -> None:
+    def __init__(self, module: Any, trainer: Any, step_plan: StepPlan) -> None:
         self.module, self.plan = module, step_plan
         self.optimizer: torch.optim.Optimizer = trainer.optimizers[0]
         self.clip = trainer.gradient_clip_val or None
         self.captures = step_plan.path == "graph"
-        self.backend = graphs
+        self.backend: Any = None  # how to capture (CUDAGraphs), made when first needed
         self.graphs: dict[tuple, _Captured] = {}
         self.failed: dict[tuple, str] = {}
         self.eager_steps = 0  # steps run uncaptured so far (the warm-up counts them)
@@ -298,32 +304,30 @@ class TrainingStep:
         else:
             self._replay(captured, batch)
             result = replace(captured.result, figures=captured.result.figures if logs else {})
-            self.module.divergence_loss = result.loss.detach()
+            self.module.record_training_step(result, logs)
             self.module.check_divergence(captured.check)
-        self.module.record_training_step(result, logs)
         hand_result_to_loop(closure, result.objective)
 
-    def _eager(self, batch: Any, figures: bool) -> TrainingObjective:
-        """The step as plain code, as Lightning's closure and hooks run it: the gradients zeroed, the objective and its
-        backward pass, the divergence check (with the norm the clipping computes, or the gradients' sum), the clipping,
-        the update."""
+    def _eager(self, batch: Any, logs: bool) -> TrainingObjective:
+        """The step as plain code, as Lightning's closure and hooks run it: the gradients zeroed, the objective and what
+        it records (as Lightning's training step, before the backward pass), the backward pass, the divergence check
+        (with the norm the clipping computes, or the gradients' sum), the clipping, the update."""
         self.optimizer.zero_grad(set_to_none=True)
-        result = self.module.training_objective(batch, figures=figures)
+        result = self.module.training_objective(batch, figures=logs)
+        self.module.record_training_step(result, logs)
         result.objective.backward()
-        check = self._clip_and_check()
-        self.module.divergence_loss = result.loss.detach()
-        self.module.check_divergence(check)
+        self.module.check_divergence(self._clip_and_check())
         self.optimizer.step()
         self.eager_steps += 1
         if self.module.training_state is not None:
             self._template = self.module.training_state
         return result
 
-    def _warm_up(self, batch: Any, figures: bool) -> TrainingObjective:
+    def _warm_up(self, batch: Any, logs: bool) -> TrainingObjective:
         """An eager step before the first capture, on the capture's stream, without the per-window graphs (their
         captures would be wasted: inside the step's graph a window runs as plain kernels)."""
         with settings.overridden(window_graphs=False):
-            return self._graphs().warm_up(lambda: self._eager(batch, figures))
+            return self._graphs().warm_up(lambda: self._eager(batch, logs))
 
     def _graphs(self) -> Any:
         if self.backend is None:
@@ -336,9 +340,7 @@ class TrainingStep:
         parameters = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.clip:
             return torch.nn.utils.clip_grad_norm_(parameters, self.clip)
-        if not parameters:
-            return None
-        return torch.stack([p.grad.sum(dtype=torch.float32) for p in parameters]).sum()
+        return gradients_sum(parameters)
 
     # ---------------------------------------------------------------------------------------- capture and replay
     def _signature(self, batch: Any) -> tuple | None:
