@@ -5,8 +5,8 @@
 # README; not huggingface_hub: transformers there, which torchmetrics imports, refuses 2.x); lm-zoo runs from the
 # checkout, as the tests do. What each step prints goes to $OUT.
 #
-#     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows suite autocast
-#                                                               cells cells-lm profile evaluation syncs fit nce generate
+#     device run: bash benchmarks/gpu_session.sh [STEP ...]    (carry: .whl .gpudata; steps: windows training-step
+#                                                               suite autocast cells cells-lm profile evaluation syncs fit nce generate
 #                                                               xml; default all; ptb-word and ptb-char only when named,
 #                                                               one a call: each trains a model for the registry)
 #     device run: bash benchmarks/gpu_session.sh measure       (the training step's measurements in one call, at most
@@ -66,6 +66,10 @@ step() {  # step SECONDS LOGNAME COMMAND...: run it under a limit, its output in
 # equal to their uncaptured paths, dropout, a Lightning fit.
 want windows && step 100 gpu_windows.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider \
     -k "captured or replay or per_step_cell"
+# The captured training step alone, on lstm (3 optimizers), before a registry run trains with it: a call can run this
+# first and train with LM_ZOO_TRAINING_STEP=direct when it fails.
+want training-step && step 90 gpu_training_step.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs \
+    -p no:cacheprovider -k "captured_training_step and lstm"
 want suite && step 200 gpu_suite.txt python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider
 want autocast && step 45 autocast_dtypes.txt python3 benchmarks/autocast_dtypes.py --device cuda --out "$OUT/autocast_dtypes_cuda.json"
 # Every cell against nn.LSTM, 20 steps queued between two synchronisations as training queues them, the median of 5
