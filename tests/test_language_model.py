@@ -144,6 +144,45 @@ def test_tied_weights_share_storage_with_projection_when_sizes_differ() -> None:
     assert same.model.projection is None
 
 
+def test_awd_lstms_last_layer_has_the_embeddings_width_and_the_tied_softmax_reads_it_directly() -> None:
+    """AWD-LSTM's stack (salesforce/awd-lstm-lm ``model.py``: ``nhid if l != nlayers - 1 else ninp``): the last layer
+    has the embedding's units and no projection stands between it and the tied softmax. Against the same network
+    written with three ``nn.LSTM``s over two windows, the state carried between them; the stack's carried state keeps
+    its (L, B, H) layout with the narrower last layer's rows zero past its width."""
+    torch.manual_seed(0)
+    vocab, embed, hidden = 30, 6, 10
+    model = RecurrentLM(
+        vocab, "lstm", embed, hidden, 3, tie_weights=True, cell_options={"last_layer_size": embed}
+    ).eval()
+    assert model.projection is None
+    lstms = [torch.nn.LSTM(i, h, batch_first=True) for i, h in [(embed, hidden), (hidden, hidden), (hidden, embed)]]
+    for index, lstm in enumerate(lstms):
+        lstm.load_state_dict({n: p for n, p in model.rnn.layers[index].rnn.state_dict().items()})
+    assert sum(p.numel() for p in model.parameters()) == (
+        vocab * embed + vocab + sum(p.numel() for lstm in lstms for p in lstm.parameters())
+    )
+    tokens = torch.randint(0, vocab, (2, 9))
+    state, carried = None, [None, None, None]
+    for window in (tokens[:, :4], tokens[:, 4:]):
+        logits, state = model(window) if state is None else model(window, state)
+        x = model.embedding.weight[window]  # (B, T, E)
+        for index, lstm in enumerate(lstms):
+            x, carried[index] = lstm(x, carried[index])
+        expected = x @ model.embedding.weight.T + model.decoder.bias  # (B, T, V): the tied softmax on the 6 units
+        torch.testing.assert_close(logits, expected)
+        h, c = state  # each (L, B, H)
+        assert h.shape == c.shape == (3, 2, hidden)
+        torch.testing.assert_close(h[2, :, :embed], carried[2][0][0])
+        assert not h[2, :, embed:].any() and not c[2, :, embed:].any()
+
+
+def test_last_layer_size_is_refused_where_a_layers_state_is_not_its_width() -> None:
+    with pytest.raises(ConfigError, match="last_layer_size needs layers whose state tensors are"):
+        RecurrentLM(30, "skip_lstm", 6, 10, 2, cell_options={"last_layer_size": 6})
+    with pytest.raises(ConfigError, match="sum_layer_outputs adds the layers. outputs"):
+        RecurrentLM(30, "lstm", 6, 10, 2, cell_options={"last_layer_size": 6, "sum_layer_outputs": True})
+
+
 @pytest.mark.slow
 def test_fit_logs_metrics_and_resets_state_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))

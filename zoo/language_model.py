@@ -216,14 +216,16 @@ class LMConfig:
         dropout: the default rate of ``input_dropout``, ``inter_layer_dropout`` and ``output_dropout`` (Zaremba et al.
             2014: non-recurrent connections only).
         tie_weights: share the input embedding and the softmax weights (Press & Wolf 2017; Inan et al. 2017); with the
-            softmax head and ``hidden_size != embedding_size`` a linear projection maps the last layer to the embedding
-            width (MoS needs none: its latent layer already produces embedding-width contexts).
+            softmax head and a last layer narrower or wider than ``embedding_size`` a linear projection maps it to the
+            embedding width (MoS needs none: its latent layer already produces embedding-width contexts). AWD-LSTM
+            gives its last layer the embedding's width instead (``cell_options``' ``last_layer_size``).
         init_range: if set, embeddings, softmax and recurrent weights start Uniform(-r, r) (Zaremba: 0.1 small,
             0.05 medium); ``None`` keeps PyTorch's defaults. The LSTM forget bias is applied after this. MoS's prior
             and latent layers keep PyTorch's initialisation, as in the reference code.
         cell_options: further options of the architecture (e.g. ``{"forget_bias": 1.0}``) and the recurrent
             regularisers of the stack: ``state_dropout`` (Melis et al. 2018, one mask per sequence on h_{t-1}),
-            ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights); ``dropout`` / ``locked_dropout``
+            ``weight_drop`` (AWD-LSTM's DropConnect on hidden-to-hidden weights), ``last_layer_size`` (the last
+            layer's units where they differ from ``hidden_size``); ``dropout`` / ``locked_dropout``
             here are the same as ``inter_layer_dropout`` / ``locked_dropout`` below.
         head: ``"softmax"`` (full softmax), ``"mos"`` (Mixture of Softmaxes, Yang et al. 2017), ``"nce"``
             (trained by noise-contrastive estimation, Mnih & Teh 2012, output bias starting at -log V so that Z = 1)
@@ -343,17 +345,18 @@ class RecurrentLM(nn.Module):
         self.rnn = build(
             config.architecture, embedding_size, hidden_size, num_layers, init_range=config.init_range, **stack_options
         )
+        output_size = self.rnn.hidden_size  # the last layer's units (AWD-LSTM's stack: cell_options' last_layer_size)
         # The output head keeps the attribute name ``decoder`` (pytorch/examples, AWD-LSTM): for the softmax head the
         # state-dict keys are those of checkpoints written before heads existed.
         self.projection: nn.Linear | None = None
         self.decoder: SoftmaxHead | MixtureOfSoftmaxes | NCEHead | AdaptiveSoftmaxHead
         # Tying needs the decoder's input width to equal the embedding width (MoS's contexts already have it).
-        if config.tie_weights and head != "mos" and hidden_size != embedding_size:
-            self.projection = nn.Linear(hidden_size, embedding_size, bias=False)
+        if config.tie_weights and head != "mos" and output_size != embedding_size:
+            self.projection = nn.Linear(output_size, embedding_size, bias=False)
         self.decoder = _make_head(
             head,
-            context_size=embedding_size if config.tie_weights else hidden_size,
-            hidden_size=hidden_size,
+            context_size=embedding_size if config.tie_weights else output_size,
+            hidden_size=output_size,
             embedding_size=embedding_size,
             vocab_size=vocab_size,
             mos_components=config.mos_components,

@@ -56,6 +56,10 @@ class RecurrentStack(nn.Module):
         sum_layer_outputs: the stack's output is the sum of every layer's output (before the dropout between
             layers) instead of the last layer's: lamb's ``lstm_skip_connection`` (``SkipMultiRNNCell``), which the
             Mogrifier paper's released configurations use.
+        last_layer_size: units of the last layer, where it differs from ``hidden_size``: AWD-LSTM's stack, whose
+            last layer has the embedding's width so that the tied softmax reads it directly (salesforce/awd-lstm-lm
+            ``model.py``: ``nhid if l != nlayers - 1 else ninp``). ``None``: ``hidden_size``. The carried state keeps
+            its ``(L, B, H)`` layout: a narrower layer's rows are zero past its width.
     """
 
     def __init__(
@@ -71,15 +75,28 @@ class RecurrentStack(nn.Module):
         weight_drop: float = 0.0,
         init_range: float | None = None,
         sum_layer_outputs: bool = False,
+        last_layer_size: int | None = None,
     ) -> None:
         super().__init__()
         for name, rate in [("dropout", dropout), ("state_dropout", state_dropout), ("weight_drop", weight_drop)]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate}")
+        widths = [hidden_size] * num_layers
+        if last_layer_size is not None and num_layers > 0:
+            if last_layer_size < 1:
+                raise ValueError(f"last_layer_size must be at least 1, got {last_layer_size}")
+            if sum_layer_outputs and last_layer_size != hidden_size:
+                raise ValueError("sum_layer_outputs adds the layers' outputs: they need one width, not last_layer_size")
+            widths[-1] = last_layer_size
         self.sum_layer_outputs = sum_layer_outputs
         self.layers = nn.ModuleList(
-            layer(input_size if i == 0 else hidden_size, hidden_size) for i in range(num_layers)
+            layer(input_size if i == 0 else widths[i - 1], widths[i]) for i in range(num_layers)
         )
+        # The state's width: the widest layer's (a narrower layer's state is zero-padded to it, :meth:`_layer_state`).
+        self.state_width = max(widths, default=hidden_size)
+        self._padded_state = len(set(widths)) > 1
+        if self._padded_state:
+            self._check_padded_state()
         self.dropout = dropout
         self.locked_dropout = locked_dropout
         self.state_dropout = state_dropout
@@ -111,6 +128,34 @@ class RecurrentStack(nn.Module):
     def initial_state(self, batch_size: int, like: Tensor) -> State:
         """All-zero state for ``batch_size`` streams, each tensor ``(L, B, ...)``."""
         per_layer = [layer.initial_state(batch_size, like) for layer in self.layers]
+        return self._stack_states(per_layer)
+
+    def _check_padded_state(self) -> None:
+        """Layers of several widths share one ``(L, B, H)`` state only if each of a layer's state tensors is
+        ``(B, width)``: its rows can then be padded to the widest layer and sliced back."""
+        for layer in self.layers:
+            parameter = next(layer.parameters(), None)
+            like = torch.empty(0) if parameter is None else parameter.new_empty(0)
+            shapes = [tuple(s.shape) for s in layer.initial_state(1, like)]
+            if any(shape != (1, layer.hidden_size) for shape in shapes):
+                raise ValueError(
+                    f"last_layer_size needs layers whose state tensors are (batch, width); {type(layer).__name__}'s "
+                    f"are {shapes} at width {layer.hidden_size}: give every layer hidden_size units"
+                )
+
+    def _layer_state(self, state: State, index: int) -> State:
+        """Layer ``index``'s part of the stack's state, each ``(B, ...)``, without the padding of a narrower layer."""
+        if not self._padded_state:
+            return tuple(s[index] for s in state)
+        width = self.layers[index].hidden_size
+        return tuple(s[index, ..., :width] for s in state)
+
+    def _stack_states(self, per_layer: list[State]) -> State:
+        """The layers' states as the stack's, each ``(L, B, ...)``, a narrower layer's zero-padded to the widest."""
+        if self._padded_state:
+            per_layer = [
+                tuple(F.pad(s, (0, self.state_width - s.size(-1))) for s in layer_state) for layer_state in per_layer
+            ]
         return tuple(torch.stack(parts) for parts in zip(*per_layer))
 
     def forward(
@@ -180,7 +225,7 @@ class RecurrentStack(nn.Module):
         new_state: list[State] = []
         summed: Tensor | None = None
         for index, layer in enumerate(self.layers):
-            layer_state = tuple(s[index] for s in state)  # each (B, ...)
+            layer_state = self._layer_state(state, index)  # each (B, ...)
             state_mask = None
             if self.training and self.state_dropout > 0:
                 state_mask = sequence_dropout_mask(layer_state[0], self.state_dropout)  # (B, H)
@@ -198,7 +243,7 @@ class RecurrentStack(nn.Module):
             if index < self.num_layers - 1:
                 layer_input = self._between_layers(layer_input)
         output = summed if self.sum_layer_outputs else layer_input
-        return output, tuple(torch.stack(parts) for parts in zip(*new_state))
+        return output, self._stack_states(new_state)
 
     def _merged_kernel_runs(self, x: Tensor) -> bool:
         """Whether a window may run as one multi-layer kernel call (:meth:`_merged_kernel`): inference on the CPU,
