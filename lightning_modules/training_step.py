@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -275,6 +276,10 @@ class TrainingStep:
         self.uncaptured_windows = 0  # windows a capturing run met that no graph can replay (resets)
         self.past_limit: set[tuple] = set()  # signatures met once MAX_GRAPHS were held: they run uncaptured
         self.capture_seconds: list[float] = []
+        # Why each graph was captured: a new window shape, or a shape already held under another learning rate,
+        # parameter storage or mode. The start-up lines say it, so that a run holding more graphs than its shapes
+        # shows what else changed (one GPU run held 16 where its recipe's windows take fewer shapes).
+        self.captured_for: Counter[str] = Counter()
         self._batch: Any = None
         self._batch_idx = 0
         self._last_settings: tuple | None = None
@@ -389,8 +394,18 @@ class TrainingStep:
             return None
         captured = self._capture(key, batch)
         if captured is not None:
+            self.captured_for[self._new_in(key)] += 1
             self.graphs[key] = captured
         return captured
+
+    def _new_in(self, key: tuple) -> str:
+        """What ``key`` brings that no held graph has: its window shape, or, for a shape held already, which other
+        part of the signature (:meth:`_signature`) differs from that graph's."""
+        held = [old for old in self.graphs if old[0] == key[0]]
+        if not held:
+            return "a new window shape"
+        parts = ("the optimizer's settings", "the parameters' storage", "the module's mode")
+        return " and ".join(part for part, old, new in zip(parts, held[-1][1:], key[1:], strict=True) if old != new)
 
     def _capture(self, key: tuple, batch: Any) -> _Captured | None:
         """Capture the step over a copy of ``batch`` (which runs nothing: the caller replays it for this window)."""
@@ -466,6 +481,7 @@ class TrainingStep:
         line = self.plan.describe()
         if self.capture_seconds:
             line += f"; {len(self.capture_seconds)} captured in {sum(self.capture_seconds):.2f} s"
+            line += f" ({', '.join(f'{count} for {why}' for why, count in self.captured_for.items())})"
         if self.failed:
             line += f"; {len(self.failed)} could not be and run uncaptured (warned above)"
         if self.captures and self.uncaptured_windows:

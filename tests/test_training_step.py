@@ -93,6 +93,7 @@ def _fit(
                     "replays": runner.replays,
                     "failed": runner.failed,
                     "past_limit": len(runner.past_limit),
+                    "captured_for": dict(runner.captured_for),
                 }
 
     limits = {"max_epochs": epochs} if epochs else {"max_steps": steps}
@@ -149,8 +150,12 @@ def test_captured_step_on_a_stand_in_trains_as_lightnings_closure(
     assert per_epoch > WARMUP_STEPS
     assert len(backend.captured) == 3 * shapes_per_epoch  # the rates 0.5, 0.25, 0.125, each with every window shape
     assert sum(graph.replays for graph in backend.captured) == len(captured["losses"]) - WARMUP_STEPS
+    # what the start-up lines give as the captures' reasons: each shape once, then again for each later rate
+    assert captured["runner"]["captured_for"] == {
+        "a new window shape": shapes_per_epoch,
+        "the optimizer's settings": 2 * shapes_per_epoch,
+    }
     lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **schedule)
-    print("DBG", captured["losses"][:8], lightning["losses"][:8])
     _assert_same_training(captured, lightning)
 
 
