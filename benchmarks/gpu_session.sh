@@ -134,6 +134,9 @@ fi
 # and this step's own logs; with env.txt that is at most 8 files. At home:
 #     mkdir back && tar -xzf NAME_rest.tgz -C back && cp model-*.safetensors back/NAME/export/
 #     python -m release build NAME --ckpt back/NAME/export --logs back/NAME/logs --config RECIPE --dtype float16 ...
+# A later hop of the same run: START names the export it carries on from (the newest shipped revision, copied into
+# a carried folder such as .gpudata/start: pretrained/ stays behind), given to checkpoints.callbacks.InitialWeights
+# with carry_on (epochs, steps, learning rate and averaging go on from its record; its card's ledger gains a hop).
 # For the suite's tiny CPU run of this step (tests/test_gpu_recipes.py): RUN_ROOT moves the run (default: the
 # recipe's default_root_dir), STAGING the archive's folder (default /tmp), FIT_ARGS adds options to lm-zoo fit,
 # SHARD_SIZE and EXPORT_DEVICE change the export's.
@@ -146,8 +149,13 @@ registry_run() {  # registry_run RECIPE NAME
     rm -rf "$keep" "$root" && mkdir -p "$keep/logs"
     local results=$OUT
     OUT=$keep/logs  # the step logs go into the archive, not one file each
+    local hop=()
+    if [ -n "${START:-}" ]; then
+        hop=(--trainer.callbacks+=checkpoints.callbacks.InitialWeights "--trainer.callbacks.source=$START"
+            --trainer.callbacks.carry_on=true)
+    fi
     # shellcheck disable=SC2086  # FIT_ARGS is a list of options
-    step 540 fit.txt lm-zoo fit --config "$recipe" --trainer.default_root_dir="$root" ${FIT_ARGS:-}
+    step 540 fit.txt lm-zoo fit --config "$recipe" --trainer.default_root_dir="$root" "${hop[@]}" ${FIT_ARGS:-}
     local fitted=$?
     local run=$root/lightning_logs/version_0
     step 120 export.txt lm-zoo export "$run/checkpoints/best.ckpt" --out "$keep/export" --dtype float16 \

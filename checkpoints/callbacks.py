@@ -33,6 +33,7 @@ from checkpoints.export_read import load_weights
 from checkpoints.export_write import export_model, measure
 from datamodules.corpora import REPORTED_SPLITS
 from datamodules.tokenizers import Tokenizer
+from lightning_modules.averaging import WeightAveragingOnPlateau
 from zoo.errors import CheckpointError, ConfigError
 
 
@@ -62,19 +63,34 @@ class InitialWeights(Callback):
     Lightning's ``--ckpt_path`` resumes a run exactly, but only from a ``.ckpt`` with its optimizer, loops and RNG;
     what is published is an export (weights, tokenizer and record, no training state), which this loads instead. The
     optimizer, schedule and loops start anew from the run's own config, so a continuation sets its learning rate and
-    schedule where the earlier run left them. The weights are loaded at ``setup``, before the optimizer is built and
-    before Lightning restores a ``--ckpt_path``, whose weights therefore win when a run is resumed. A weight-averaging
-    callback copies the network at its own ``setup``: it must come after this one in ``trainer.callbacks``.
+    schedule where the earlier run left them, or says ``carry_on``. The weights are loaded at ``setup``, before the
+    optimizer is built and before Lightning restores a ``--ckpt_path``, whose weights therefore win when a run is
+    resumed. A weight-averaging callback copies the network at its own ``setup``: one that may read that copy before
+    its first update must come after this one in ``trainer.callbacks`` (lm-zoo's ``WeightAveragingOnPlateau`` never
+    does: its first update copies the live weights).
+
+    With ``carry_on`` the run is the next hop of one run trained over several sittings (a GPU's few minutes each): it
+    carries on from what the source's export recorded of its checkpoint, the epochs and optimizer steps done (the loops
+    count on from them, so the data's per-epoch draws go on too), each parameter group's learning rate, and whether
+    its weights were averaged; if they were, a ``WeightAveragingOnPlateau`` averages from this hop's first step, from
+    those averaged weights, as AWD-LSTM's fine-tuning restarts ASGD from the averaged model. What each earlier hop
+    recorded is kept (``hops``: in this run's checkpoints, hence in its export's record) for the model card's ledger.
+    A learning-rate scheduler is not carried (an export records no scheduler state): it starts anew from its own
+    settings, so a hop's recipe keeps a constant rate (the GPU recipes do) or sets the schedule where the last left it.
 
     Args:
         source: a registered name, an export directory, a Hub repo id or a ``.ckpt`` (what ``lm-zoo evaluate``
             takes). Its architecture, sizes and tokenizer must be this run's.
         revision: for a Hub repo: a branch, tag or commit.
+        carry_on: carry the source's run on (above); ``False`` only takes its weights.
     """
 
-    def __init__(self, source: str, revision: str | None = None) -> None:
+    def __init__(self, source: str, revision: str | None = None, carry_on: bool = False) -> None:
         self.source = source
         self.revision = revision
+        self.carry_on = carry_on
+        self.hops: list[dict[str, Any]] = []  # the earlier hops of the run this one carries on, the source's last
+        self._carried: dict[str, Any] | None = None  # what this hop starts from: the source's record
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Load the weights, after checking that they fit this run's network and vocabulary."""
@@ -82,6 +98,7 @@ class InitialWeights(Callback):
             return
         earlier = trainer.callbacks[: trainer.callbacks.index(self)] if self in trainer.callbacks else []
         copies = [type(c).__name__ for c in earlier if isinstance(c, WeightAveraging | StochasticWeightAveraging)]
+        copies = [name for name in copies if name != WeightAveragingOnPlateau.__name__]
         if copies:
             raise ConfigError(
                 f"InitialWeights comes after {', '.join(copies)} in trainer.callbacks, which would average from the "
@@ -106,6 +123,83 @@ class InitialWeights(Callback):
         load_weights(pl_module.model, loaded.model.state_dict(), where, remedy=remedy)
         if trainer.is_global_zero:  # with the run's other start-up lines (lightning_modules.training.RunSettings)
             print(f"lm-zoo: the run starts from {where}", file=sys.stderr)
+        if self.carry_on and trainer.ckpt_path is None:  # a resumed hop has its own counters and hops
+            self._carried = _carried_record(loaded.training, where)
+            hop = _hop(self._carried, loaded.source or self.source, loaded.results)
+            self.hops = [*self._carried.get("hops", []), hop]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """With ``carry_on``: the loops' counters, the learning rates and the averaging where the source left them
+        (here: the optimizers exist, and a ``--ckpt_path`` would restore its own state after this)."""
+        record = self._carried
+        if record is None:
+            return
+        epochs, steps = record["epoch"] + 1, record["global_step"]  # its checkpoint was written in its last epoch
+        groups = [group for optimizer in record["optimizers"] for group in optimizer["param_groups"]]
+        ours = [group for optimizer in trainer.optimizers for group in optimizer.param_groups]
+        if len(groups) != len(ours):
+            raise ConfigError(
+                f"the run carried on had {len(groups)} parameter group(s) where this one has {len(ours)}: carry it "
+                "on with its own recipe's optimizer"
+            )
+        for group, carried in zip(ours, groups, strict=True):
+            group["lr"] = carried["lr"]
+        _count_on_from(trainer, epochs, steps)
+        averaging = [c for c in trainer.callbacks if isinstance(c, WeightAveragingOnPlateau)]
+        if record.get("weight_averaged"):
+            for callback in averaging:
+                callback.switch_on(steps, "the run this hop carries on averaged its weights")
+        if trainer.is_global_zero:
+            rates = ", ".join(f"{group['lr']:g}" for group in ours)
+            print(
+                f"lm-zoo: hop {len(self.hops) + 1} of its run: from epoch {epochs} and step {steps:,}, learning rate "
+                f"{rates}, weights {'averaged' if record.get('weight_averaged') else 'not averaged'} before",
+                file=sys.stderr,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"hops": self.hops}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.hops = list(state_dict.get("hops", []))
+
+
+def _carried_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """The source's training record, checked to hold what a hop carries on from."""
+    missing = [key for key in ("epoch", "global_step", "optimizers") if record.get(key) is None]
+    if missing or not record["optimizers"]:
+        raise ConfigError(
+            f"{where} record no {', '.join(missing) or 'optimizer'} of the run that made them, so a run cannot carry "
+            "on from them: start from their weights alone (carry_on: false), or from an export lm-zoo wrote"
+        )
+    return record
+
+
+def _hop(record: dict[str, Any], source: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One line of a run's hop ledger: what the source's record and results say of the hop that made it."""
+    return {
+        "source": source,
+        "epochs": record["epoch"] + 1,  # counted from the run's start, as the loops count them
+        "steps": record["global_step"],
+        "weight_averaged": bool(record.get("weight_averaged")),
+        "environments": record.get("environments", []),
+        "results": results,
+    }
+
+
+def _count_on_from(trainer: L.Trainer, epochs: int, steps: int) -> None:
+    """Set the fit loop's counters as if ``epochs`` epochs and ``steps`` optimizer steps were done.
+
+    Lightning restores these only from a ``.ckpt`` of its own (``fit_loop.load_state_dict``), which a hop does not
+    have; these are the progress trackers that checkpoint holds: the epochs done (``trainer.current_epoch``), the
+    optimizer steps done (``trainer.global_step``) and the steps the loggers count by.
+    """
+    progress = trainer.fit_loop.epoch_progress
+    for counts in (progress.current, progress.total):
+        counts.ready = counts.started = counts.processed = counts.completed = epochs
+    stepped = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+    stepped.ready = stepped.completed = steps
+    trainer.fit_loop.epoch_loop._batches_that_stepped = steps
 
 
 class PublishBest(Callback):

@@ -142,7 +142,7 @@ class WeightAveragingOnPlateau(WeightAveraging):
             return False
         if not self.active and self._fraction_reached(step_idx + 1):
             # Detected after the first step past the mark, which is the first one averaged.
-            self._switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
+            self.switch_on(step_idx, f"{self.start_fraction:.0%} of the run")
         return self.active
 
     def _fraction_reached(self, steps_done: int) -> bool:
@@ -196,13 +196,13 @@ class WeightAveragingOnPlateau(WeightAveraging):
             return
         step = trainer.global_step
         if self.trigger == "patience" and patience_exhausted(self.history, self.patience):
-            self._switch_on(step, f"{self.patience} validation checks without improvement of {self.monitor}")
+            self.switch_on(step, f"{self.patience} validation checks without improvement of {self.monitor}")
         elif self.trigger == "nt-asgd" and non_monotonic(self.history, self.nonmono):
-            self._switch_on(step, f"{self.monitor} above the best of the checks older than {self.nonmono}")
+            self.switch_on(step, f"{self.monitor} above the best of the checks older than {self.nonmono}")
         elif self._time_fraction_reached():
-            self._switch_on(step, f"{self.start_fraction:.0%} of the run's time")
+            self.switch_on(step, f"{self.start_fraction:.0%} of the run's time")
 
-    def _switch_on(self, steps_done: int, reason: str) -> None:
+    def switch_on(self, steps_done: int, reason: str) -> None:
         """Switch on after ``steps_done`` optimizer steps: the weights after the next step are the first ones
         averaged, as after AWD-LSTM's switch to ASGD and lamb's ``set_averaging_triggered``."""
         self.switched_on_at_step, self.switch_reason = steps_done, reason

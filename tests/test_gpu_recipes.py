@@ -28,6 +28,7 @@ STEPS = 20
 TINY = [
     "--model.init_args.hidden_size=16",
     "--model.init_args.embedding_size=8",
+    "--model.init_args.cell_options.last_layer_size=8",
     "--data.init_args.batch_size=4",
     f"--trainer.max_steps={STEPS}",
     "--trainer.val_check_interval=10",
@@ -43,20 +44,22 @@ RECIPES = {
 }
 
 
-def run_step(step: str, tmp_path: Path) -> tuple[Path, Path, Path]:
-    """The step as the device tool runs it, here: returns its $OUT, the run's root and the unpacked export."""
+def run_step(step: str, tmp_path: Path, start: Path | None = None) -> tuple[Path, Path, Path]:
+    """The step as the device tool runs it, here (a later hop where ``start`` names the export it carries on from):
+    returns its $OUT, the run's root and the unpacked export."""
     out, root = tmp_path / "out", tmp_path / "run"
     env = {
         **os.environ,
         "OUT": str(out),
         "RUN_ROOT": str(root),
         "STAGING": str(tmp_path / "staging"),
-        "FIT_ARGS": " ".join(TINY),
+        "FIT_ARGS": " ".join(TINY + ([f"--trainer.max_steps={2 * STEPS}"] if start is not None else [])),
         "SHARD_SIZE": RECIPES[step][2],
         "EXPORT_DEVICE": "cpu",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3: this environment's
         "LM_ZOO_CACHE": str(tmp_path / "cache"),
         "OMP_NUM_THREADS": "1",
+        **({"START": str(start)} if start is not None else {}),
     }
     result = subprocess.run(
         ["bash", "benchmarks/gpu_session.sh", step], cwd=ROOT, env=env, capture_output=True, text=True, check=False
@@ -110,6 +113,20 @@ def test_the_gpu_step_trains_its_recipe_and_brings_back_shards_within_the_tools_
     assert list((back / "logs" / "run").glob("events.out.tfevents.*")) and not (back / "logs/run/checkpoints").exists()
     if step == "ptb-word":  # bundled at home from what came back (one recipe: it measures the whole splits)
         assert_release_builds(back, tmp_path, monkeypatch, capsys)
+        assert_a_second_hop_carries_on(back, tmp_path / "hop2", checkpoint)
+
+
+def assert_a_second_hop_carries_on(first: Path, tmp_path: Path, first_checkpoint: dict) -> None:
+    """The next call's hop: the step again with START naming what the first brought back. It carries on from the
+    first's chosen checkpoint (its steps and epochs counted on), and its export records the first hop."""
+    _, root, back = run_step("ptb-word", tmp_path, start=first / "export")
+    assert "lm-zoo: hop 2 of its run: from epoch" in (back / "logs" / "fit.txt").read_text()
+    checkpoint = torch.load(
+        root / "lightning_logs/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False
+    )
+    assert checkpoint["global_step"] == 2 * STEPS  # max_steps counts from the run's start, the first hop's steps in it
+    [hop] = checkpoints.load(back / "export").training["hops"]
+    assert (hop["steps"], hop["epochs"]) == (first_checkpoint["global_step"], first_checkpoint["epoch"] + 1)
 
 
 def assert_release_builds(

@@ -123,3 +123,75 @@ def test_weights_that_do_not_fit_are_one_line_refusals(
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1] and "initial weights" in err[-1], err[-3:]
     assert not (workdir / "run" / "checkpoints").exists()  # refused before anything was trained or written
+
+
+class RecordHopStart(Callback):
+    """Saves where the first training step starts: the loops' counters, the rates, the averaging and the weights."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from lightning_modules.averaging import WeightAveragingOnPlateau
+
+        averaging = [c for c in trainer.callbacks if isinstance(c, WeightAveragingOnPlateau)]
+        torch.save(
+            {
+                "epoch": trainer.current_epoch,
+                "step": trainer.global_step,
+                "lr": [group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups],
+                "averaging": [callback.active for callback in averaging],
+                "weights": {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()},
+            },
+            self.path,
+        )
+
+
+def test_two_hops_in_a_row_the_second_carrying_on_where_the_firsts_export_left_off(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run trained in two sittings: the first's export (its averaged weights, with its record), then a fit of the
+    same recipe with the export and carry_on given on the command line. The second hop starts at the epoch and step
+    after the first's chosen checkpoint, at its learning rate, averaging from its first step, from the export's
+    weights; its own checkpoints record the first hop, for the ledger."""
+    corpus = write_word_corpus(workdir / "corpus", "hops")
+    averaging = {
+        "class_path": "lightning_modules.WeightAveragingOnPlateau",
+        "init_args": {"trigger": "patience", "patience": 50, "start_fraction": 0.5},
+    }
+    start = {"class_path": "tests.test_initial_weights.RecordHopStart", "init_args": {"path": "start.pt"}}
+    trainer = {"max_epochs": 2, "limit_val_batches": 2, "callbacks": [averaging, start]}
+    recipe = write_tiny_recipe(workdir / "hop.yaml", corpus, workdir / "{hop}", trainer=trainer)
+    recipe.write_text(recipe.read_text().replace("{hop}", "${hop}"))
+
+    def fit(hop: str, *args: str) -> int:
+        config = workdir / f"{hop}.yaml"
+        config.write_text(recipe.read_text().replace("${hop}", hop).replace("start.pt", f"{hop}-start.pt"))
+        return cli.main(["fit", "--config", str(config), *args])
+
+    assert fit("hop1") == 0
+    assert cli.main(["export", str(workdir / "hop1" / "checkpoints" / "best.ckpt"), "--out", "hop1-export"]) == 0
+    first = checkpoints.load(workdir / "hop1-export")
+    assert first.training["weight_averaged"] and first.training["global_step"] > 0
+    capsys.readouterr()
+
+    carry = ["--trainer.callbacks+=checkpoints.callbacks.InitialWeights"]
+    carry += ["--trainer.callbacks.source=hop1-export", "--trainer.callbacks.carry_on=true"]
+    assert fit("hop2", *carry, "--trainer.max_epochs=4") == 0  # max_epochs counts from the run's start
+    began = torch.load(workdir / "hop2-start.pt", weights_only=True)
+    assert (began["epoch"], began["step"]) == (first.training["epoch"] + 1, first.training["global_step"])
+    assert began["lr"] == [g["lr"] for o in first.training["optimizers"] for g in o["param_groups"]]
+    assert began["averaging"] == [True]
+    for name, tensor in first.model.state_dict().items():
+        torch.testing.assert_close(began["weights"][name], tensor.float(), rtol=0, atol=0, msg=name)
+    err = capsys.readouterr().err
+    assert f"lm-zoo: hop 2 of its run: from epoch {began['epoch']} and step {began['step']:,}" in err
+
+    second = checkpoints.load(workdir / "hop2" / "checkpoints" / "last.ckpt")
+    [hop] = second.training["hops"]
+    assert (hop["source"], hop["epochs"], hop["steps"]) == (
+        "hop1-export", first.training["epoch"] + 1, first.training["global_step"]
+    )
+    assert hop["weight_averaged"] and hop["environments"] == first.training["environments"]
+    assert second.training["epoch"] > first.training["epoch"]
+    assert second.training["global_step"] > first.training["global_step"]
