@@ -136,7 +136,8 @@ fi
 #     python -m release build NAME --ckpt back/NAME/export --logs back/NAME/logs --config RECIPE --dtype float16 ...
 # A later hop of the same run: START names the export it carries on from (the newest shipped revision, copied into
 # a carried folder such as .gpudata/start: pretrained/ stays behind), given to checkpoints.callbacks.InitialWeights
-# with carry_on (epochs, steps, learning rate and averaging go on from its record; its card's ledger gains a hop).
+# with carry_on (epochs, steps, learning rate and averaging go on from its record); bundle what comes back with
+# `python -m release build ... --continues <the commit that bundled START>`, so that its card lists every hop's run.
 # For the suite's tiny CPU run of this step (tests/test_gpu_recipes.py): RUN_ROOT moves the run (default: the
 # recipe's default_root_dir), STAGING the archive's folder (default /tmp), FIT_ARGS adds options to lm-zoo fit,
 # SHARD_SIZE and EXPORT_DEVICE change the export's.

@@ -73,8 +73,8 @@ class InitialWeights(Callback):
     carries on from what the source's export recorded of its checkpoint, the epochs and optimizer steps done (the loops
     count on from them, so the data's per-epoch draws go on too), each parameter group's learning rate, and whether
     its weights were averaged; if they were, a ``WeightAveragingOnPlateau`` averages from this hop's first step, from
-    those averaged weights, as AWD-LSTM's fine-tuning restarts ASGD from the averaged model. What each earlier hop
-    recorded is kept (``hops``: in this run's checkpoints, hence in its export's record) for the model card's ledger.
+    those averaged weights, as AWD-LSTM's fine-tuning restarts ASGD from the averaged model. The hops' ledger is the
+    model card's, from the revisions each hop shipped as (``python -m release build --continues``).
     A learning-rate scheduler is not carried (an export records no scheduler state): it starts anew from its own
     settings, so a hop's recipe keeps a constant rate (the GPU recipes do) or sets the schedule where the last left it.
 
@@ -89,7 +89,6 @@ class InitialWeights(Callback):
         self.source = source
         self.revision = revision
         self.carry_on = carry_on
-        self.hops: list[dict[str, Any]] = []  # the earlier hops of the run this one carries on, the source's last
         self._carried: dict[str, Any] | None = None  # what this hop starts from: the source's record
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -123,10 +122,8 @@ class InitialWeights(Callback):
         load_weights(pl_module.model, loaded.model.state_dict(), where, remedy=remedy)
         if trainer.is_global_zero:  # with the run's other start-up lines (lightning_modules.training.RunSettings)
             print(f"lm-zoo: the run starts from {where}", file=sys.stderr)
-        if self.carry_on and trainer.ckpt_path is None:  # a resumed hop has its own counters and hops
+        if self.carry_on and trainer.ckpt_path is None:  # a resumed hop has its checkpoint's counters
             self._carried = _carried_record(loaded.training, where)
-            hop = _hop(self._carried, loaded.source or self.source, loaded.results)
-            self.hops = [*self._carried.get("hops", []), hop]
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """With ``carry_on``: the loops' counters, the learning rates and the averaging where the source left them
@@ -152,16 +149,10 @@ class InitialWeights(Callback):
         if trainer.is_global_zero:
             rates = ", ".join(f"{group['lr']:g}" for group in ours)
             print(
-                f"lm-zoo: hop {len(self.hops) + 1} of its run: from epoch {epochs} and step {steps:,}, learning rate "
-                f"{rates}, weights {'averaged' if record.get('weight_averaged') else 'not averaged'} before",
+                f"lm-zoo: the run carries on from epoch {epochs} and step {steps:,}, learning rate {rates}, weights "
+                f"{'averaged' if record.get('weight_averaged') else 'not averaged'} before",
                 file=sys.stderr,
             )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"hops": self.hops}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.hops = list(state_dict.get("hops", []))
 
 
 def _carried_record(record: dict[str, Any], where: str) -> dict[str, Any]:
@@ -173,18 +164,6 @@ def _carried_record(record: dict[str, Any], where: str) -> dict[str, Any]:
             "on from them: start from their weights alone (carry_on: false), or from an export lm-zoo wrote"
         )
     return record
-
-
-def _hop(record: dict[str, Any], source: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One line of a run's hop ledger: what the source's record and results say of the hop that made it."""
-    return {
-        "source": source,
-        "epochs": record["epoch"] + 1,  # counted from the run's start, as the loops count them
-        "steps": record["global_step"],
-        "weight_averaged": bool(record.get("weight_averaged")),
-        "environments": record.get("environments", []),
-        "results": results,
-    }
 
 
 def _count_on_from(trainer: L.Trainer, epochs: int, steps: int) -> None:

@@ -101,10 +101,6 @@ def _training_record(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
     environments = (ckpt.get("callbacks") or {}).get("RunSettings", {}).get("environments")
     if environments:
         record["environments"] = environments
-    # The earlier hops of a run trained over several sittings (checkpoints.callbacks.InitialWeights' carry_on).
-    hops = (ckpt.get("callbacks") or {}).get("InitialWeights", {}).get("hops")
-    if hops:
-        record["hops"] = hops
     config = _run_config(path, ckpt)
     if config is not None:
         record["config"] = config

@@ -153,7 +153,7 @@ def test_two_hops_in_a_row_the_second_carrying_on_where_the_firsts_export_left_o
     """One run trained in two sittings: the first's export (its averaged weights, with its record), then a fit of the
     same recipe with the export and carry_on given on the command line. The second hop starts at the epoch and step
     after the first's chosen checkpoint, at its learning rate, averaging from its first step, from the export's
-    weights; its own checkpoints record the first hop, for the ledger."""
+    weights, and counts on from there."""
     corpus = write_word_corpus(workdir / "corpus", "hops")
     averaging = {
         "class_path": "lightning_modules.WeightAveragingOnPlateau",
@@ -185,13 +185,8 @@ def test_two_hops_in_a_row_the_second_carrying_on_where_the_firsts_export_left_o
     for name, tensor in first.model.state_dict().items():
         torch.testing.assert_close(began["weights"][name], tensor.float(), rtol=0, atol=0, msg=name)
     err = capsys.readouterr().err
-    assert f"lm-zoo: hop 2 of its run: from epoch {began['epoch']} and step {began['step']:,}" in err
+    assert f"lm-zoo: the run carries on from epoch {began['epoch']} and step {began['step']:,}" in err
 
     second = checkpoints.load(workdir / "hop2" / "checkpoints" / "last.ckpt")
-    [hop] = second.training["hops"]
-    assert (hop["source"], hop["epochs"], hop["steps"]) == (
-        "hop1-export", first.training["epoch"] + 1, first.training["global_step"]
-    )
-    assert hop["weight_averaged"] and hop["environments"] == first.training["environments"]
-    assert second.training["epoch"] > first.training["epoch"]
+    assert second.training["epoch"] == 3  # max_epochs 4, counted from the run's start
     assert second.training["global_step"] > first.training["global_step"]
