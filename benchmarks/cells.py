@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import zoo  # noqa: E402
 from benchmarks import output  # noqa: E402
-from zoo import settings, window  # noqa: E402
+from zoo import paths, settings  # noqa: E402
 from zoo.genome import GENOMES  # noqa: E402
 
 NAME = "cells"  # results: a new benchmarks/results/cells-<time>.json, or --out
@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.bf16:
             builders[name + BF16] = builders[name]
             yardstick_depth[name + BF16] = depth
-        if args.eager and window.captures(probe.train(), torch.empty(0, device=device)):
+        captured = paths.window_path(probe.train(), torch.empty(0, device=device), resets=False).stack == "captured"
+        if args.eager and captured:
             builders[name + EAGER] = builders[name]
             yardstick_depth[name + EAGER] = depth
         if args.loop and runs_a_kernel(probe):

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo import kernels
+from zoo import kernels, paths
 from zoo.kernels import RecurrentMatmul, window_linear
 
 
@@ -359,6 +359,7 @@ def test_the_one_call_follows_replaced_weights_and_skips_what_it_cannot_run() ->
         after = stack(x)[0]
         zero = tuple(torch.zeros(2, 2, 5) for _ in range(2))
         assert torch.equal(after, _layer_by_layer(stack, x, zero)[0]) and not torch.equal(after, before)
-        assert stack._merged_kernel_runs(x)
+        assert paths.window_path(stack, x, resets=False).stack == "merged"
         assert zoo.build("mogrifier", 5, 5, 2)._merged_kernel() is None  # not fused layers
-        assert not zoo.build("lstm", 5, 5, 2, sum_layer_outputs=True).eval()._merged_kernel_runs(x)
+        summed = zoo.build("lstm", 5, 5, 2, sum_layer_outputs=True).eval()
+        assert paths.window_path(summed, x, resets=False).stack == "layers"

@@ -14,7 +14,7 @@ import torch
 
 import zoo
 from tests.conftest import tiny_stack
-from zoo import settings, window
+from zoo import paths, settings, window
 from zoo.state import Resets
 
 
@@ -50,30 +50,34 @@ def test_a_keep_mask_at_every_step_equals_the_resets_where_they_fall(name: str) 
 
 
 def _on(device: str) -> SimpleNamespace:
-    """What :func:`window.captures` reads of a window's input (its device), without the device itself."""
+    """What :func:`zoo.paths.window_path` reads of a window's input (its device), without the device itself."""
     return SimpleNamespace(device=torch.device(device))
+
+
+def _captured(stack: torch.nn.Module, x: SimpleNamespace) -> bool:
+    return paths.window_path(stack, x, resets=False).stack == "captured"
 
 
 def test_training_windows_on_cuda_are_captured_unless_switched_off() -> None:
     stack, _ = tiny_stack("mogrifier")
-    assert window.captures(stack.train(), _on("cuda"))
-    assert not window.captures(stack, _on("cpu"))
-    assert not window.captures(stack.eval(), _on("cuda"))
+    assert _captured(stack.train(), _on("cuda"))
+    assert not _captured(stack, _on("cpu"))
+    assert not _captured(stack.eval(), _on("cuda"))
     stack.train()
     with torch.no_grad():
-        assert not window.captures(stack, _on("cuda"))
+        assert not _captured(stack, _on("cuda"))
     with settings.overridden(window_graphs=False):
-        assert not window.captures(stack, _on("cuda"))
+        assert not _captured(stack, _on("cuda"))
     with settings.overridden(plain_kernels=True):
-        assert not window.captures(stack, _on("cuda"))
+        assert not _captured(stack, _on("cuda"))
     assert settings.from_environment({"LM_ZOO_WINDOW_GRAPHS": "0"}).window_graphs is False
     assert settings.from_environment({}).window_graphs is True
 
 
 def test_stacks_on_cudnn_are_not_captured() -> None:
     # nn.LSTM/nn.GRU layers already run one kernel a window; with fused=False they run the per-step loop, captured.
-    assert not window.captures(zoo.build("lstm", 4, 4, 2).train(), _on("cuda"))
-    assert window.captures(zoo.build("lstm", 4, 4, 2, fused=False).train(), _on("cuda"))
+    assert not _captured(zoo.build("lstm", 4, 4, 2).train(), _on("cuda"))
+    assert _captured(zoo.build("lstm", 4, 4, 2, fused=False).train(), _on("cuda"))
 
 
 def test_a_copy_of_a_stack_starts_without_graphs() -> None:
@@ -85,16 +89,18 @@ def test_a_copy_of_a_stack_starts_without_graphs() -> None:
         assert not copied._window_graphs().failed
 
 
-def test_the_summary_line_counts_captures_and_failures_and_is_silent_where_none_was_tried() -> None:
-    stack, _ = tiny_stack("on_lstm")
+def test_the_summary_line_says_how_windows_run_and_counts_captures_and_failures() -> None:
+    stack, size = tiny_stack("on_lstm")
     model = torch.nn.Sequential(stack)
-    assert window.summary(model) is None  # on the CPU nothing is captured
+    assert window.summary(model) is None  # no training window yet
+    stack.train()(torch.randn(2, 3, size))
+    assert window.summary(model) == "training windows run layer by layer (layers: per-step, per-step)"  # the CPU
     graphs = stack._window_graphs()
     graphs.graphs[("a",)] = window._Graph(run=lambda *a: a, state_size=2, has_regularization=False, capture_seconds=0.5)
     graphs.graphs[("b",)] = window._Graph(
         run=lambda *a: a, state_size=2, has_regularization=False, capture_seconds=0.25
     )
-    assert window.summary(model) == "2 training window shape(s) captured as CUDA graphs in 0.75 s"
+    assert window.summary(model).endswith("; 2 window shape(s) captured in 0.75 s")
     graphs.failed[("c",)] = "RuntimeError: refused"
     assert window.summary(model).endswith("; 1 could not be and run eagerly (warned above)")
 
@@ -113,6 +119,7 @@ def test_windows_of_new_shapes_past_the_graph_limit_say_so_once_and_are_counted(
         warnings.simplefilter("error")
         assert graphs.run(stack, torch.randn(3, 6, size), state, None) is None  # said once
         assert graphs.run(stack, torch.randn(3, 6, size), state, None) is None  # the same shape, counted once
+    stack.train()(torch.randn(3, 5, size))  # a training window on the CPU: the summary says how it ran
     assert window.summary(torch.nn.Sequential(stack)).endswith(
         f"; 2 more past the limit of {window.MAX_GRAPHS} run eagerly"
     )

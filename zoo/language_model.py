@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo import sampling
+from zoo import paths, sampling
 from zoo.architectures import build
 from zoo.errors import ConfigError
 from zoo.heads import AdaptiveSoftmaxHead, MixtureOfSoftmaxes, SoftmaxHead
@@ -560,7 +560,9 @@ class RecurrentLM(nn.Module):
         as one kernel call (:meth:`zoo.stack.RecurrentStack._merged_kernel`), embedding, that call and the head
         directly. A sampling step at batch 1 takes a few hundred microseconds, and the module calls and checks around
         the kernel took some 2% of them; the outputs are the same bits (``tests/test_language_model.py``)."""
-        merged = self.rnn._merged_kernel() if self.projection is None and self.rnn._merged_kernel_runs(like) else None
+        merged = None
+        if self.projection is None and paths.window_path(self.rnn, like, resets=False).stack == "merged":
+            merged = self.rnn._merged_kernel()
 
         def general(token: Tensor, state: State) -> tuple[Tensor, State]:
             scores, state = self(token, state)

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from zoo import paths
 from zoo.errors import ConfigError
-from zoo.kernels import plain_kernels
 from zoo.state import KeepAt, Segments, State
 
 
@@ -196,6 +196,7 @@ class FusedLayer(CellLayer):
 
     The fused kernel (cuDNN on GPU, oneDNN on CPU) runs whenever it computes the same function: no reset inside the
     window and no state dropout. Otherwise the subclass's :meth:`step` runs over the same parameters.
+    :func:`zoo.paths.layer_path` decides which.
     """
 
     recurrent_weights = ("rnn.weight_hh_l0",)
@@ -217,20 +218,16 @@ class FusedLayer(CellLayer):
     def forward(
         self, x: Tensor, state: State, keep_at: dict[int, Tensor], state_mask: Tensor | None = None
     ) -> tuple[Tensor, State]:
-        if self.int8:
-            if state_mask is not None:
-                raise ConfigError("an int8 layer is for inference: state dropout needs the float model")
-            return self._segments(x, state, keep_at) if keep_at else self._fused(x, state)
-        if self.fused and state_mask is None and not plain_kernels() and self._fused_kernel_runs(x):
-            packed = self.packed_segments if self.packed_segments is not None else x.device.type == "cuda"
-            if not keep_at:
-                y, hx = self._fused(x, state)
-                return y, hx
-            if packed:
-                return self._segments(x, state, keep_at)
+        if self.int8 and state_mask is not None:
+            raise ConfigError("an int8 layer is for inference: state dropout needs the float model")
+        path = paths.layer_path(self, x, resets=bool(keep_at), state_dropout=state_mask is not None)
+        if path == "fused":
+            return self._fused(x, state)
+        if path == "packed":
+            return self._segments(x, state, keep_at)
         return super().forward(x, state, keep_at, state_mask)
 
-    def _fused_kernel_runs(self, x: Tensor) -> bool:
+    def fused_kernel_runs(self, x: Tensor) -> bool:
         """Whether the fused kernel runs in the autocast dtype in force (always on GPU, or without autocast)."""
         dtype = autocast_dtype(x.device.type)
         return dtype is None or x.device.type != "cpu" or _fused_runs_in(self.rnn, dtype)

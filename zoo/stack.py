@@ -25,8 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from zoo import window
-from zoo.kernels import plain_kernels
+from zoo import paths, window
 from zoo.layers import FusedLayer, RecurrentLayer, sequence_dropout_mask
 from zoo.state import KeepAt, Resets, State, mask_state
 
@@ -180,12 +179,14 @@ class RecurrentStack(nn.Module):
         if state is None:
             parameter = next(self.parameters(), None)
             state = self.initial_state(x.size(0), x if parameter is None else x.new_empty(0, dtype=parameter.dtype))
-        if reset is None and self._merged_kernel_runs(x):
+        path = paths.window_path(self, x, resets=reset is not None)
+        if self.training:
+            self.__dict__["last_training_path"] = path  # for the start-up summary (zoo.window.summary)
+        if path.stack == "merged":
             merged = self._merged_kernel()
-            if merged is not None:
-                y, final = merged(x, state if len(state) > 1 else state[0])  # state: (L, B, H), nn.RNNBase's layout
-                return y, final if isinstance(final, tuple) else (final,)
-        if window.captures(self, x):
+            y, final = merged(x, state if len(state) > 1 else state[0])  # state: (L, B, H), nn.RNNBase's layout
+            return y, final if isinstance(final, tuple) else (final,)
+        if path.stack == "captured":
             graphed = self._window_graphs().run(self, x, state, reset)
             if graphed is not None:
                 return graphed
@@ -244,19 +245,6 @@ class RecurrentStack(nn.Module):
                 layer_input = self._between_layers(layer_input)
         output = summed if self.sum_layer_outputs else layer_input
         return output, self._stack_states(new_state)
-
-    def _merged_kernel_runs(self, x: Tensor) -> bool:
-        """Whether a window may run as one multi-layer kernel call (:meth:`_merged_kernel`): inference on the CPU,
-        where nothing runs between the layers and no gradient is taken (the per-layer path stays the one trained
-        and differentiated through, dynamic evaluation's included)."""
-        return (
-            not self.training
-            and not torch.is_grad_enabled()
-            and x.device.type == "cpu"
-            and not self.sum_layer_outputs
-            and not plain_kernels()
-            and not torch.is_autocast_enabled("cpu")
-        )
 
     def _merged_kernel(self) -> nn.RNNBase | None:
         """The layers as one multi-layer ``nn.LSTM``/``nn.GRU``/``nn.RNN`` over their own parameters (the same

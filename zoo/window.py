@@ -25,7 +25,8 @@ What a graph needs, and how a window provides it:
 
 The plain path stays: a stack runs it on the CPU, in evaluation and without gradients, wherever a layer runs cuDNN's
 fused kernel (already one kernel a window), under ``LM_ZOO_WINDOW_GRAPHS=0`` or ``LM_ZOO_KERNELS=plain``
-(:mod:`zoo.settings`), and for a signature whose capture failed (one warning says why). The GPU suite holds the two
+(:mod:`zoo.settings`; :func:`zoo.paths.window_path` decides), and for a signature whose capture failed (one warning
+says why). The GPU suite holds the two
 equal (outputs, final state, every gradient).
 """
 
@@ -43,7 +44,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo import settings
 from zoo.state import Resets, State
 
 # The stacks are zoo.stack's RecurrentStack, which imports this module: typed here by what is used of them (their
@@ -234,28 +234,19 @@ def _capturable_autocast(device: str) -> contextlib.AbstractContextManager:
 
 
 def summary(model: nn.Module) -> str | None:
-    """One line on the windows captured in ``model``'s stacks so far (how many, the seconds their captures took, how
-    many could not be captured), or ``None`` where none was tried (the CPU, graphs off, cuDNN's layers)."""
-    tried = [m.__dict__["_graphs"] for m in model.modules() if "_graphs" in m.__dict__]
+    """One line on how ``model``'s stacks ran their last training window (:func:`zoo.paths.window_path`) and on the
+    windows captured so far (how many, the seconds their captures took, how many could not be, how many shapes came
+    past :data:`MAX_GRAPHS`), or ``None`` where no stack has run a training window."""
+    stacks = [m for m in model.modules() if "last_training_path" in m.__dict__]
+    if not stacks:
+        return None
+    ways = sorted({m.__dict__["last_training_path"].describe() for m in stacks})
+    line = f"training windows run {'; '.join(ways)}"
+    tried = [m.__dict__["_graphs"] for m in stacks if "_graphs" in m.__dict__]
     seconds = [s for graphs in tried for s in graphs.capture_seconds]
     failed = sum(len(graphs.failed) for graphs in tried)
     past_limit = sum(len(graphs.past_limit) for graphs in tried)
-    if not seconds and not failed:
-        return None
-    line = f"{len(seconds)} training window shape(s) captured as CUDA graphs in {sum(seconds):.2f} s"
+    if seconds or failed:
+        line += f"; {len(seconds)} window shape(s) captured in {sum(seconds):.2f} s"
     line += f"; {failed} could not be and run eagerly (warned above)" if failed else ""
     return line + (f"; {past_limit} more past the limit of {MAX_GRAPHS} run eagerly" if past_limit else "")
-
-
-def captures(stack: RecurrentStack, x: Tensor) -> bool:
-    """Whether ``stack``'s window over ``x`` runs through a captured graph: training on CUDA with gradients, graphs
-    on (:mod:`zoo.settings`), not already inside a capture, and no layer running cuDNN's fused kernel."""
-    return (
-        x.device.type == "cuda"
-        and stack.training
-        and torch.is_grad_enabled()
-        and settings.current().window_graphs
-        and not settings.current().plain_kernels
-        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())  # inside a capture
-        and not any(getattr(layer, "fused", False) for layer in stack.layers)
-    )
