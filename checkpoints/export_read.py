@@ -208,8 +208,7 @@ class LoadedModel:
             ``(texts, temperature)``: the samples with their prompt, and the temperature used.
         """
         tokenizer, model = self.tokenizer, self.model.to(device)
-        sentences = tokenizer.bos_id != tokenizer.eos_id
-        temperature = temperature if temperature is not None else (0.7 if sentences else 1.0)
+        temperature = temperature if temperature is not None else (0.7 if tokenizer.sentences else 1.0)
         prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
         prompt_batch = torch.tensor([prompt_ids] * num_samples, device=device)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None

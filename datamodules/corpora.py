@@ -775,9 +775,17 @@ def _synthetic_corpus(name: str, options: dict | None) -> Corpus:
     return Corpus(
         name=name,
         splits={split: Split(path) for split, path in paths.items()},
-        level="char",
+        level=corpus_level(name),
         default_tokenizer="char",
     )
+
+
+def corpus_level(name_or_path: str) -> str:
+    """The level of a corpus's text from its name alone, nothing read: a registered corpus's spec's, ``char`` for the
+    synthetic tasks, ``word`` for a directory of one's own (as :func:`resolve_corpus` makes them)."""
+    if name_or_path in CORPORA:
+        return CORPORA[name_or_path].level
+    return "char" if name_or_path in SYNTHETIC_CORPORA else "word"
 
 
 def resolve_corpus(

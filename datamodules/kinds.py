@@ -4,11 +4,12 @@ A model of text reads tokens and reports perplexity or bits per character (:func
 of music (:mod:`zoo.music`) reads frames of 88 notes, has no tokenizer, one Bernoulli output per note, and reports
 its negative log-likelihood per frame. The loaders, the export, the model cards, the registry and the commands ask a
 :class:`ModelKind` what follows from that, instead of testing for music themselves. It imports nothing but the
-errors, so the inference path and ``lm-zoo --help`` can read it.
+errors (and the standard library), so the inference path and ``lm-zoo --help`` can read it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,26 @@ WORDS_ONLY = {
     PARSE: "; lm-zoo parse splits sentences of words, and it reads {tokens} tokens: give a word-level ON-LSTM text "
     "model such as ptb-on-lstm",
 }
+
+
+def per_character(tokenizer: str | None, corpus_level: str | None) -> bool:
+    """Whether a text is scored character by character, the one rule for training's logs, ``lm-zoo evaluate`` and
+    the cards' curves: its tokens are characters (:data:`CHARACTER_TOKENIZERS`), or its corpus is a character-level
+    one (``ptb-char``'s space-separated symbols, say) read by a tokenizer other than SentencePiece, whose pieces are
+    scored as pieces (:func:`text_figures` gives them bits per character beside).
+
+    Args:
+        tokenizer: the tokenizer's kind.
+        corpus_level: the corpus's ``level`` (``word`` or ``char``; ``datamodules.corpora.corpus_level``), ``None``
+            where unknown.
+    """
+    return tokenizer in CHARACTER_TOKENIZERS or (tokenizer != "sentencepiece" and corpus_level == "char")
+
+
+def bits_per_character(nats: Any, chars: int) -> Any:
+    """Bits per character of a text whose tokens cost ``nats`` in all (a float or a tensor): nats per character over
+    ln 2."""
+    return nats / chars / math.log(2)
 
 
 def text_figures(per_character: bool, tokenizer: str | None) -> tuple[str, ...]:

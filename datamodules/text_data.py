@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from datamodules.corpora import Corpus, cache_root, resolve_corpus
+from datamodules.kinds import per_character
 from datamodules.stream_data import StreamData, atomic_write, cache_key, check_sizes
 from datamodules.tokenizers import TextUnits, Tokenizer, build_tokenizer
 from datamodules.windows import StreamWindows
@@ -91,9 +92,7 @@ class TextData(StreamData):
     @property
     def level(self) -> str:
         """``word`` (report perplexity) or ``char`` (report bits per character)."""
-        if self.tokenizer_kind == "sentencepiece":
-            return self.corpus.level
-        return "char" if self._kind() in ("char", "byte") else self.corpus.level
+        return "char" if per_character(self._kind(), self.corpus.level) else self.corpus.level
 
     def _kind(self) -> str:
         return self.tokenizer_kind or self.corpus.default_tokenizer

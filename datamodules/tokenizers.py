@@ -88,6 +88,13 @@ class Tokenizer(ABC):
         """The id every sample starts from: the end-of-line id, except for tokenizers with a start-of-sentence token."""
         return self.eos_id
 
+    @property
+    def sentences(self) -> bool:
+        """Whether the text is sentences, each between its own start and end token (GBW's ``sentence`` tokenizer):
+        a model of it samples whole sentences (at temperature 0.7, as Léonard 2016) and is scored sentence by
+        sentence, each from a zero state, rather than as one stream."""
+        return self.bos_id != self.eos_id
+
     @abstractmethod
     def encode_text(self, text: str) -> np.ndarray:
         """A whole split as a flat int32 id stream, one end-of-line token per line."""

@@ -39,9 +39,8 @@ from torch import Tensor
 from torch.utils.data import IterableDataset
 
 from zoo.errors import ConfigError
+from zoo.language_model import IGNORE_INDEX  # a target that predicts nothing: the batch contract's, defined once
 from zoo.state import Resets
-
-IGNORE_INDEX = -100
 
 
 class LMBatch(NamedTuple):

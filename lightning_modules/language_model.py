@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
-from datamodules.kinds import BPC, TEXT
+from datamodules.kinds import BPC, TEXT, bits_per_character
 from datamodules.windows import IGNORE_INDEX, LMBatch
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
@@ -261,7 +261,7 @@ class LanguageModel(StatefulTraining):
         self.log(f"{stage}_ppl", torch.exp(loss), prog_bar=stage != "train")
         units = self._units(stage)
         if units is not None:
-            self.log(f"{stage}_bpc", loss * units.tokens / units.chars / math.log(2), prog_bar=stage != "train")
+            self.log(f"{stage}_bpc", bits_per_character(loss * units.tokens, units.chars), prog_bar=stage != "train")
 
     def _units(self, stage: str) -> Any:
         datamodule = getattr(self.trainer, "datamodule", None)

@@ -59,7 +59,7 @@ from checkpoints.export_read import (
 )
 from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
-from datamodules.corpora import REPORTED_SPLITS, sha256_file
+from datamodules.corpora import REPORTED_SPLITS, corpus_level, sha256_file
 from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
@@ -138,8 +138,7 @@ def _results(loaded: LoadedModel, data_root: str | None) -> list[dict[str, Any]]
     if loaded.kind is MUSIC:
         return measure(loaded, REPORTED_SPLITS, None, None, data_root)
     own = int(loaded.data.get("eval_batch_size") or 1)
-    sentences = loaded.tokenizer.bos_id != loaded.tokenizer.eos_id
-    batch_sizes = [own] if sentences else sorted({1, own})
+    batch_sizes = [own] if loaded.tokenizer.sentences else sorted({1, own})
     return [result for size in batch_sizes for result in measure(loaded, REPORTED_SPLITS, size, None, data_root)]
 
 
@@ -243,7 +242,9 @@ def build(
     else:
         source = load_checkpoint(ckpt)
     logs = list(logs) or [ckpt.parent.parent]
-    unit = curve_unit(source.kind, None if source.tokenizer is None else source.tokenizer.kind)
+    corpus = source.data.get("corpus")
+    level = None if corpus is None else corpus_level(str(corpus))
+    unit = curve_unit(source.kind, None if source.tokenizer is None else source.tokenizer.kind, level)
     log = read_run(logs, VALID_TAGS[unit])
     # The logs end at the last logged step; the exported checkpoint counts every step taken, which can be later (a
     # run stopped between two logged steps validates and checkpoints there): the run took at least that many.

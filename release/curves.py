@@ -22,7 +22,7 @@ from typing import Any
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from datamodules.kinds import BPC as BPC_FIGURE
-from datamodules.kinds import CHARACTER_TOKENIZERS, NLL_PER_STEP, PPL, ModelKind
+from datamodules.kinds import NLL_PER_STEP, PPL, ModelKind, per_character
 from zoo.errors import CheckpointError
 
 CURVE_NAME = "learning_curve.png"
@@ -118,11 +118,12 @@ def read_run(directories: Sequence[Path], valid_tag: str | Sequence[str] = VALID
     return log
 
 
-def curve_unit(kind: ModelKind, tokenizer_kind: str | None) -> str:
+def curve_unit(kind: ModelKind, tokenizer_kind: str | None, corpus_level: str | None = None) -> str:
     """The unit of the figure a model's card quotes first (:func:`datamodules.kinds.text_figures`), which its curve
-    is drawn in: :data:`NATS_PER_FRAME` for a music model, :data:`BPC` for a character-level one, :data:`PERPLEXITY`
+    is drawn in: :data:`NATS_PER_FRAME` for a music model, :data:`BPC` for text scored per character
+    (:func:`datamodules.kinds.per_character`: its tokenizer's kind and its corpus's level), :data:`PERPLEXITY`
     otherwise (words, sentences, subwords)."""
-    return _UNITS[kind.figures(tokenizer_kind in CHARACTER_TOKENIZERS, tokenizer_kind)[0]]
+    return _UNITS[kind.figures(per_character(tokenizer_kind, corpus_level), tokenizer_kind)[0]]
 
 
 def _round(value: float) -> float:

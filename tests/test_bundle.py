@@ -23,7 +23,7 @@ import cli
 from checkpoints import registry
 from checkpoints.export_read import CARD_NAME, CONFIG_NAME, CURVE_NAME, WEIGHTS_NAME
 from checkpoints.model_card import render_card
-from datamodules.corpora import sha256_file
+from datamodules.corpora import corpus_level, sha256_file
 from datamodules.kinds import MUSIC, TEXT
 from lightning_modules.training import hardware, source_commit
 from release import bundle
@@ -188,6 +188,14 @@ def test_a_character_model_curve_is_in_bits_per_character() -> None:
     units = [curve_unit(TEXT, kind) for kind in ("char", "byte", "word", "sentencepiece")]
     assert units == [BPC, BPC, PERPLEXITY, PERPLEXITY]
     assert curve_unit(MUSIC, None) == NATS_PER_FRAME
+    # A character-level corpus read word by word (ptb-char's space-separated symbols) is scored per character, as its
+    # training logs and lm-zoo evaluate score it (datamodules.kinds.per_character); its pieces are pieces.
+    assert curve_unit(TEXT, "word", corpus_level("ptb-char")) == BPC
+    assert curve_unit(TEXT, "sentencepiece", corpus_level("ptb-char")) == PERPLEXITY
+    assert curve_unit(TEXT, "word", corpus_level("synthetic-xml")) == BPC
+    assert (
+        curve_unit(TEXT, "word", corpus_level("ptb")) == curve_unit(TEXT, "word", corpus_level("./mine")) == PERPLEXITY
+    )
     # Logged: the training loss in nats per character, the validation perplexity per character (an older run).
     log = RunLog(train_loss=[(0, math.log(8.0)), (9, math.log(2.0))], valid=[(9, 4.0)], valid_tag=VALID_TAG)
     record = curve_record(log, BPC, 100, 10)

@@ -241,6 +241,7 @@ def test_the_sentence_tokenizer_wraps_and_unwraps_sentences() -> None:
     assert tok.decode(ids) == "a b\nb <UNK>\n"
     assert tok.encode_block(b"a b\n\nb zz\n")[0].tolist() == ids.tolist()
     assert build_tokenizer("word", "a b\n").bos_id == build_tokenizer("word", "a b\n").eos_id  # others start at <eos>
+    assert tok.sentences and not build_tokenizer("word", "a b\n").sentences  # what sampling and scoring ask
 
 
 # ---------------------------------------------------------------------------------------------- the real sample

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     pass
 
 HEADS = ("softmax", "mos", "nce", "sampled_softmax", "adaptive")
-IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract; datamodules.windows uses the same value)
+IGNORE_INDEX = -100  # a target that predicts nothing (the batch contract: the data modules' windows pad with it)
 
 
 def embedding_dropout(ids: Tensor, embedded: Tensor, p: float, num_embeddings: int) -> Tensor:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.kinds import BPC, TEXT, WORD_PPL
+from datamodules.kinds import BPC, TEXT, WORD_PPL, bits_per_character
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.tokenizers import TextUnits
@@ -287,7 +287,7 @@ def _metrics(datamodule: TextData, split: str, nats: float, count: int, whole: b
         result["unk_rate"] = float(np.count_nonzero(ids == unk_id)) / max(ids.size, 1)
     figures = TEXT.figures(datamodule.level == "char", datamodule.tokenizer.kind)
     if BPC in figures and units.chars:
-        result["bpc"] = nats / units.chars / math.log(2)
+        result["bpc"] = bits_per_character(nats, units.chars)
     if WORD_PPL in figures and units.words:  # per-word perplexity over the original text
         result["word_ppl"] = math.exp(nats / units.words)
     return result
