@@ -3,8 +3,8 @@
 Lightning 2.6's training epoch loop, at every step of a run of several processes, makes a tensor of rank 0's
 ``received_sigterm`` flag, broadcasts it from rank 0 and reads it back on the host (``_broadcast_sigterm_tensor``).
 lm-zoo's fit handles SIGTERM itself and agrees on any rank's signal in the step's divergence gather, so it skips that
-broadcast (``lightning_modules.faults.skip_lightnings_sigterm_broadcast``). This times the broadcast as Lightning makes
-it, on ``--ranks`` processes of this machine with gloo (on GPUs it is NCCL's, and its read-back a host
+broadcast (``lightning_modules.lightning_private.skip_lightnings_sigterm_broadcast``). This times the broadcast as
+Lightning makes it, on ``--ranks`` processes of this machine with gloo (on GPUs it is NCCL's, and its read-back a host
 synchronisation a step), beside the same loop without it::
 
     python benchmarks/sigterm_broadcast.py --steps 2000 --rounds 5

@@ -34,6 +34,7 @@ from checkpoints.export_write import export_model, measure
 from datamodules.corpora import REPORTED_SPLITS
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.averaging import WeightAveragingOnPlateau
+from lightning_modules.lightning_private import count_on_from
 from zoo.errors import CheckpointError, ConfigError
 
 
@@ -141,7 +142,7 @@ class InitialWeights(Callback):
             )
         for group, carried in zip(ours, groups, strict=True):
             group["lr"] = carried["lr"]
-        _count_on_from(trainer, epochs, steps)
+        count_on_from(trainer, epochs, steps)
         averaging = [c for c in trainer.callbacks if isinstance(c, WeightAveragingOnPlateau)]
         if record.get("weight_averaged"):
             for callback in averaging:
@@ -164,21 +165,6 @@ def _carried_record(record: dict[str, Any], where: str) -> dict[str, Any]:
             "on from them: start from their weights alone (carry_on: false), or from an export lm-zoo wrote"
         )
     return record
-
-
-def _count_on_from(trainer: L.Trainer, epochs: int, steps: int) -> None:
-    """Set the fit loop's counters as if ``epochs`` epochs and ``steps`` optimizer steps were done.
-
-    Lightning restores these only from a ``.ckpt`` of its own (``fit_loop.load_state_dict``), which a hop does not
-    have; these are the progress trackers that checkpoint holds: the epochs done (``trainer.current_epoch``), the
-    optimizer steps done (``trainer.global_step``) and the steps the loggers count by.
-    """
-    progress = trainer.fit_loop.epoch_progress
-    for counts in (progress.current, progress.total):
-        counts.ready = counts.started = counts.processed = counts.completed = epochs
-    stepped = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
-    stepped.ready = stepped.completed = steps
-    trainer.fit_loop.epoch_loop._batches_that_stepped = steps
 
 
 class PublishBest(Callback):

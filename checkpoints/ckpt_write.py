@@ -31,8 +31,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from checkpoints.ckpt_read import unreadable
-from lightning_modules.faults import (
-    is_peer_failure,
+from lightning_modules.faults import is_peer_failure
+from lightning_modules.lightning_private import (
     restore_lightnings_sigterm_broadcast,
     skip_lightnings_sigterm_broadcast,
 )

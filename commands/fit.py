@@ -15,7 +15,6 @@ import shlex
 import sys
 import warnings
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,6 +37,7 @@ from datamodules.reverse_copy import ReverseCopyDataModule
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.faults import DEFAULT_PROCESS_GROUP_TIMEOUT, forget_peers, peer_lost, report_stop
 from lightning_modules.language_model import LanguageModel
+from lightning_modules.lightning_private import set_process_group_timeout
 from lightning_modules.music import MusicModel
 from lightning_modules.schedules import (
     CosineDecay,
@@ -236,8 +236,7 @@ class LMZooCLI(LightningCLI):
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
         timeout = self._get(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
         trainer = super().instantiate_trainer(**{"plugins": plugins, **kwargs})
-        if hasattr(trainer.strategy, "_timeout"):  # DDP, FSDP, DeepSpeed: read when the process group starts
-            trainer.strategy._timeout = timedelta(seconds=timeout)
+        set_process_group_timeout(trainer, timeout)  # DDP, FSDP, DeepSpeed: read when the process group starts
         return trainer
 
     def after_fit(self) -> None:

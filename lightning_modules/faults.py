@@ -88,29 +88,6 @@ def watch_peers(rank: int, world_size: int) -> None:
     _peers = _Peers(store, rank, world_size, stop)
 
 
-def skip_lightnings_sigterm_broadcast(trainer: Any) -> None:
-    """Stop Lightning's per-step broadcast of rank 0's SIGTERM flag, for a run whose signals lm-zoo handles.
-
-    Lightning 2.6 broadcasts ``trainer.received_sigterm`` from rank 0 at every step of a multi-process run, and reads it
-    back on the host (a collective and a host synchronisation a step). Its own SIGTERM handler sets that flag; lm-zoo's
-    (:class:`checkpoints.ckpt_write.LastCheckpoint`) replaces that handler during training and agrees on any rank's
-    signal through the step's divergence gather, so the flag stays unset and the broadcast only costs. A private
-    Lightning method (the epoch loop's ``_broadcast_sigterm_tensor``), shadowed on this trainer's loop alone;
-    :func:`restore_lightnings_sigterm_broadcast` gives it back.
-    """
-    if trainer.world_size > 1:
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
-
-
-def restore_lightnings_sigterm_broadcast(trainer: Any) -> None:
-    """Give Lightning's epoch loop its SIGTERM broadcast back (:func:`skip_lightnings_sigterm_broadcast`)."""
-    trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
-
-
-def _no_broadcast() -> None:
-    """In place of Lightning's SIGTERM broadcast: lm-zoo's agreed stop carries every rank's signal."""
-
-
 def forget_peers() -> None:
     """The run is over: this process no longer speaks for a rank, and its heartbeat stops."""
     global _peers

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from datamodules.kinds import BPC, TEXT, bits_per_character
 from datamodules.windows import IGNORE_INDEX, LMBatch
+from lightning_modules.lightning_private import attached_trainer
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
 from lightning_modules.training_step import TrainingObjective
@@ -333,7 +334,7 @@ class LanguageModel(StatefulTraining):
         """Norm clipping of dense gradients with a clipping value, no gradient scaler, and a precision plugin that
         clips with torch's ``clip_grad_norm_``: :meth:`configure_gradient_clipping` then checks for divergence with
         the norm it computes (what most recipes run)."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None or not trainer.gradient_clip_val or trainer.gradient_clip_algorithm not in (None, "norm"):
             return False
         plugin = trainer.precision_plugin

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lightning_modules.lightning_private import attached_trainer, writes_logs_this_step
 from lightning_modules.resume import (
     RESUME_KEY,
     generator_state,
@@ -264,7 +265,7 @@ class StatefulTraining(L.LightningModule):
 
     def _distributed_world_size(self) -> int:
         """The number of ranks whose state must be gathered (1 outside a process group)."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         world_size = trainer.world_size if trainer is not None else 1
         return world_size if world_size > 1 and dist.is_available() and dist.is_initialized() else 1
 
@@ -316,7 +317,7 @@ class StatefulTraining(L.LightningModule):
         self._divergence_check_at_clipping = self.divergence_checked_when_clipping(optimizer)
         if self._divergence_check_at_clipping:
             return
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
         self.check_divergence(None if scaled else gradients_sum(self.parameters()))
 
@@ -327,11 +328,10 @@ class StatefulTraining(L.LightningModule):
         Each ``self.log`` call costs Lightning's bookkeeping, some 0.6 ms (measured on the PTB 2 x 200 LSTM's 63 ms
         step), and between those steps nothing reads a per-step value but the progress bar, which shows the last one
         logged. With ``log_every_n_steps: 0`` every step logs, as before."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None or batch_idx == 0 or trainer.log_every_n_steps == 0:
             return True
-        # Lightning's own rule for writing step logs (a private attribute: lightning < 2.7 is pinned).
-        return bool(trainer._logger_connector.should_update_logs)
+        return writes_logs_this_step(trainer)  # Lightning's own rule for writing step logs
 
     def divergence_checked_when_clipping(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this step's gradient clipping computes the gradients' norm and :meth:`check_divergence` runs

@@ -16,7 +16,6 @@ import importlib
 import logging
 import os
 import platform
-import re
 import subprocess
 import sys
 import warnings
@@ -27,11 +26,11 @@ from typing import Any
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ProgressBar
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from datamodules.data_modules import StreamDataModule
 from lightning_modules.cores import CoreSharing
 from lightning_modules.faults import watch_peers
+from lightning_modules.lightning_private import log_on_in_version
 from lightning_modules.progress import FitProgressBar
 from zoo import window
 from zoo.errors import ConfigError
@@ -323,11 +322,8 @@ def continue_logging_in(trainer: Trainer, checkpoint: Path) -> None:
     if root is None or version.parent != root.resolve() or checkpoint.parent.name != "checkpoints":
         return
     # TensorBoard adds an event file beside the earlier ones and shows them as one run; CSVLogger would delete the
-    # earlier metrics.csv, so it gets a new version. TensorBoardLogger chooses its version when first asked for it
-    # (`_version`); a version given in the config is the user's to keep.
-    if isinstance(logger, TensorBoardLogger) and logger._version is None:
-        number = re.fullmatch(r"version_(\d+)", version.name)
-        logger._version = int(number[1]) if number else version.name  # type: ignore[union-attr]
+    # earlier metrics.csv, so it gets a new version.
+    log_on_in_version(logger, version.name)
 
 
 def versions_root(trainer: Trainer) -> Path | None:

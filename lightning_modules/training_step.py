@@ -53,10 +53,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule
-from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
+from lightning_modules.lightning_private import hand_result_to_loop
 from zoo import settings
 from zoo.state import State
 
@@ -194,15 +194,6 @@ def gradients_sum(parameters: Iterable[Tensor]) -> Tensor | None:
     temporary: the divergence guard's figure where no clipping computes the gradients' norm; ``None`` without any."""
     sums = [p.grad.sum(dtype=torch.float32) for p in parameters if p.grad is not None]
     return torch.stack(sums).sum() if sums else None
-
-
-def hand_result_to_loop(closure: Any, objective: Tensor) -> None:
-    """Give Lightning's automatic-optimization loop the result its closure would have produced.
-
-    A private Lightning API (2.6's ``Closure._result``), used here alone: the loop reads the step's output from the
-    closure it handed the ``optimizer_step`` hook (``consume_result``), and lm-zoo's step runs instead of that closure.
-    """
-    closure._result = ClosureResult.from_training_step_output(objective)
 
 
 @dataclass

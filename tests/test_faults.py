@@ -289,7 +289,10 @@ def test_lightnings_per_step_sigterm_broadcast_is_skipped_where_lm_zoo_agrees_on
 
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
-    from lightning_modules.faults import restore_lightnings_sigterm_broadcast, skip_lightnings_sigterm_broadcast
+    from lightning_modules.lightning_private import (
+        restore_lightnings_sigterm_broadcast,
+        skip_lightnings_sigterm_broadcast,
+    )
 
     assert callable(_TrainingEpochLoop._broadcast_sigterm_tensor)  # the private method this relies on is still there
     loop = _TrainingEpochLoop.__new__(_TrainingEpochLoop)
