@@ -1,5 +1,5 @@
-"""Figures of the house's shape (issue: "the house, third step"): the library functions of 60 lines or more, which a
-newcomer reads least easily, each with its place and length.
+"""Figures of the house's shape: the library functions of 60 lines or more, which a newcomer reads least easily, each
+with its place and length.
 
     python benchmarks/house.py            # the list and the count
     python benchmarks/house.py --count    # the count alone

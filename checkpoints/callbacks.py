@@ -143,9 +143,8 @@ class InitialWeights(Callback):
         for group, carried in zip(ours, groups, strict=True):
             group["lr"] = carried["lr"]
         count_on_from(trainer, epochs, steps)
-        averaging = [c for c in trainer.callbacks if isinstance(c, WeightAveragingOnPlateau)]
         if record.get("weight_averaged"):
-            for callback in averaging:
+            for callback in (c for c in trainer.callbacks if isinstance(c, WeightAveragingOnPlateau)):
                 callback.switch_on(steps, "the run this hop carries on averaged its weights")
         if trainer.is_global_zero:
             rates = ", ".join(f"{group['lr']:g}" for group in ours)
