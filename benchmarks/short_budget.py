@@ -74,7 +74,7 @@ def train_briefly(
         for step, batch in enumerate(datamodule.stream("train")):
             if step == steps:
                 break
-            loss = model.training_step(batch, step)
+            loss = model.training_step(batch, step)["loss"]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -31,6 +31,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from checkpoints.ckpt_read import unreadable
+from lightning_modules.divergence import divergence_guard
 from lightning_modules.faults import is_peer_failure
 from lightning_modules.lightning_private import (
     restore_lightnings_sigterm_broadcast,
@@ -199,7 +200,7 @@ class LastCheckpoint(ModelCheckpoint):
     # weights half updated, and a checkpoint written then would not resume exactly. Under DDP a signal reaches one
     # rank (a scheduler's SIGTERM to one worker) or every rank at a slightly different step (Ctrl-C): each rank's note
     # travels in the step's divergence gather, so every rank learns at the same step that some rank was signalled
-    # (StatefulTraining.agreed_stop, lightning_modules/faults.py). Then on_train_batch_end writes last.ckpt on every
+    # (DivergenceGuard.agreed_stop, lightning_modules/faults.py). Then on_train_batch_end writes last.ckpt on every
     # rank together (the state a periodic save has, which resumes exactly) and raises Interrupted, which Lightning
     # passes on after its own shutdown and `lm-zoo` turns into one line and exit 130 / 143. Both signals are this
     # callback's during training: Lightning's own SIGTERM handler broadcasts from inside the handler, a collective the
@@ -209,20 +210,19 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._signal: int | None = None
-        self._module = pl_module
-        if hasattr(pl_module, "stop_signal"):  # a module fitted again in this process starts with no stop
-            pl_module.stop_signal, pl_module.agreed_stop = None, None
+        # The ranks agree on a signal in the divergence guard's gather (faults.py), where the run has a guard.
+        self._guard = divergence_guard(trainer)
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
             self._previous = {signum: signal.signal(signum, self._note_signal) for signum in self.SIGNALS}
-            if hasattr(pl_module, "agreed_stop"):  # the ranks agree on a signal in the step's gather (faults.py)
+            if self._guard is not None:
                 self._broadcast_skipped_on = trainer
                 skip_lightnings_sigterm_broadcast(trainer)
 
     def _note_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signum
-        if hasattr(self._module, "stop_signal"):
-            self._module.stop_signal = signum  # gathered with the next step's loss
+        if self._guard is not None:
+            self._guard.note_signal(signum)  # gathered with the next step's figures
         # The next one of the same kind is at once: Ctrl-C as Python's, SIGTERM as the system's default.
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
         again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
@@ -242,10 +242,11 @@ class LastCheckpoint(ModelCheckpoint):
             restore_lightnings_sigterm_broadcast(trainer)
 
     def _agreed_stop(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[int | None, int] | None:
-        """(the rank that was signalled, the signal) once every rank knows of it; a module without the shared
-        decision (not an lm-zoo one) stops on its own rank's note alone."""
-        if hasattr(pl_module, "agreed_stop"):
-            return pl_module.agreed_stop
+        """(the rank that was signalled, the signal) once every rank knows of it; a run without a divergence guard
+        (a module not lm-zoo's) stops on its own rank's note alone."""
+        guard = getattr(self, "_guard", None)
+        if guard is not None:
+            return guard.agreed_stop
         signum = getattr(self, "_signal", None)
         return None if signum is None else (trainer.global_rank, signum)
 

@@ -6,7 +6,7 @@ next collective: with gloo a traceback about a reset connection, with NCCL a wai
 So each way of ending is made a decision every rank knows:
 
 - **A signal** (SIGINT, SIGTERM) noted on any rank: each rank's note travels with its loss in the divergence check's
-  gather (:meth:`lightning_modules.stateful.StatefulTraining.check_divergence`, read a step later), so every rank
+  gather (:class:`lightning_modules.divergence.DivergenceGuard`, read a step later), so every rank
   learns at the same step that some rank was signalled; all of them write the same ``last.ckpt`` there and stop
   (:class:`checkpoints.ckpt_write.LastCheckpoint`).
 - **An exception on one rank**: before it leaves, the rank writes what stopped it into the run's rendezvous store

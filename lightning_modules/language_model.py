@@ -25,12 +25,10 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
 from datamodules.kinds import BPC, TEXT, bits_per_character
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.lightning_private import attached_trainer
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
 from lightning_modules.stateful import StatefulTraining
 from lightning_modules.training_step import TrainingObjective
@@ -311,39 +309,20 @@ class LanguageModel(StatefulTraining):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except for sparse gradients, whose norm torch's ``clip_grad_norm_`` cannot compute:
-        those are clipped by :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule). Where
-        :meth:`divergence_checked_when_clipping`, the divergence check reads the norm the clipping computed."""
+        """:meth:`StatefulTraining.configure_gradient_clipping`, except for sparse gradients, whose norm torch's
+        ``clip_grad_norm_`` cannot compute: those are clipped by
+        :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule), whose norm the divergence guard
+        reads."""
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        if self.__dict__.pop("_divergence_check_at_clipping", False):  # on_before_optimizer_step's decision
-            # What Lightning's Precision.clip_grad_by_norm calls, with the norm it drops kept: NaN or infinite iff
-            # some gradient is (or the squares overflow float32, ~1e19, which is divergence all the same).
-            self.check_divergence(torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val))
-            return
         if not gradient_clip_val or not has_sparse_gradients(parameters):
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
         if gradient_clip_algorithm not in (None, "norm"):
             raise ConfigError(
                 f"gradient_clip_algorithm {gradient_clip_algorithm!r} with sparse_gradients: only norm clipping is "
                 "implemented for sparse gradients; use --trainer.gradient_clip_algorithm norm"
             )
-        clip_grad_norm(parameters, gradient_clip_val)
-
-    def divergence_checked_when_clipping(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Norm clipping of dense gradients with a clipping value, no gradient scaler, and a precision plugin that
-        clips with torch's ``clip_grad_norm_``: :meth:`configure_gradient_clipping` then checks for divergence with
-        the norm it computes (what most recipes run)."""
-        trainer = attached_trainer(self)
-        if trainer is None or not trainer.gradient_clip_val or trainer.gradient_clip_algorithm not in (None, "norm"):
-            return False
-        plugin = trainer.precision_plugin
-        if (
-            getattr(plugin, "scaler", None) is not None
-            or type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
-        ):
-            return False
-        return not has_sparse_gradients(p for group in optimizer.param_groups for p in group["params"])
+        self.report_gradients(clip_grad_norm(parameters, gradient_clip_val))
 
     # ------------------------------------------------------------------------------------------------ sampling
     def generate(self, prompt: Tensor, max_new_tokens: int, *options: Any, **named: Any) -> list[list[int]]:

@@ -69,14 +69,14 @@ def _no_broadcast() -> None:
     """In place of Lightning's SIGTERM broadcast: lm-zoo's agreed stop carries every rank's signal."""
 
 
-def hand_result_to_loop(closure: Any, objective: Tensor) -> None:
+def hand_result_to_loop(closure: Any, output: Tensor | dict[str, Tensor]) -> None:
     """Give Lightning's automatic-optimization loop the result its closure would have produced.
 
     The loop reads the step's output from the closure it handed the ``optimizer_step`` hook (``consume_result``), and
     lm-zoo's step (``lightning_modules.training_step``) runs instead of that closure, so it sets the closure's private
     ``_result`` (``tests/test_training_step.py``).
     """
-    closure._result = ClosureResult.from_training_step_output(objective)
+    closure._result = ClosureResult.from_training_step_output(output)
 
 
 def count_on_from(trainer: Trainer, epochs: int, steps: int) -> None:

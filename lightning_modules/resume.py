@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from zoo.errors import CheckpointError
@@ -163,3 +164,10 @@ def rank_state(resume: Mapping[str, Any], rank: int, world_size: int) -> Mapping
             f"= {written}, or start a new run"
         )
     return resume if WORLD_SIZE not in resume else resume[f"rank_{rank}"]
+
+
+def gathering_world_size(trainer: Any) -> int:
+    """The number of ranks whose state a step or a checkpoint gathers: the trainer's world size inside a process
+    group, else 1 (a trainer of several devices before its processes started, or none at all)."""
+    world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
+    return world_size if world_size > 1 and dist.is_available() and dist.is_initialized() else 1

@@ -12,25 +12,31 @@ A training step runs the objective, its backward pass, the clipping and the opti
 closure or, where it can, in lm-zoo's own step (:mod:`lightning_modules.training_step`), which on a GPU replays them
 as one captured CUDA graph.
 
+The divergence guard (:class:`~lightning_modules.divergence.DivergenceGuard`) is a callback the module brings
+(``configure_callbacks``): the training step hands it the window's loss in its output (``window_loss``), and the
+clipping its norm.
+
 Under DDP (:mod:`lightning_modules.resume` has the details) each rank draws its own dropout masks but the same shared
-draws (:attr:`StatefulTraining.shared_generator`, e.g. NCE noise words), a checkpoint keeps every rank's resume state
-keyed by rank, and the divergence guard decides on every rank's loss at once, so that all ranks stop at the same step.
+draws (:attr:`StatefulTraining.shared_generator`, e.g. NCE noise words), and a checkpoint keeps every rank's resume
+state keyed by rank.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lightning_modules.divergence import WINDOW_LOSS, DivergenceGuard, divergence_guard
 from lightning_modules.lightning_private import attached_trainer, writes_logs_this_step
 from lightning_modules.resume import (
     RESUME_KEY,
+    gathering_world_size,
     generator_state,
     keyed_by_rank,
     new_shared_generator,
@@ -41,7 +47,7 @@ from lightning_modules.resume import (
     set_generator_state,
     set_rng_states,
 )
-from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, gradients_sum, plan
+from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, plan
 from zoo.errors import CheckpointError, TrainingDivergedError
 from zoo.state import State
 
@@ -86,12 +92,6 @@ class StatefulTraining(L.LightningModule):
     # Draws that must be equal on every rank (NCE noise words), from fit's first step on; None outside fit, where
     # draws fall back to the global generator.
     shared_generator: torch.Generator | None = None
-    # A signal noted on this rank (SIGINT, SIGTERM: checkpoints.ckpt_write.LastCheckpoint notes it), and the stop every
-    # rank agreed on at this step: (the lowest rank that noted one, its signal), from check_divergence's gather.
-    stop_signal: int | None = None
-    agreed_stop: tuple[int, int] | None = None
-    # This step's training loss, which the divergence guard reads with the gradients (record_training_step sets it).
-    divergence_loss: Tensor | None = None
     # Who runs each training step where Lightning's closure does not: chosen at the start of training.
     step_runner: TrainingStep | None = None
     step_plan: StepPlan | None = None
@@ -106,12 +106,15 @@ class StatefulTraining(L.LightningModule):
         self._state["train"] = None
 
     def on_validation_epoch_start(self) -> None:
-        self.settle_divergence_check()  # no validation of a diverged step's weights
         self._state["val"] = None
 
     def on_train_end(self) -> None:
-        self.settle_divergence_check()  # the last step's check
         self.step_runner = None  # its graphs' memory with it
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The divergence guard, with this module's ``divergence_threshold``: a run of an lm-zoo module always has
+        one."""
+        return [DivergenceGuard(self.divergence_threshold)]
 
     def step_summary(self) -> str | None:
         """Who runs this fit's training steps, in words, and what capturing them cost so far (``None`` before the fit
@@ -142,17 +145,23 @@ class StatefulTraining(L.LightningModule):
     def training_state(self, state: State | None) -> None:
         self._state["train"] = state
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """Lightning's training step: :meth:`training_objective`, then :meth:`record_training_step`."""
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """Lightning's training step: :meth:`training_objective`, then :meth:`record_training_step`; its output
+        (:meth:`step_output`) gives the divergence guard the window's loss."""
         logs = self.logs_this_training_step(batch_idx)
         result = self.training_objective(batch, figures=logs)
         self.record_training_step(result, logs)
-        return result.objective
+        return self.step_output(result)
+
+    @staticmethod
+    def step_output(result: TrainingObjective) -> dict[str, Tensor]:
+        """A training step's output: the objective to minimise (``loss``) and the window's training loss, which the
+        divergence guard checks (:data:`~lightning_modules.divergence.WINDOW_LOSS`)."""
+        return {"loss": result.objective, WINDOW_LOSS: result.loss.detach()}
 
     def record_training_step(self, result: TrainingObjective, logs: bool) -> None:
-        """What a training step leaves behind on the host's side: the loss for the divergence guard (read with the
-        gradients at the optimizer step), the epoch's ``train_nll``, and at logging steps the per-step figures."""
-        self.divergence_loss = result.loss.detach()
+        """What a training step leaves behind on the host's side: the epoch's ``train_nll``, and at logging steps the
+        per-step figures."""
         if result.reports_nats:
             self.metrics["train_nll"].update(result.loss.detach(), weight=result.count)
         if logs:
@@ -232,8 +241,8 @@ class StatefulTraining(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Never write non-finite weights (the previous checkpoint stays the last good one); add what an exact resume
-        needs: the carried training state, the epoch's training-loss accumulator and the random number generators."""
-        self.settle_divergence_check()  # a diverged step is named as such, before its weights are looked at
+        needs: the carried training state, the epoch's training-loss accumulator and the random number generators.
+        (The divergence guard's own hook, called before this one, has named a diverged step as such.)"""
         parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}  # not buffers
         bad = [
             name
@@ -257,17 +266,11 @@ class StatefulTraining(L.LightningModule):
         if self.shared_generator is not None:
             mine["shared_rng"] = generator_state(self.shared_generator)
         # Lightning calls this hook on every rank but only rank 0 writes: gather every rank's own state first.
-        world_size = self._distributed_world_size()
+        world_size = gathering_world_size(attached_trainer(self))
         ranks: list[Any] = [mine] if world_size == 1 else [None] * world_size
         if world_size > 1:
             dist.all_gather_object(ranks, mine)
         checkpoint[RESUME_KEY] = keyed_by_rank(ranks)
-
-    def _distributed_world_size(self) -> int:
-        """The number of ranks whose state must be gathered (1 outside a process group)."""
-        trainer = attached_trainer(self)
-        world_size = trainer.world_size if trainer is not None else 1
-        return world_size if world_size > 1 and dist.is_available() and dist.is_initialized() else 1
 
     def on_train_start(self) -> None:
         """Give each rank its own generators and all ranks the shared one; resuming, put back this rank's carried
@@ -279,7 +282,6 @@ class StatefulTraining(L.LightningModule):
         Raises:
             CheckpointError: the checkpoint was written by another number of processes (:func:`rank_state`).
         """
-        self.__dict__.pop("_pending_check", None)  # a module fitted again starts with none
         self.step_plan = chosen = plan(self.trainer, self)
         self.step_runner = None if chosen.path == "lightning" else TrainingStep(self, self.trainer, chosen)
         resume, self._resume = self._resume, None
@@ -303,23 +305,34 @@ class StatefulTraining(L.LightningModule):
         if "shared_rng" in resume:  # checkpoints written before the shared generator start it from the seed
             set_generator_state(self.shared_generator, resume["shared_rng"])
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop a diverged run before any checkpoint holds its weights: a training loss that is NaN, infinite or
-        above ``divergence_threshold``, or a NaN or infinite gradient (a finite loss can still give one, e.g. through
-        an overflowing cell). Both in one copy to the host, which the host does not wait for: decided a step later
-        (:meth:`check_divergence`).
-        Gradients are not checked under a gradient scaler (16-bit mixed precision), which itself skips the steps whose
-        scaled gradients overflowed.
-
-        Where the clipping that follows computes the gradients' norm (:meth:`divergence_checked_when_clipping`), the
-        check waits for it and reads that norm: a second pass over every gradient saved, on each step."""
-        # Decided once per step: the clipping hook checks exactly when this one did not.
-        self._divergence_check_at_clipping = self.divergence_checked_when_clipping(optimizer)
-        if self._divergence_check_at_clipping:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping. Where it clips dense gradients by norm with torch's ``clip_grad_norm_`` (the precision
+        plugin's own rule, no gradient scaler), the same call is made here and the norm it computes, which Lightning
+        drops, goes to the divergence guard: NaN or infinite iff some gradient is (or the squares overflow float32,
+        ~1e19, which is divergence all the same), so the guard needs no second pass over the gradients."""
+        plugin = self.trainer.precision_plugin
+        if (
+            not gradient_clip_val
+            or gradient_clip_algorithm not in (None, "norm")
+            or getattr(plugin, "scaler", None) is not None
+            or type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
+        ):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        trainer = attached_trainer(self)
-        scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
-        self.check_divergence(None if scaled else gradients_sum(self.parameters()))
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        self.report_gradients(torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val))
+
+    def report_gradients(self, figure: Tensor) -> None:
+        """Hand the divergence guard this step's gradient figure (a norm the clipping computed): NaN or infinite iff
+        some gradient is."""
+        guard = divergence_guard(self.trainer)
+        if guard is not None:
+            guard.observe_gradients(figure)
 
     def logs_this_training_step(self, batch_idx: int) -> bool:
         """Whether this training step logs its per-step figures (``train_loss`` and the like): the first step, and
@@ -332,114 +345,3 @@ class StatefulTraining(L.LightningModule):
         if trainer is None or batch_idx == 0 or trainer.log_every_n_steps == 0:
             return True
         return writes_logs_this_step(trainer)  # Lightning's own rule for writing step logs
-
-    def divergence_checked_when_clipping(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether this step's gradient clipping computes the gradients' norm and :meth:`check_divergence` runs
-        there; a module whose ``configure_gradient_clipping`` does so says when (here: never)."""
-        return False
-
-    def check_divergence(self, gradients: Tensor | None) -> None:
-        """Start this step's divergence check and decide on the previous step's.
-
-        The check reads this step's training loss and ``gradients`` (a scalar that is NaN or infinite iff some
-        gradient is: their sum or their norm; ``None``: not checked). Reading them on the host at once would make the
-        host wait for the GPU at every step, and Lightning's per-step Python would then add to the GPU's time instead
-        of overlapping it. So they are copied to the host without waiting (:class:`PendingCheck`) and decided on one
-        step later, by when the copy has long landed. A diverged step's update has then reached the weights, but
-        no checkpoint is written from them: every save decides on the pending check first (:meth:`on_save_checkpoint`,
-        which also refuses non-finite weights), as do validation and the end of training, and the error names the
-        step that diverged, as before.
-
-        Under DDP the decision is every rank's: the losses (each rank's own columns) are gathered before the host
-        copy, so every rank sees the same values and raises the same error at the same step. A rank that raised alone
-        would leave the others blocked in the next gradient all-reduce. (The gradients are all-reduced already.)
-
-        A signal noted on any rank (:attr:`stop_signal`) travels in the same gather, last: every rank sets
-        :attr:`agreed_stop` at the same step (the step after the gather, where it is read), and the rank that writes
-        ``last.ckpt`` and stops does so in step with the others (:mod:`lightning_modules.faults`). One process stops
-        at the step its signal came in."""
-        loss = self.divergence_loss
-        checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
-        device = checked[0].device if checked else self.device
-        # The signal as a fill on the device, not torch.tensor(value, device=...), which is a copy the host waits for.
-        signal = torch.full((), float(self.stop_signal or 0), device=device)
-        values = torch.stack([*checked, signal])  # (1 to 3,): the loss, the gradients' sum or norm, this rank's signal
-        world_size = self._distributed_world_size()
-        if world_size > 1:
-            # all_gather into a list: all_gather_into_tensor is deprecated in torch 2.13 and its successor,
-            # all_gather_single, is newer than the oldest torch lm-zoo supports.
-            gathered = [torch.empty_like(values) for _ in range(world_size)]
-            dist.all_gather(gathered, values)
-            rows = torch.stack(gathered)  # (W, 1 to 3): every rank's values
-        else:
-            rows = values.unsqueeze(0)  # (1, 1 to 3)
-            # One process has nothing to agree on: its own signal stops it at this step, not the next.
-            self.agreed_stop = (0, self.stop_signal) if self.stop_signal else None
-        pending = PendingCheck(rows, self.global_step, self.current_epoch, loss is not None, bool(checked))
-        previous, self._pending_check = self.__dict__.get("_pending_check"), pending
-        if previous is not None:
-            self._decide(previous)
-
-    def settle_divergence_check(self) -> None:
-        """Decide on the pending divergence check now (waiting for its copy if it has not landed): before a
-        checkpoint is written, before validation, at the end of training."""
-        pending = self.__dict__.pop("_pending_check", None)
-        if pending is not None:
-            self._decide(pending)
-
-    def _decide(self, pending: PendingCheck) -> None:
-        rows = pending.rows()
-        if len(rows) > 1:
-            signalled = [(rank, int(row[-1])) for rank, row in enumerate(rows) if row[-1]]
-            self.agreed_stop = signalled[0] if signalled else None
-        rows = [row[:-1] for row in rows]
-        if not pending.checked:
-            return
-        if pending.has_loss:
-            for rank, row in enumerate(rows):  # the lowest failing rank names the step's failure, on every rank
-                self._check_loss(row[0], pending.step, pending.epoch, rank if len(rows) > 1 else None)
-        values = rows[0][1:] if pending.has_loss else rows[0]  # the all-reduced gradients: the same on every rank
-        if values and not math.isfinite(values[0]):
-            raise TrainingDivergedError(
-                f"a gradient became NaN or infinite at step {pending.step} (epoch {pending.epoch}) with a "
-                "finite loss; lower the learning rate or set --trainer.gradient_clip_val, then resume from the last "
-                "checkpoint"
-            )
-
-    def _check_loss(self, value: float, step: int, epoch: int, rank: int | None = None) -> None:
-        if not math.isfinite(value) or 0 < self.divergence_threshold < value:
-            limit = f" > model.init_args.divergence_threshold {self.divergence_threshold:.4g}" * math.isfinite(value)
-            where = "" if rank is None else f"rank {rank}'s "
-            raise TrainingDivergedError(
-                f"{where}training loss became {value:.4g}{limit} at step {step} (epoch {epoch}); lower the learning "
-                "rate or set --trainer.gradient_clip_val, then resume from the last checkpoint"
-            )
-
-
-class PendingCheck:
-    """A step's divergence figures on their way to the host: copied without waiting (into pinned memory on a GPU,
-    so that the copy is truly asynchronous), and read once the copy has landed (:meth:`rows`).
-
-    Args:
-        rows: ``(W, k)`` on the device: each rank's loss, gradients' sum or norm, signal (those present).
-        step: the step they belong to, for the message.
-        epoch: its epoch.
-        has_loss: whether the first column is the training loss.
-        checked: whether anything but the signal is in them.
-    """
-
-    def __init__(self, rows: Tensor, step: int, epoch: int, has_loss: bool, checked: bool) -> None:
-        self.step, self.epoch, self.has_loss, self.checked = step, epoch, has_loss, checked
-        on_gpu = rows.device.type == "cuda"
-        self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=on_gpu)
-        self._host.copy_(rows, non_blocking=True)  # on the CPU, a copy like any other
-        self._event: torch.cuda.Event | None = None
-        if on_gpu:
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def rows(self) -> list[list[float]]:
-        """The figures, per rank; waits for the copy only if it has not landed (a step later, it has)."""
-        if self._event is not None:
-            self._event.synchronize()
-        return self._host.tolist()

@@ -12,8 +12,8 @@ How it fits Lightning (automatic optimization, unchanged elsewhere): ``StatefulT
 ``optimizer_step`` hook, which Lightning calls once a step with the closure it would have run; :meth:`TrainingStep.step`
 runs the step instead and hands the loop the closure's result (:func:`hand_result_to_loop`), so that Lightning's step
 counters, schedulers, logging and checkpoints go on as before. What the closure and its hooks did is done here: the
-gradients zeroed, the divergence guard (``StatefulTraining.check_divergence``, with the norm the clipping computes or
-the gradients' sum), the clipping (``gradient_clip_val``, by norm).
+gradients zeroed, the divergence guard's gradient figure (``DivergenceGuard.observe_gradients``: the norm the
+clipping computes or the gradients' sum), the clipping (``gradient_clip_val``, by norm).
 
 The captured graph follows PyTorch's "whole-network capture" (``torch.cuda.graph``):
 
@@ -30,8 +30,8 @@ The captured graph follows PyTorch's "whole-network capture" (``torch.cuda.graph
 * dropout masks come from the CUDA generator, which capture registers so that each replay draws anew, and NCE's shared
   generator is registered with the graph too;
 * Adam-style optimizers run with ``capturable=True`` (their step count a device tensor); SGD needs nothing;
-* what Lightning keeps of a step (``self.log``, ``train_nll``, the divergence guard's copy to the host) is done after
-  the replay, from the graph's output tensors (``StatefulTraining.record_training_step``).
+* what Lightning keeps of a step (``self.log``, ``train_nll``, the divergence guard's figures) is done after the
+  replay, from the graph's output tensors (``StatefulTraining.record_training_step``, the step's output).
 
 Where lm-zoo cannot run the step (:func:`plan`), Lightning's closure runs it and the start-up line says why: several
 processes (DDP reduces the gradients through its own forward), accumulated batches, mixed precision, sparse gradients,
@@ -47,7 +47,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,7 @@ from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 
+from lightning_modules.divergence import divergence_guard, gradients_sum
 from lightning_modules.lightning_private import hand_result_to_loop
 from zoo import settings
 from zoo.state import State
@@ -189,13 +190,6 @@ def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> N
             state["step"] = step.to(device=device, dtype=torch.float32)
 
 
-def gradients_sum(parameters: Iterable[Tensor]) -> Tensor | None:
-    """One scalar that is NaN or infinite iff some gradient is (short of ~1e38 gradients), with no per-element
-    temporary: the divergence guard's figure where no clipping computes the gradients' norm; ``None`` without any."""
-    sums = [p.grad.sum(dtype=torch.float32) for p in parameters if p.grad is not None]
-    return torch.stack(sums).sum() if sums else None
-
-
 @dataclass
 class _Captured:
     """One captured step: its graph, the tensors it reads (the window's copy, the carried state) and those it writes
@@ -258,6 +252,7 @@ class TrainingStep:
         self.module, self.plan = module, step_plan
         self.optimizer: torch.optim.Optimizer = trainer.optimizers[0]
         self.clip = trainer.gradient_clip_val or None
+        self.guard = divergence_guard(trainer)  # takes each step's gradient figure
         self.captures = step_plan.path == "graph"
         self.backend: Any = None  # how to capture (CUDAGraphs), made when first needed
         self.graphs: dict[tuple, _Captured] = {}
@@ -301,8 +296,8 @@ class TrainingStep:
             self._replay(captured, batch)
             result = replace(captured.result, figures=captured.result.figures if logs else {})
             self.module.record_training_step(result, logs)
-            self.module.check_divergence(captured.check)
-        hand_result_to_loop(closure, result.objective)
+            self._report(captured.check)
+        hand_result_to_loop(closure, self.module.step_output(result))
 
     def _eager(self, batch: Any, logs: bool) -> TrainingObjective:
         """The step as plain code, as Lightning's closure and hooks run it: the gradients zeroed, the objective and what
@@ -312,7 +307,7 @@ class TrainingStep:
         result = self.module.training_objective(batch, figures=logs)
         self.module.record_training_step(result, logs)
         result.objective.backward()
-        self.module.check_divergence(self._clip_and_check())
+        self._report(self._clip_and_check())
         self.optimizer.step()
         self.eager_steps += 1
         if self.module.training_state is not None:
@@ -330,9 +325,13 @@ class TrainingStep:
             self.backend = CUDAGraphs()
         return self.backend
 
+    def _report(self, figure: Tensor | None) -> None:
+        if self.guard is not None:
+            self.guard.observe_gradients(figure)
+
     def _clip_and_check(self) -> Tensor | None:
         """Clip by norm where the run clips, returning the norm (NaN or infinite iff some gradient is), else the
-        gradients' sum, NaN or infinite under the same condition (``StatefulTraining.on_before_optimizer_step``)."""
+        gradients' sum, NaN or infinite under the same condition: the divergence guard's figure."""
         parameters = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.clip:
             return torch.nn.utils.clip_grad_norm_(parameters, self.clip)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import cli
+from lightning_modules.divergence import WINDOW_LOSS
 from lightning_modules.resume import RESUME_KEY, keyed_by_rank, rank_state
 from tests.conftest import ROOT
 from tests.ddp_runs import MAX_STEPS, ddp_recipe, read_checkpoint
@@ -82,9 +83,11 @@ class DivergeOn(L.Callback):
     def __init__(self, rank: int, step: int, value: float, directory: str) -> None:
         self.rank, self.step, self.value, self.directory = rank, step, value, Path(directory)
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            pl_module.divergence_loss = torch.tensor(self.value)
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:  # before the guard's own: a trainer's callbacks come before a module's (configure_callbacks)
+        if trainer.global_rank == self.rank and trainer.global_step == self.step + 1:  # step `step` has just run
+            outputs[WINDOW_LOSS] = torch.tensor(self.value)
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.directory / "injected").write_text(repr(time.time()))
 
@@ -268,8 +271,9 @@ def test_a_loss_diverging_on_one_rank_stops_both_ranks_at_once(
     assert stderr.count(line[0]) == 2 and stderr.count("lm-zoo: error:") == 2, stderr[-3000:]
     for rank in (0, 1):
         raised = (run / "raised" / f"raised_{rank}").read_text()
-        # Decided a step later (the figures reach the host without the host waiting), naming the step that diverged.
-        assert raised.startswith(f"TrainingDivergedError {DIVERGE_AT_STEP + 1} rank 1's training loss"), raised
+        # Decided at the end of the next step (the figures reach the host without the host waiting, and the guard
+        # reads them at a step's end, when the loop has counted it), naming the step that diverged.
+        assert raised.startswith(f"TrainingDivergedError {DIVERGE_AT_STEP + 2} rank 1's training loss"), raised
     # No checkpoint holds the diverged step's weights: none beyond the periodic one before it (none at step 3).
     assert not (run / "checkpoints" / "last.ckpt").exists()
 

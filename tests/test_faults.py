@@ -20,7 +20,7 @@ import yaml
 import checkpoints
 import cli
 from checkpoints.ckpt_write import AtomicCheckpointIO, temporary_path
-from tests.conftest import one_line_error, write_tiny_recipe, write_word_corpus
+from tests.conftest import one_line_error, quiet_trainer, write_tiny_recipe, write_word_corpus
 from zoo.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +190,41 @@ def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert checkpoints.load(checkpoint_dir / "last.ckpt").training["global_step"] == saved_step
 
 
+class GrowingLoss(L.LightningModule):
+    """Test helper: a plain LightningModule (not lm-zoo's) whose training loss is ``10 * step`` nats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.weight * 0 + 10.0 * self.global_step
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(torch.zeros(20, 1))
+
+
+def test_the_divergence_guard_stops_any_modules_run_a_step_late_naming_the_step() -> None:
+    """The guard is a callback like any other: on a module of its own it checks the step's ``loss``. Step 3's loss
+    (30 nats) passes the threshold of 25; it is decided at the end of step 4, naming step 3."""
+    from lightning_modules.divergence import DivergenceGuard
+    from zoo.errors import TrainingDivergedError
+
+    seen: list[int] = []
+
+    class Steps(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            seen.append(trainer.global_step)
+
+    trainer = quiet_trainer(max_steps=10, callbacks=[Steps(), DivergenceGuard(25.0, "the test's threshold")])
+    with pytest.raises(TrainingDivergedError, match=r"loss became 30 > the test's threshold 25 at step 3 \(epoch 0\)"):
+        trainer.fit(GrowingLoss())
+    assert seen[-1] == 5  # the end of step 4 (the loop has counted 5 steps there)
+
+
 def _exit_on_term(_: int) -> int:
     return 0
 
@@ -222,16 +257,23 @@ def test_last_checkpoint_defaults_to_every_30_minutes(workdir: Path) -> None:
     assert LastCheckpoint(every_n_train_steps=0)._train_time_interval is None  # 0: no periodic saves
 
 
+@pytest.mark.parametrize("step_path", ["direct", "lightning"])  # lm-zoo's step, and Lightning's closure and clipping
 def test_with_norm_clipping_the_divergence_check_reads_the_clipping_norm(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, step_path: str
 ) -> None:
     """No second pass over the gradients where the clipping computes their norm; the other pass where it does not."""
-    from lightning_modules.stateful import StatefulTraining
+    from lightning_modules.divergence import DivergenceGuard
+    from zoo import settings
 
     checked: list[torch.Tensor | None] = []
     norms: list[torch.Tensor] = []
-    check, clip_norm = StatefulTraining.check_divergence, torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(StatefulTraining, "check_divergence", lambda self, g: checked.append(g) or check(self, g))
+    check, clip_norm = DivergenceGuard.check, torch.nn.utils.clip_grad_norm_
+
+    def recorded(self: DivergenceGuard, loss: Any, gradients: Any, *where: int) -> None:
+        checked.append(gradients)
+        check(self, loss, gradients, *where)
+
+    monkeypatch.setattr(DivergenceGuard, "check", recorded)
     monkeypatch.setattr(
         torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip_norm(*a, **k)) or norms[-1]
     )
@@ -240,7 +282,8 @@ def test_with_norm_clipping_the_divergence_check_reads_the_clipping_norm(
         norms.clear()
         run = workdir / f"run-{clip}"
         overrides = ["--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints")]
-        assert cli.main(["fit", "--config", str(_recipe(workdir, clip=clip)), *overrides]) == 0
+        with settings.overridden(training_step=step_path):
+            assert cli.main(["fit", "--config", str(_recipe(workdir, clip=clip)), *overrides]) == 0
         assert len(checked) == 8  # every step, once
         if clip is not None:
             assert all(g is n for g, n in zip(checked, norms, strict=True))

@@ -13,6 +13,7 @@ from jsonargparse import ArgumentError
 from datamodules import TextDataModule
 from datamodules.windows import StreamWindows
 from lightning_modules import LanguageModel, ZarembaDecay
+from lightning_modules.divergence import WINDOW_LOSS
 from lightning_modules.evaluation.perplexity import evaluate
 from lightning_modules.language_model import TRAINING_OPTIONS
 from tests.conftest import quiet_trainer, write_word_corpus
@@ -50,7 +51,7 @@ def test_training_step_detaches_and_carries_state() -> None:
     model.training_step(next(windows), 0)
     first = model._state["train"]
     assert first is not None and not first[0].requires_grad
-    loss = model.training_step(next(windows), 1)
+    loss = model.training_step(next(windows), 1)["loss"]
     loss.backward()  # would fail ("backward through the graph a second time") if the state were not detached
     assert model._state["train"][0] is not first[0]
 
@@ -117,10 +118,11 @@ def test_nan_loss_stops_training_with_the_step() -> None:
     with torch.no_grad():
         model.model.decoder.bias.fill_(float("nan"))
     batch = next(iter(StreamWindows(torch.randint(0, 23, (50,)), batch_size=2, bptt=5, start_id=0)))
-    model.training_step(batch, 0)
-    model.on_before_optimizer_step(torch.optim.SGD(model.parameters(), lr=1.0))  # on its way to the host
+    (guard,) = model.configure_callbacks()  # the run's divergence guard
+    output = model.training_step(batch, 0)
+    guard.check(output[WINDOW_LOSS], None, step=0)  # on its way to the host
     with pytest.raises(TrainingDivergedError, match="loss became nan at step 0"):
-        model.on_validation_epoch_start()  # as every save, validation and the next step's check: decided
+        guard.on_validation_epoch_start(None, model)  # as every save, validation and the next step's check: decided
 
 
 def test_zaremba_schedule() -> None:

@@ -82,7 +82,7 @@ def test_ar_and_tar_equal_their_formulas() -> None:
         _capture(model.model.decoder, True),
     )
     batch = _batch()
-    loss = model.training_step(batch, 0)
+    loss = model.training_step(batch, 0)["loss"]
     raw, out = raws[-1], dropped[-1]  # the last layer's output before / after output dropout
     assert not torch.equal(raw, out)
     nll = torch.nn.functional.cross_entropy(logits[-1].flatten(0, 1), batch.targets.flatten())
@@ -201,7 +201,7 @@ def test_mos_model_trains(one_thread: None) -> None:
         model._state["train"] = None
         for step, batch in enumerate(windows):
             optimizer.zero_grad()
-            loss = model.training_step(batch, step)
+            loss = model.training_step(batch, step)["loss"]
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
