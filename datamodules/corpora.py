@@ -112,6 +112,7 @@ class CorpusSpec:
     spaced_symbols: bool = False  # ptb-char: symbols separated by spaces, "_" marks word boundaries
     directory: str = ""  # directory under the data root; "" means `name` (ptb-char shares ptb's directory)
     title: str = ""  # the corpus's name as its users write it (model cards name the dataset so); "" means `name`
+    measures: tuple[str, ...] = ()  # what a trained model is measured by beyond its figure (SyntheticTask's)
 
     def __post_init__(self) -> None:
         if not self.directory:
@@ -281,7 +282,22 @@ CORPORA: dict[str, CorpusSpec] = {
     )
 }
 
-SYNTHETIC_CORPORA = {"synthetic-xml": "xml", "synthetic-arithmetic": "arithmetic"}
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """A generated corpus (Jozefowicz et al. 2015 §3.5): its generator in :mod:`datamodules.synthetic`, its level,
+    and what a model trained on it is measured by beyond its figure, by name (``xml_nesting``: the fraction of sampled
+    closing tags that close the innermost open tag; the release tool computes it)."""
+
+    generator: str
+    level: str = "char"
+    measures: tuple[str, ...] = ()
+
+
+SYNTHETIC_CORPORA = {
+    "synthetic-xml": SyntheticTask("xml", measures=("xml_nesting",)),
+    "synthetic-arithmetic": SyntheticTask("arithmetic"),
+}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -745,7 +761,7 @@ def _user_corpus(directory: Path) -> Corpus:
 def _synthetic_corpus(name: str, options: dict | None) -> Corpus:
     from datamodules import synthetic  # Imported here so that real corpora never pay for the generators.
 
-    task = SYNTHETIC_CORPORA[name]
+    task = SYNTHETIC_CORPORA[name].generator
     allowed = {"seed": 0, "train_chars": 1_000_000, "valid_chars": 100_000, "test_chars": 100_000}
     options = dict(options or {})
     unknown = sorted(set(options) - set(allowed))
@@ -783,9 +799,20 @@ def _synthetic_corpus(name: str, options: dict | None) -> Corpus:
 def corpus_level(name_or_path: str) -> str:
     """The level of a corpus's text from its name alone, nothing read: a registered corpus's spec's, ``char`` for the
     synthetic tasks, ``word`` for a directory of one's own (as :func:`resolve_corpus` makes them)."""
-    if name_or_path in CORPORA:
-        return CORPORA[name_or_path].level
-    return "char" if name_or_path in SYNTHETIC_CORPORA else "word"
+    spec = corpus_spec(name_or_path)
+    return "word" if spec is None else spec.level
+
+
+def corpus_measures(name_or_path: str) -> tuple[str, ...]:
+    """What a model trained on the corpus is measured by beyond its figure, from its spec (none for a directory of
+    one's own)."""
+    spec = corpus_spec(name_or_path)
+    return () if spec is None else spec.measures
+
+
+def corpus_spec(name_or_path: str) -> CorpusSpec | SyntheticTask | None:
+    """The spec of a registered or generated corpus by its name; ``None`` for anything else (a directory)."""
+    return CORPORA.get(name_or_path) or SYNTHETIC_CORPORA.get(name_or_path)
 
 
 def resolve_corpus(

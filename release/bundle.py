@@ -59,7 +59,7 @@ from checkpoints.export_read import (
 )
 from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
-from datamodules.corpora import REPORTED_SPLITS, corpus_level, sha256_file
+from datamodules.corpora import REPORTED_SPLITS, corpus_level, corpus_measures, sha256_file
 from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
@@ -181,6 +181,10 @@ def xml_nesting(loaded: LoadedModel) -> dict[str, Any]:
         "matched": matched,
         "fraction": matched / closing if closing else 0.0,
     }
+
+
+#: How each measure a corpus's spec names (``measures``) is computed on the bundled model.
+CORPUS_MEASURES = {"xml_nesting": xml_nesting}
 
 
 def build(
@@ -400,8 +404,8 @@ def _export_measured(
                 "max_tokens": max_sample_tokens,
                 "texts": samples,
             }
-        if Path(str(source.data.get("corpus"))).name == "synthetic-xml":
-            run["xml_nesting"] = xml_nesting(stored)
+        for measure in corpus_measures(Path(str(source.data.get("corpus"))).name):  # the corpus's spec says which
+            run[measure] = CORPUS_MEASURES[measure](stored)
         export_model(
             stored,
             out,

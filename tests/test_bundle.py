@@ -184,6 +184,18 @@ def test_a_card_is_rendered_again_from_its_edited_notes(
     one_line_error(capsys, release_main(["card", "tiny"]), f"{WEIGHTS_NAME} does not match the sha256")
 
 
+def test_a_corpus_spec_names_the_measures_a_bundle_computes() -> None:
+    """The XML task's nesting measure is the synthetic-xml spec's (``measures``), and every measure a spec names is
+    one the release tool computes; corpora without one (and a directory of one's own) get none."""
+    from datamodules.corpora import CORPORA, SYNTHETIC_CORPORA, corpus_measures
+    from release.bundle import CORPUS_MEASURES
+
+    assert corpus_measures("synthetic-xml") == ("xml_nesting",)
+    assert corpus_measures("synthetic-arithmetic") == corpus_measures("ptb") == corpus_measures("./mine") == ()
+    named = {measure for spec in [*CORPORA.values(), *SYNTHETIC_CORPORA.values()] for measure in spec.measures}
+    assert named <= set(CORPUS_MEASURES)
+
+
 def test_a_character_model_curve_is_in_bits_per_character() -> None:
     units = [curve_unit(TEXT, kind) for kind in ("char", "byte", "word", "sentencepiece")]
     assert units == [BPC, BPC, PERPLEXITY, PERPLEXITY]
