@@ -29,7 +29,7 @@ from torch import Tensor
 
 from datamodules.kinds import BPC, TEXT, bits_per_character
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm, has_sparse_gradients
+from lightning_modules.sparse_gradients import check_optimizer
 from lightning_modules.stateful import StatefulTraining
 from lightning_modules.training_step import TrainingObjective
 from zoo.errors import CheckpointError, ConfigError
@@ -88,7 +88,7 @@ class LanguageModel(StatefulTraining):
 
     The ``nce`` / ``sampled_softmax`` heads take their noise distribution from the data module's tokenizer
     (``counts``) in :meth:`setup`. ``sparse_gradients`` needs SGD without momentum or weight decay, or Adagrad, and a
-    single process; gradient-norm clipping still works (:mod:`lightning_modules.sparse_gradients`).
+    single process; gradient-norm clipping still works (:meth:`StatefulTraining.configure_gradient_clipping`).
     """
 
     # The network's settings arrive as *args / **network and go to LMConfig, one call that LightningCLI follows:
@@ -302,27 +302,12 @@ class LanguageModel(StatefulTraining):
             )
         for optimizer in self.trainer.optimizers:
             check_optimizer(optimizer)
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """:meth:`StatefulTraining.configure_gradient_clipping`, except for sparse gradients, whose norm torch's
-        ``clip_grad_norm_`` cannot compute: those are clipped by
-        :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule), whose norm the divergence guard
-        reads."""
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        if not gradient_clip_val or not has_sparse_gradients(parameters):
-            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-            return
-        if gradient_clip_algorithm not in (None, "norm"):
+        algorithm = self.trainer.gradient_clip_algorithm
+        if self.trainer.gradient_clip_val and algorithm not in (None, "norm"):
             raise ConfigError(
-                f"gradient_clip_algorithm {gradient_clip_algorithm!r} with sparse_gradients: only norm clipping is "
-                "implemented for sparse gradients; use --trainer.gradient_clip_algorithm norm"
+                f"gradient_clip_algorithm {getattr(algorithm, 'value', algorithm)!r} with sparse_gradients: only norm "
+                "clipping is implemented for sparse gradients; use --trainer.gradient_clip_algorithm norm"
             )
-        self.report_gradients(clip_grad_norm(parameters, gradient_clip_val))
 
     # ------------------------------------------------------------------------------------------------ sampling
     def generate(self, prompt: Tensor, max_new_tokens: int, *options: Any, **named: Any) -> list[list[int]]:

@@ -47,6 +47,8 @@ from lightning_modules.resume import (
     set_generator_state,
     set_rng_states,
 )
+from lightning_modules.sparse_gradients import clip_grad_norm as sparse_clip_grad_norm
+from lightning_modules.sparse_gradients import has_sparse_gradients
 from lightning_modules.training_step import StepPlan, TrainingObjective, TrainingStep, plan
 from zoo.errors import CheckpointError, TrainingDivergedError
 from zoo.state import State
@@ -311,28 +313,29 @@ class StatefulTraining(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping. Where it clips dense gradients by norm with torch's ``clip_grad_norm_`` (the precision
-        plugin's own rule, no gradient scaler), the same call is made here and the norm it computes, which Lightning
-        drops, goes to the divergence guard: NaN or infinite iff some gradient is (or the squares overflow float32,
-        ~1e19, which is divergence all the same), so the guard needs no second pass over the gradients."""
+        """Lightning's clipping, with two differences where it clips by norm:
+
+        - sparse gradients (``sparse_gradients``), whose norm torch's ``clip_grad_norm_`` cannot compute, are clipped
+          by :func:`~lightning_modules.sparse_gradients.clip_grad_norm` (the same rule);
+        - dense ones, where Lightning would call torch's ``clip_grad_norm_`` (its precision plugin's own rule, no
+          gradient scaler), get the same call here,
+
+        and the norm either computes, which Lightning drops, goes to the divergence guard: NaN or infinite iff some
+        gradient is (or the squares overflow float32, ~1e19, which is divergence all the same), so the guard needs no
+        second pass over the gradients."""
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
         plugin = self.trainer.precision_plugin
-        if (
-            not gradient_clip_val
-            or gradient_clip_algorithm not in (None, "norm")
-            or getattr(plugin, "scaler", None) is not None
-            or type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
-        ):
+        sparse = has_sparse_gradients(parameters)
+        lightnings = getattr(plugin, "scaler", None) is not None or (
+            type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
+        )
+        if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm") or (lightnings and not sparse):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        self.report_gradients(torch.nn.utils.clip_grad_norm_(parameters, gradient_clip_val))
-
-    def report_gradients(self, figure: Tensor) -> None:
-        """Hand the divergence guard this step's gradient figure (a norm the clipping computed): NaN or infinite iff
-        some gradient is."""
+        norm = (sparse_clip_grad_norm if sparse else torch.nn.utils.clip_grad_norm_)(parameters, gradient_clip_val)
         guard = divergence_guard(self.trainer)
         if guard is not None:
-            guard.observe_gradients(figure)
+            guard.observe_gradients(norm)
 
     def logs_this_training_step(self, batch_idx: int) -> bool:
         """Whether this training step logs its per-step figures (``train_loss`` and the like): the first step, and

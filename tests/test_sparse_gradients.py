@@ -72,7 +72,7 @@ def test_clipping_uses_the_norm_of_the_summed_rows(dtype: torch.dtype) -> None:
     assert torch.linalg.vector_norm(torch.cat([weight.grad.to_dense().flatten(), other.grad])) < 1.0 + 1e-5
 
 
-def _fit(tmp_path: Path, sparse: bool, tie: bool) -> tuple[LanguageModel, TextDataModule]:
+def _fit(tmp_path: Path, sparse: bool, tie: bool, algorithm: str = "norm") -> tuple[LanguageModel, TextDataModule]:
     """Eight SGD steps of a tiny NCE model with clipping that binds; the same seed, data and noise for both paths."""
     dm = TextDataModule(str(write_word_corpus(tmp_path, "s", words=60)), batch_size=4, bptt=6, eval_batch_size=2)
     L.seed_everything(0, verbose=False)
@@ -82,11 +82,16 @@ def _fit(tmp_path: Path, sparse: bool, tie: bool) -> tuple[LanguageModel, TextDa
     )  # fmt: skip
     model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.5)  # LightningCLI's job in lm-zoo
     # gradient_clip_val far below this model's gradient norms: every step is clipped
-    trainer = quiet_trainer(max_steps=8, limit_val_batches=0, gradient_clip_val=0.05)
+    trainer = quiet_trainer(max_steps=8, limit_val_batches=0, gradient_clip_val=0.05, gradient_clip_algorithm=algorithm)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice about data loader workers
         trainer.fit(model, dm)
     return model, dm
+
+
+def test_clipping_sparse_gradients_by_value_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="gradient_clip_algorithm 'value' with sparse_gradients: only norm clipping"):
+        _fit(tmp_path, sparse=True, tie=False, algorithm="value")
 
 
 @pytest.mark.parametrize("tie", [False, True])
