@@ -138,3 +138,19 @@ def test_the_long_library_functions_only_get_fewer() -> None:
     rows = long_functions()
     assert len(rows) <= LONG_FUNCTIONS_AT_MOST, "\n".join(f"{n} {place} {name}" for n, place, name in rows)
     assert all(lines >= 60 for lines, _, _ in rows) and long_functions(at_least=1)  # it reads the library
+
+
+def test_the_library_repeats_itself_only_less(tmp_path: Path) -> None:
+    """``benchmarks/house.py``'s count of pairs of places in the library that share six or more lines stays at or
+    under its ceiling; and the count finds a repeat, where it starts, and ignores imports and closing brackets."""
+    from benchmarks.house import REPEATED_PAIRS_AT_MOST, repeated_code
+
+    pairs = repeated_code()
+    assert len(pairs) <= REPEATED_PAIRS_AT_MOST, "\n".join(f"{n} {a} {b}" for n, a, b in pairs)
+    body = "".join(f"    total = total + {i}  # step {i}\n" for i in range(7))
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "a.py").write_text(f"import torch\n\n\ndef f(total):\n{body}    return total\n")
+    (tmp_path / "zoo" / "b.py").write_text(
+        f"import torch\nfrom torch import nn\n\n\ndef g(total):\n    (\n    )\n{body}"
+    )
+    assert repeated_code(tmp_path) == [(7, "zoo/a.py:5", "zoo/b.py:8")]
