@@ -28,15 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from datamodules.data_modules import TextDataModule  # noqa: E402
 from datamodules.windows import StreamWindows  # noqa: E402
-from lightning_modules.evaluation.dynamic import (  # noqa: E402
+from evaluation.dynamic import (  # noqa: E402
     DynamicEvaluation,
     adapting,
     dynamic_nll,
     mean_squared_gradients,
 )
-from lightning_modules.evaluation.mc_dropout import MCDropout, mc_nll  # noqa: E402
-from lightning_modules.evaluation.perplexity import deterministic_nll  # noqa: E402
-from lightning_modules.evaluation.temperature import (  # noqa: E402
+from evaluation.mc_dropout import MCDropout, mc_nll  # noqa: E402
+from evaluation.perplexity import deterministic_nll  # noqa: E402
+from evaluation.temperature import (  # noqa: E402
     TEMPERATURE_TOLERANCE,
     FeatureCache,
     TemperatureSearch,

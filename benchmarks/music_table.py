@@ -139,7 +139,7 @@ def cell_space(row: str, hidden: int) -> dict[str, dict[str, Any]]:
 def test_nll(checkpoint: Path, data_root: str | None) -> dict[str, Any]:
     """The checkpoint's test NLL per frame (every piece from zero state)."""
     from checkpoints import load
-    from lightning_modules.evaluation.music import evaluate_music
+    from evaluation.music import evaluate_music
 
     loaded = load(str(checkpoint))
     return evaluate_music(loaded.model, loaded.datamodule(data_root=data_root), "test")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkpoints  # noqa: E402
 from benchmarks import output  # noqa: E402
 from checkpoints import registry  # noqa: E402
-from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
+from evaluation.perplexity import evaluate  # noqa: E402
 from zoo.quantization import MODES, quantize_int8  # noqa: E402
 
 NAME = "quantize_int8"  # benchmarks/results/quantize_int8.json

@@ -333,8 +333,8 @@ def corpora() -> str:
     from datamodules.corpora import CORPORA
     from datamodules.gbw import GBW_SHA256, GBW_URL, HELDOUT_DIR, TRAIN_DIR
     from datamodules.piano_rolls import MUSIC_DATASETS
-    from lightning_modules.evaluation.parsing import TREEBANK_SHA256, TREEBANK_URL
-    from lightning_modules.evaluation.syneval import ARCHIVES, TEMPLATES_SOURCE
+    from evaluation.parsing import TREEBANK_SHA256, TREEBANK_URL
+    from evaluation.syneval import ARCHIVES, TEMPLATES_SOURCE
 
     lines = ["| name | file under `$LM_ZOO_DATA` | level | downloaded from | sha256 |", "|---|---|---|---|---|"]
     specs = [*CORPORA.values(), *MUSIC_DATASETS.values()]

@@ -86,7 +86,7 @@ def cell_config(name: str, length: int, args: argparse.Namespace) -> dict[str, A
 def test_cross_entropy(checkpoint: Path) -> dict[str, Any]:
     """The checkpoint's test cross-entropy per answer token (every example from a zero state)."""
     from checkpoints import load
-    from lightning_modules.evaluation.perplexity import evaluate
+    from evaluation.perplexity import evaluate
 
     loaded = load(str(checkpoint))
     return evaluate(loaded.model, loaded.datamodule(), "test")

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkpoints  # noqa: E402
 from benchmarks import output  # noqa: E402
 from datamodules.corpora import data_root  # noqa: E402
-from lightning_modules.evaluation.sentences import score_sentences  # noqa: E402
+from evaluation.sentences import score_sentences  # noqa: E402
 
 NAME = "score_throughput"  # benchmarks/results/score_throughput.json
 

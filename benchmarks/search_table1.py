@@ -2,7 +2,7 @@
 the search's tasks (arithmetic, XML; PTB with ``--tasks``), each after a small random hyperparameter search.
 
 What is the paper's: the architectures (Tanh, LSTM, LSTM-f / -i / -o, LSTM-b, GRU, MUT1-3; names as in
-``benchmarks/music_table.py``), the tasks and the training of the search (``lightning_modules/search/tasks.py``: the
+``benchmarks/music_table.py``), the tasks and the training of the search (``search/tasks.py``: the
 §3.7 grid, the §3.6 search schedule, the best validation next-step accuracy; on arithmetic, the accuracy on the answers,
 as §3.5 describes the task).
 
@@ -44,7 +44,7 @@ PAPER = {
 def run_cell(task: Any, name: str, settings: list[Any], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train ``name`` on ``task`` with every setting (after those of ``earlier``, the cell as a file holds it); the
     best validation accuracy and its setting."""
-    from lightning_modules.search.tasks import train_candidate
+    from search.tasks import train_candidate
 
     architecture, options = ARCHITECTURES[name]
     start = time.monotonic()
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     path = output.table_path(args, NAME) if args.table_only else output.output_path(args, NAME)
     results: dict[str, dict[str, Any]] = output.read(path)
     if not args.table_only:
-        from lightning_modules.search.evolution import load_config
+        from search.evolution import load_config
 
         config = load_config(args.config)
         for name in args.tasks:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import zoo  # noqa: E402
 from datamodules.data_modules import TextDataModule  # noqa: E402
-from lightning_modules.evaluation.perplexity import evaluate  # noqa: E402
+from evaluation.perplexity import evaluate  # noqa: E402
 from lightning_modules.language_model import LanguageModel  # noqa: E402
 
 

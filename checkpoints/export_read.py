@@ -30,7 +30,7 @@ Format 3 adds models of piano-roll music (:class:`zoo.music.PianoRollLM`), told 
 Bernoulli per note; a text model's head is ``softmax``, ``nce``, ...). Their ``model`` holds ``PianoRollLM.config``,
 ``"tokenizer"`` is ``null`` (a frame of 88 notes is its own input: there is no tokenizer and no tokenizer file),
 ``training.data`` the ``MusicDataModule`` settings (``dataset``, batch sizes, BPTT, ...) and ``results`` the
-``lm-zoo evaluate`` records of music (:class:`~lightning_modules.evaluation.results.MusicResult`: ``nll_per_step``,
+``lm-zoo evaluate`` records of music (:class:`~evaluation.results.MusicResult`: ``nll_per_step``,
 nats per frame summed over the notes, and ``nll_per_note``, with the frames, pieces, eval batch size and BPTT). An
 export says the lowest version
 that describes it: text exports are still written as format 2, byte for byte as before, so an lm-zoo from before

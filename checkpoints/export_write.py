@@ -40,9 +40,9 @@ from checkpoints.model_card import render_card
 from datamodules.corpora import REPORTED_SPLITS
 from datamodules.kinds import MUSIC
 from datamodules.tokenizers import Tokenizer
-from lightning_modules.evaluation.music import evaluate_music
-from lightning_modules.evaluation.perplexity import evaluate
-from lightning_modules.evaluation.results import EvaluationResult, result_from_json
+from evaluation.music import evaluate_music
+from evaluation.perplexity import evaluate
+from evaluation.results import EvaluationResult, result_from_json
 from zoo.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -295,8 +295,8 @@ def measure(
 ) -> list[EvaluationResult]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
-    A music model is scored by :func:`lightning_modules.evaluation.music.evaluate_music` (NLL per frame), a text model
-    by :func:`lightning_modules.evaluation.perplexity.evaluate` (deterministic, full softmax); ``max_tokens``: only
+    A music model is scored by :func:`evaluation.music.evaluate_music` (NLL per frame), a text model
+    by :func:`evaluation.perplexity.evaluate` (deterministic, full softmax); ``max_tokens``: only
     up to the window holding each split's this-many-th token (frame), as ``lm-zoo evaluate --max-tokens``.
     """
     splits = list(splits)
@@ -317,8 +317,8 @@ def score(
     **procedure: Any,
 ) -> EvaluationResult:
     """Score one split of ``datamodule`` with ``loaded``, as its kind is scored: a text model by
-    :func:`lightning_modules.evaluation.perplexity.evaluate` with ``procedure`` (its keyword arguments: temperature,
-    MC dropout, dynamic evaluation, ...), a music model by :func:`lightning_modules.evaluation.music.evaluate_music`,
+    :func:`evaluation.perplexity.evaluate` with ``procedure`` (its keyword arguments: temperature,
+    MC dropout, dynamic evaluation, ...), a music model by :func:`evaluation.music.evaluate_music`,
     which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`);
     ``max_tokens``: only the windows up to the one holding the split's this-many-th token (or frame).
     """

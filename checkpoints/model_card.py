@@ -20,7 +20,7 @@ from checkpoints.export_read import CURVE_NAME
 from datamodules.corpora import CORPORA
 from datamodules.kinds import BPC, MUSIC, PPL, TEXT, WORD_PPL, kind_of_config
 from datamodules.piano_rolls import MUSIC_DATASETS
-from lightning_modules.evaluation.results import EvaluationResult, MusicResult, TextResult, result_from_json
+from evaluation.results import EvaluationResult, MusicResult, TextResult, result_from_json
 
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult
@@ -51,7 +51,7 @@ def _metrics(result: TextResult) -> list[tuple[str, str, float]]:
 
 
 def _results(config: dict[str, Any]) -> list[Any]:
-    """The results in ``config``, typed (:mod:`lightning_modules.evaluation.results`)."""
+    """The results in ``config``, typed (:mod:`evaluation.results`)."""
     return [result_from_json(result) for result in config.get("results", [])]
 
 

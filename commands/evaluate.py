@@ -13,8 +13,8 @@ from commands import COMMANDS
 from commands.common import CommandParser, quantize_model, source_arguments
 from datamodules.corpora import SPLITS
 from datamodules.kinds import PROCEDURES
-from lightning_modules.evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
-from lightning_modules.evaluation.scoring import ScoringProcedure
+from evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
+from evaluation.scoring import ScoringProcedure
 from zoo.errors import ConfigError, number_flag
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, matmul_precision_in_force
 
@@ -75,7 +75,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 
 def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
     """``lm-zoo evaluate``'s procedure flags: long context, temperature, the seed and every procedure's own
-    (:data:`~lightning_modules.evaluation.perplexity.SCORING_PROCEDURES`); a bad value is one :class:`ConfigError` line
+    (:data:`~evaluation.perplexity.SCORING_PROCEDURES`); a bad value is one :class:`ConfigError` line
     naming the flag."""
     group = parser.add_argument_group("procedures (Melis et al. 2020 §3.3; the result records every setting)")
     group.add_argument(

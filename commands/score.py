@@ -18,7 +18,7 @@ from commands.common import (
     source_arguments,
 )
 from datamodules.kinds import SCORE
-from lightning_modules.evaluation.sentences import SCALES, stream_scores
+from evaluation.sentences import SCALES, stream_scores
 from zoo.errors import ConfigError, DataError, number_flag
 
 NBEST_HELP = (

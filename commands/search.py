@@ -17,7 +17,8 @@ import torch
 
 from commands.common import CommandParser
 from commands.recipes import config_file
-from lightning_modules.search.evolution import (
+from lightning_modules.storages import StorageServer, host_port, is_loopback
+from search.evolution import (
     STUDY,
     SearchStore,
     Worker,
@@ -26,7 +27,6 @@ from lightning_modules.search.evolution import (
     report,
     worker_random,
 )
-from lightning_modules.storages import StorageServer, host_port, is_loopback
 from zoo.errors import ConfigError, number_flag
 
 

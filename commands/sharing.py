@@ -13,7 +13,7 @@ from checkpoints.export_write import export
 from commands import COMMANDS
 from commands.common import DEVICE_HELP, SOURCE_HELP, CommandParser, device_argument, refuse_quantize
 from datamodules.corpora import REPORTED_SPLITS, SPLITS
-from lightning_modules.evaluation.results import result_from_json
+from evaluation.results import result_from_json
 from zoo.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ from commands import COMMANDS
 from commands.common import CommandParser, source_arguments
 from datamodules.corpora import data_root
 from datamodules.kinds import SYNEVAL
-from lightning_modules.evaluation import syneval
+from evaluation import syneval
 from zoo.errors import ConfigError
 
 

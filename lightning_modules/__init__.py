@@ -1,11 +1,9 @@
 """The LightningModules (LanguageModel, MusicModel), their callbacks, learning-rate schedules and weight averaging.
 
-Scoring a trained network is :mod:`lightning_modules.evaluation`; the architecture search is
-:mod:`lightning_modules.search`.
+Scoring a trained network is the package :mod:`evaluation`; the architecture search is :mod:`search`.
 
-The names below are handed out on first use (PEP 562), as ``zoo`` and ``datamodules`` do theirs: importing
-``lightning_modules.evaluation`` (what ``lm-zoo evaluate`` and ``score`` need) then costs no Lightning import, which
-took most of a scoring command's start-up.
+The names below are handed out on first use (PEP 562), as ``zoo`` and ``datamodules`` do theirs: importing one module
+of the package (what ``lm-zoo tune`` or ``search`` needs) then costs no Lightning import it does not need.
 """
 
 from __future__ import annotations

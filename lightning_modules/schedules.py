@@ -235,7 +235,7 @@ class HalveOnPlateau(_OwnPlateauSchedule):
     def step(self, value: float) -> Literal["keep", "halve", "stop"]:
         """Count one check's ``value`` (lower is better): keep the rate, halve it (``factor``), or stop training.
 
-        Needs no trainer, so a plain training loop (the architecture search's, :mod:`lightning_modules.search.tasks`)
+        Needs no trainer, so a plain training loop (the architecture search's, :mod:`search.tasks`)
         follows the same schedule as ``fit``.
         """
         if self.decays_done == 0:  # waiting for the plateau

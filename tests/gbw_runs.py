@@ -58,7 +58,7 @@ def fit(tmp_path: Path, name: str, devices: int, seed: int, accelerator: str = "
 
 def validation_ppl(checkpoint: Path) -> float:
     import checkpoints
-    from lightning_modules.evaluation.perplexity import evaluate
+    from evaluation.perplexity import evaluate
 
     loaded = checkpoints.load(str(checkpoint))
     datamodule = loaded.datamodule(data_root=str(DATA_ROOT))

@@ -17,15 +17,14 @@ import torch
 import cli
 from datamodules import TextDataModule
 from datamodules.windows import IGNORE_INDEX, LMBatch, StreamWindows
-from lightning_modules import LanguageModel
-from lightning_modules.evaluation.dynamic import (
+from evaluation.dynamic import (
     DynamicEvaluation,
     adapted_parameters,
     adapting,
     dynamic_nll,
     mean_squared_gradients,
 )
-from lightning_modules.evaluation.mc_dropout import (
+from evaluation.mc_dropout import (
     DROPOUT_RATES,
     MCDropout,
     mc_nll,
@@ -33,8 +32,9 @@ from lightning_modules.evaluation.mc_dropout import (
     row_groups,
     sampled_dropout,
 )
-from lightning_modules.evaluation.perplexity import deterministic_nll, evaluate
-from lightning_modules.evaluation.temperature import collect_features, golden_section_search, total_nll
+from evaluation.perplexity import deterministic_nll, evaluate
+from evaluation.temperature import collect_features, golden_section_search, total_nll
+from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
 from zoo.language_model import RecurrentLM
 from zoo.state import detach_state

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import zoo
-from lightning_modules.search.mutation import TRANSFORMATIONS, _Editable, _transform, mutate
+from search.mutation import TRANSFORMATIONS, _Editable, _transform, mutate
 from zoo.genome import ACTIVATIONS, GENOMES, CellGraph, GenomeError, GenomeLayer, Node, format_genome, parse
 
 

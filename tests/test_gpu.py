@@ -87,8 +87,8 @@ def test_mixed_precision_training_steps_are_finite(name: str, dtype: torch.dtype
 
 def test_dynamic_evaluation_runs_on_cuda_and_equals_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from datamodules import TextDataModule
-    from lightning_modules.evaluation.dynamic import DynamicEvaluation
-    from lightning_modules.evaluation.perplexity import evaluate
+    from evaluation.dynamic import DynamicEvaluation
+    from evaluation.perplexity import evaluate
     from tests.conftest import write_word_corpus
     from zoo import RecurrentLM
 
@@ -251,8 +251,8 @@ def test_a_mixed_precision_fit_on_cuda(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_mc_dropout_samples_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from datamodules import TextDataModule
-    from lightning_modules.evaluation.mc_dropout import MCDropout
-    from lightning_modules.evaluation.perplexity import evaluate
+    from evaluation.mc_dropout import MCDropout
+    from evaluation.perplexity import evaluate
     from tests.conftest import write_word_corpus
     from zoo import RecurrentLM
 

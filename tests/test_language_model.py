@@ -12,9 +12,9 @@ from jsonargparse import ArgumentError
 
 from datamodules import TextDataModule
 from datamodules.windows import StreamWindows
+from evaluation.perplexity import evaluate
 from lightning_modules import LanguageModel, ZarembaDecay
 from lightning_modules.divergence import WINDOW_LOSS
-from lightning_modules.evaluation.perplexity import evaluate
 from lightning_modules.language_model import TRAINING_OPTIONS
 from tests.conftest import quiet_trainer, write_word_corpus
 from zoo import LMConfig, RecurrentLM

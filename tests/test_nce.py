@@ -17,8 +17,8 @@ import cli
 from datamodules import TextDataModule
 from datamodules.gbw import GBWDataModule
 from datamodules.windows import LMBatch
+from evaluation.perplexity import evaluate
 from lightning_modules import LanguageModel
-from lightning_modules.evaluation.perplexity import evaluate
 from tests.conftest import (
     DATA_ROOT,
     LargestTensor,

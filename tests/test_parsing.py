@@ -1,4 +1,4 @@
-"""Unsupervised constituency parsing (lightning_modules.evaluation.parsing; Shen et al. 2019 §5.2): the greedy
+"""Unsupervised constituency parsing (evaluation.parsing; Shen et al. 2019 §5.2): the greedy
 splitter, spans,
 F1 and the baselines against hand-made trees and hand counts, the treebank reader against the NLTK sample, and the
 model's split points against a per-sentence run."""
@@ -15,8 +15,8 @@ import torch
 from nltk import Tree
 
 from datamodules.tokenizers import WordTokenizer
-from lightning_modules.evaluation import parsing
-from lightning_modules.evaluation.parsing import (
+from evaluation import parsing
+from evaluation.parsing import (
     balanced,
     draw_text,
     gold_sentence,

@@ -19,7 +19,7 @@ import cli
 from checkpoints.export_read import LoadedModel
 from checkpoints.export_write import export_model
 from datamodules.tokenizers import build_tokenizer
-from lightning_modules.evaluation.sentences import score_sentences
+from evaluation.sentences import score_sentences
 from tests.conftest import one_line_error
 from zoo import RecurrentLM
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import cli
-from lightning_modules.search import evolution
-from lightning_modules.search.evolution import (
+from search import evolution
+from search.evolution import (
     BASELINES,
     SearchConfig,
     SearchStore,
@@ -23,7 +23,7 @@ from lightning_modules.search.evolution import (
     baseline,
     load_config,
 )
-from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
+from search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from tests.conftest import TINY_SEARCH, one_line_error
 from zoo.errors import ConfigError, DataError
 from zoo.genome import format_genome, parse
@@ -47,7 +47,7 @@ def test_a_setting_reads_back_from_its_key() -> None:
 
 def test_the_score_is_the_worst_task_relative_to_the_gru() -> None:
     """§3.1 eq. (1), written out: min over tasks of best accuracy / the GRU's best."""
-    from lightning_modules.search.evolution import Evaluation
+    from search.evolution import Evaluation
 
     rows = [
         (GRU, "arithmetic", 0.8), (GRU, "arithmetic", 0.9), (GRU, "xml", 0.5),
@@ -148,7 +148,7 @@ def test_a_listed_cell_with_no_mutant_costs_a_step_not_the_worker(
     parent and the worker died). The real ``mutate`` refuses it; the step says so and the next step goes on."""
     dead_end = format_genome(parse("h: h' = x"))
     worker, scorer = scripted_worker(monkeypatch, store, CHILD, {(dead_end, "arithmetic"): 0.9, (dead_end, "xml"): 0.6})
-    from lightning_modules.search.mutation import mutate
+    from search.mutation import mutate
 
     monkeypatch.setattr(evolution, "mutate", mutate)
     for task in TASKS:  # listed above the GRU, as if an older search had put it there
@@ -174,7 +174,7 @@ def test_a_mutants_settings_mix_its_parents_and_the_baselines() -> None:
     """§3.3: with a parent evaluated on few settings, about a third of a mutant's settings come from those tried on
     the parent, a third from the LSTM's and GRU's best, a third at random; with a long history, 80% from the parent's
     best."""
-    from lightning_modules.search.evolution import Evaluation
+    from search.evolution import Evaluation
 
     rng, task = random.Random(1), TASKS[0]
     keys = list(dict.fromkeys(Grid().draw(rng, task.num_params).key() for _ in range(2000)))
@@ -219,7 +219,7 @@ def test_arithmetic_is_scored_on_its_answers() -> None:
     from datamodules.synthetic import arithmetic_example
     from datamodules.tokenizers import CharTokenizer
     from datamodules.windows import LMBatch
-    from lightning_modules.search.tasks import Span, validation_accuracy
+    from search.tasks import Span, validation_accuracy
     from zoo import RecurrentLM
 
     rng = random.Random(0)
@@ -270,7 +270,7 @@ def test_the_rate_counts_the_hours_the_search_ran_not_the_gaps_between_its_runs(
     time: 0:00-1:00 and 0:30-1:30 (one run, 1.5 h), 3:30-4:00 (its resumption, 0.5 h), 2.0 hours in all."""
     from datetime import datetime, timedelta
 
-    from lightning_modules.search.evolution import Evaluation, searching_hours
+    from search.evolution import Evaluation, searching_hours
 
     zero = datetime(2026, 1, 1)
     spans = [(0, 60), (30, 90), (210, 240), (215, 220)]  # minutes
@@ -583,8 +583,8 @@ def test_a_silent_trial_is_failed_after_four_of_its_heartbeats(tmp_path: Path) -
 KILLED_IN_THE_CLAIM_WINDOW = """
 import os, random, signal, sys
 import optuna.storages._heartbeat as heartbeat
-from lightning_modules.search.evolution import SearchStore
-from lightning_modules.search.tasks import Grid, Outcome, Setting
+from search.evolution import SearchStore
+from search.tasks import Grid, Outcome, Setting
 
 # The worst case, which decided the test now and then: killed before Optuna's heartbeat thread wrote its first beat.
 heartbeat.HeartbeatThread._record_heartbeat = staticmethod(lambda trial_id, beat, stop: stop.wait())

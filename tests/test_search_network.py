@@ -20,8 +20,8 @@ import optuna
 import pytest
 
 import cli
-from lightning_modules.search.evolution import STUDY
-from lightning_modules.search.tasks import MEMORISE
+from search.evolution import STUDY
+from search.tasks import MEMORISE
 from tests.conftest import TINY_SEARCH, TINY_TUNE, one_line_error, write_tiny_recipe, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import cli
 from datamodules import TextDataModule
+from evaluation.dynamic import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules import LanguageModel
-from lightning_modules.evaluation.dynamic import DynamicEvaluation, adapting, dynamic_nll, mean_squared_gradients
 from lightning_modules.sparse_gradients import check_optimizer, clip_grad_norm
 from tests.conftest import LargestTensor, one_line_error, quiet_trainer, write_tiny_recipe, write_word_corpus
 from zoo.errors import ConfigError

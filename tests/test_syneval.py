@@ -1,4 +1,4 @@
-"""Targeted syntactic evaluation (lightning_modules.evaluation.syneval; Marvin & Linzen 2018): the loader takes only
+"""Targeted syntactic evaluation (evaluation.syneval; Marvin & Linzen 2018): the loader takes only
 the published
 templates, a model that prefers the grammatical sentences scores 1.0, the counts equal the templates', and the
 sentence log-probabilities equal a sum written out token by token."""
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from datamodules.tokenizers import WordTokenizer
-from lightning_modules.evaluation import syneval
+from evaluation import syneval
 from tests.conftest import DATA_ROOT, needs_data
 from zoo import RecurrentLM
 from zoo.errors import DataError

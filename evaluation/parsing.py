@@ -46,7 +46,7 @@ import torch
 from nltk import Tree  # the parse extra (pip install "lm-zoo[parse]")
 from nltk.corpus.reader.util import read_sexpr_block
 
-from lightning_modules.evaluation.sentences import pad, sentence_batches
+from evaluation.sentences import pad, sentence_batches
 from zoo.errors import ConfigError, DataError
 
 # The Penn Treebank part-of-speech tags of words (the 2019 code's ``word_tags``): everything else (punctuation,

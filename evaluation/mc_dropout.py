@@ -34,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, given_flags, refuse_orphans
-from lightning_modules.evaluation.temperature import FeaturePass, total_nll
+from evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, given_flags, refuse_orphans
+from evaluation.temperature import FeaturePass, total_nll
 from zoo.errors import ConfigError, number_flag
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM

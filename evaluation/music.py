@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from datamodules.progress import Progress
-from lightning_modules.evaluation.results import MusicResult
+from evaluation.results import MusicResult
 from zoo.errors import ConfigError
 from zoo.music import PianoRollLM
 

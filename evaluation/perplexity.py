@@ -5,13 +5,13 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 * **deterministic** (dropout off), the default, at an eval batch size and BPTT that the result records (each of the
   B streams starts without context, so perplexity depends on them); ``long_context``: one stream over the whole split;
 * **softmax temperature**: a given one, or ``"auto"``: the one minimising validation cross-entropy
-  (:mod:`lightning_modules.evaluation.temperature`), then applied to the requested split;
+  (:mod:`evaluation.temperature`), then applied to the requested split;
 * **MC dropout**: predictions averaged over sampled dropout masks in probability space, dropout rates optionally
-  scaled (:mod:`lightning_modules.evaluation.mc_dropout`);
+  scaled (:mod:`evaluation.mc_dropout`);
 * **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
-  tuned on validation over Table 6's ranges (:mod:`lightning_modules.evaluation.dynamic`).
+  tuned on validation over Table 6's ranges (:mod:`evaluation.dynamic`).
 
-Each procedure is a :class:`~lightning_modules.evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in
+Each procedure is a :class:`~evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in
 its own module; the deterministic pass is :class:`Deterministic`, here), and :func:`evaluate` runs any of them the same
 way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed
 in float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
@@ -34,11 +34,11 @@ from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.tokenizers import TextUnits
 from datamodules.windows import LMBatch
-from lightning_modules.evaluation.dynamic import DynamicEvaluation
-from lightning_modules.evaluation.mc_dropout import MCDropout
-from lightning_modules.evaluation.results import ProcedureSettings, TextResult
-from lightning_modules.evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, first_tokens
-from lightning_modules.evaluation.temperature import (
+from evaluation.dynamic import DynamicEvaluation
+from evaluation.mc_dropout import MCDropout
+from evaluation.results import ProcedureSettings, TextResult
+from evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, first_tokens
+from evaluation.temperature import (
     CACHE_BYTES,
     TEMPERATURE_RANGE,
     TEMPERATURE_TOLERANCE,
@@ -125,8 +125,8 @@ class Deterministic(ScoringProcedure):
 
 
 #: The procedures ``lm-zoo evaluate`` offers besides the deterministic pass, in the order their flags are listed. A new
-#: one is a module with a :class:`~lightning_modules.evaluation.scoring.ScoringProcedure` subclass, named here, and
-#: its recorded settings as fields of :class:`~lightning_modules.evaluation.results.ProcedureSettings`.
+#: one is a module with a :class:`~evaluation.scoring.ScoringProcedure` subclass, named here, and
+#: its recorded settings as fields of :class:`~evaluation.results.ProcedureSettings`.
 SCORING_PROCEDURES: tuple[type[ScoringProcedure], ...] = (MCDropout, DynamicEvaluation)
 
 
@@ -201,11 +201,11 @@ def evaluate(
         temperature: softmax temperature, or ``"auto"``: golden-section search on the validation split within
             ``temperature_range``, then applied to ``split``.
         procedure: how to score, one of :data:`SCORING_PROCEDURES`
-            (:class:`~lightning_modules.evaluation.mc_dropout.MCDropout`,
-            :class:`~lightning_modules.evaluation.dynamic.DynamicEvaluation`, tuned on validation or not);
+            (:class:`~evaluation.mc_dropout.MCDropout`,
+            :class:`~evaluation.dynamic.DynamicEvaluation`, tuned on validation or not);
             ``None``: the deterministic pass.
         max_tokens: score ``split`` only up to the window holding its this-many-th predicted token
-            (:func:`~lightning_modules.evaluation.scoring.first_tokens`): a fixed part of it, quick to re-measure (a
+            (:func:`~evaluation.scoring.first_tokens`): a fixed part of it, quick to re-measure (a
             registered model's check figure); ``None``: the whole split. What is tuned or searched on validation
             first still reads all it reads.
         seed: seeds the MC masks and the tuning draws.
@@ -215,7 +215,7 @@ def evaluate(
     Returns:
         The figures (loss in mean nats per token, ppl, and bpc / word_ppl where
         :func:`datamodules.kinds.text_figures` reports them) with the eval batch size, BPTT and every setting of the
-        procedure (:class:`~lightning_modules.evaluation.results.ProcedureSettings`: the temperature and how an
+        procedure (:class:`~evaluation.results.ProcedureSettings`: the temperature and how an
         ``auto`` one was found, MC dropout's samples, dynamic evaluation's settings, statistics and tuning trials).
 
     Raises:

@@ -1,10 +1,10 @@
 """What a scoring procedure of ``lm-zoo evaluate`` is: its flags, what it refuses, how it scores a split's windows and
 what its result records.
 
-Each procedure is one class in its own module: :class:`~lightning_modules.evaluation.mc_dropout.MCDropout`,
-:class:`~lightning_modules.evaluation.dynamic.DynamicEvaluation`, and the deterministic pass
-(:class:`~lightning_modules.evaluation.perplexity.Deterministic`).
-:func:`lightning_modules.evaluation.perplexity.evaluate` runs whichever it is given the same way: it prepares the
+Each procedure is one class in its own module: :class:`~evaluation.mc_dropout.MCDropout`,
+:class:`~evaluation.dynamic.DynamicEvaluation`, and the deterministic pass
+(:class:`~evaluation.perplexity.Deterministic`).
+:func:`evaluation.perplexity.evaluate` runs whichever it is given the same way: it prepares the
 procedure for the model and the corpus (a :class:`Scorer`), searches the softmax temperature with it when asked,
 scores the split and records the procedure's settings. ``lm-zoo evaluate`` offers the flags of every procedure in
 ``perplexity.SCORING_PROCEDURES``.
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from datamodules.text_data import TextData
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.evaluation.temperature import FeaturePass
+from evaluation.temperature import FeaturePass
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
 
@@ -58,7 +58,7 @@ class Scorer:
         features: the pass whose features the temperature search may keep and re-score at each temperature; ``None``
             when the result would differ from a re-run (the weights change as they read, the head samples its own
             dropout), so each trial temperature re-runs the pass.
-        record: the :class:`~lightning_modules.evaluation.results.ProcedureSettings` fields the procedure sets.
+        record: the :class:`~evaluation.results.ProcedureSettings` fields the procedure sets.
         scored_valid: the whole validation split's nats and tokens at the procedure's settings, where preparing it
             measured them already (dynamic evaluation's winning trial); ``None`` otherwise.
     """

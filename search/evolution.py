@@ -5,7 +5,7 @@ The procedure, as §3.1 describes it:
   evaluated on ``baseline_settings`` hyperparameter settings per task (the paper: every allowable setting);
 - an architecture's score is ``min over tasks of (its best accuracy on the task / the GRU's best)``;
 - each step either re-evaluates a listed architecture on ``settings_per_task`` fresh settings per task (20 in the
-  paper), or mutates a listed one (:mod:`lightning_modules.search.mutation`) and puts the mutant through the ladder: one
+  paper), or mutates a listed one (:mod:`search.mutation`) and puts the mutant through the ladder: one
   random setting of the memorisation task, kept only at ``memorise_threshold`` (95%) accuracy or more (once passed,
   never again); then per task in turn ``settings_per_task`` settings, going on only while the best exceeds
   ``task_threshold`` (90%) of the GRU's best; a mutant that passes every task joins the list if its score ranks in
@@ -59,9 +59,9 @@ from typing import Any
 import optuna  # the search extra (pip install "lm-zoo[search]")
 import yaml
 
-from lightning_modules.search.mutation import mutate
-from lightning_modules.search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from lightning_modules.storages import SilentTrials, beating, grpc_address, has_optuna_heartbeat, open_storage
+from search.mutation import mutate
+from search.tasks import MEMORISE, Grid, Outcome, Setting, Task, train_candidate
 from zoo.errors import ConfigError, DataError
 from zoo.genome import GenomeError, format_genome, parse
 
@@ -262,7 +262,7 @@ class SearchStore:
         return killed
 
     def record(self, genome: str, task: str, setting: Setting, run: Any, parent: str | None = None) -> float | None:
-        """Run ``run()`` (an :class:`~lightning_modules.search.tasks.Outcome`) as a trial of the study and store it.
+        """Run ``run()`` (an :class:`~search.tasks.Outcome`) as a trial of the study and store it.
 
         The trial runs through ``study.optimize``, which marks it failed if ``run`` raises (Ctrl-C included), and
         keeps a heartbeat while it trains. Returns the accuracy, or ``None`` when another worker holds the

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lightning_modules.evaluation.sentences import score_sentences
+from evaluation.sentences import score_sentences
 from zoo.errors import DataError
 
 TEMPLATES_SOURCE = "https://github.com/BeckyMarvin/LM_syneval/tree/edb7378 (data/templates, EMNLP2018/templates)"

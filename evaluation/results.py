@@ -164,7 +164,7 @@ def _headline_text(result: dict[str, Any]) -> str:
 
 @dataclass(kw_only=True)
 class TextResult(_Result):
-    """A text model's figures on a split (``lightning_modules.evaluation.perplexity.evaluate``).
+    """A text model's figures on a split (``evaluation.perplexity.evaluate``).
 
     Attributes:
         split: ``train``, ``valid`` or ``test``.
@@ -227,7 +227,7 @@ class TextResult(_Result):
 
 @dataclass(kw_only=True)
 class MusicResult(_Result):
-    """A piano-roll model's negative log-likelihood on a split (``lightning_modules.evaluation.music``).
+    """A piano-roll model's negative log-likelihood on a split (``evaluation.music``).
 
     Attributes:
         split: ``train``, ``valid`` or ``test``.

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from datamodules.progress import Progress
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from lightning_modules.evaluation.scoring import (
+from evaluation.scoring import (
     EvaluationSetup,
     Scorer,
     ScoringProcedure,
@@ -46,7 +46,7 @@ from lightning_modules.evaluation.scoring import (
     given_flags,
     refuse_orphans,
 )
-from lightning_modules.evaluation.temperature import total_nll
+from evaluation.temperature import total_nll
 from zoo.errors import ConfigError, number_flag
 from zoo.language_model import RecurrentLM
 from zoo.state import State, detach_state
