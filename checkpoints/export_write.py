@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import save_file, save_model
@@ -38,15 +38,10 @@ from checkpoints.export_read import (
 )
 from checkpoints.model_card import render_card
 from datamodules.corpora import REPORTED_SPLITS
-from datamodules.kinds import MUSIC
 from datamodules.tokenizers import Tokenizer
-from evaluation.music import evaluate_music
-from evaluation.perplexity import evaluate
+from evaluation.dispatch import score_split
 from evaluation.results import EvaluationResult, result_from_json
 from zoo.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from datamodules.stream_data import StreamData
 
 # Settings of the training machine, not of the recipe: a downloaded model uses the user's own data root.
 _LOCAL_DATA_SETTINGS = ("data_root",)
@@ -295,37 +290,16 @@ def measure(
 ) -> list[EvaluationResult]:
     """Evaluate ``loaded`` on each split the way ``lm-zoo evaluate`` does; the results for a model card.
 
-    A music model is scored by :func:`evaluation.music.evaluate_music` (NLL per frame), a text model
-    by :func:`evaluation.perplexity.evaluate` (deterministic, full softmax); ``max_tokens``: only
+    As its kind is scored (:func:`evaluation.dispatch.score_split`: a text model deterministically, with the full
+    softmax; a music model in NLL per frame); ``max_tokens``: only
     up to the window holding each split's this-many-th token (frame), as ``lm-zoo evaluate --max-tokens``.
     """
     splits = list(splits)
     if not splits:
         return []
     datamodule = loaded.datamodule(data_root=data_root)
-    return [score(loaded, datamodule, split, batch_size, bptt, device, max_tokens) for split in splits]
-
-
-def score(
-    loaded: LoadedModel,
-    datamodule: StreamData,
-    split: str,
-    batch_size: int | None = None,
-    bptt: int | None = None,
-    device: str = "cpu",
-    max_tokens: int | None = None,
-    **procedure: Any,
-) -> EvaluationResult:
-    """Score one split of ``datamodule`` with ``loaded``, as its kind is scored: a text model by
-    :func:`evaluation.perplexity.evaluate` with ``procedure`` (its keyword arguments: temperature,
-    MC dropout, dynamic evaluation, ...), a music model by :func:`evaluation.music.evaluate_music`,
-    which takes no procedure (``lm-zoo evaluate`` refuses one first: :meth:`datamodules.kinds.ModelKind.refuse`);
-    ``max_tokens``: only the windows up to the one holding the split's this-many-th token (or frame).
-    """
-    network, sizes = loaded.model, (split, batch_size, bptt, device)
-    if loaded.kind is MUSIC:
-        return evaluate_music(network, datamodule, *sizes, max_tokens=max_tokens)  # type: ignore[arg-type]
-    return evaluate(network, datamodule, *sizes, max_tokens=max_tokens, **procedure)  # type: ignore[arg-type]
+    sizes = (batch_size, bptt, device, max_tokens)
+    return [score_split(loaded.model, loaded.kind, datamodule, split, *sizes) for split in splits]
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

@@ -8,11 +8,11 @@ import json
 from collections.abc import Sequence
 
 import checkpoints
-from checkpoints.export_write import score
 from commands import COMMANDS
 from commands.common import CommandParser, quantize_model, source_arguments
 from datamodules.corpora import SPLITS
 from datamodules.kinds import PROCEDURES
+from evaluation.dispatch import score_split
 from evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
 from evaluation.scoring import ScoringProcedure
 from zoo.errors import ConfigError, number_flag
@@ -64,9 +64,8 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
     # For the whole scoring, the temperature search and dynamic steps too; the caller's own put back after (a script
     # or a test calling cmd_evaluate keeps its precision).
     with matmul_precision_in_force(args.matmul_precision):
-        result = score(
-            loaded, datamodule, args.split, args.batch_size, args.bptt, args.device, args.max_tokens, **options
-        )
+        sizes = (args.split, args.batch_size, args.bptt, args.device, args.max_tokens)
+        result = score_split(loaded.model, loaded.kind, datamodule, *sizes, **options)
     result.source = loaded.source
     result.matmul_precision = args.matmul_precision  # a setting the figure depends on, as the eval batch size
     result.quantize = args.quantize
