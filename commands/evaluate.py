@@ -91,8 +91,12 @@ def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--seed", type=number_flag("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)"
     )
-    for procedure in SCORING_PROCEDURES:
-        procedure.add_arguments(group)
+    for flag in (flag for procedure in SCORING_PROCEDURES for flag in procedure.flags):
+        if flag.kind is bool:
+            group.add_argument(flag.name, action="store_true", help=flag.help)
+        else:
+            kind = number_flag(flag.name, flag.kind, flag.minimum)
+            group.add_argument(flag.name, type=kind, metavar=flag.metavar, help=flag.help)
 
 
 def procedure_from_args(args: argparse.Namespace) -> ScoringProcedure | None:
@@ -101,7 +105,10 @@ def procedure_from_args(args: argparse.Namespace) -> ScoringProcedure | None:
     Raises:
         ConfigError: a flag given without the procedure it belongs to, or two procedures at once.
     """
-    chosen = [procedure for kind in SCORING_PROCEDURES if (procedure := kind.from_flags(args)) is not None]
+    flags = {flag.name: flag for procedure in SCORING_PROCEDURES for flag in procedure.flags}
+    values = {name: getattr(args, name.lstrip("-").replace("-", "_")) for name in flags}
+    given = {name: value for name, value in values.items() if value is not None and value is not False}
+    chosen = [procedure for kind in SCORING_PROCEDURES if (procedure := kind.from_flags(given)) is not None]
     if len(chosen) > 1:
         raise ConfigError(f"{chosen[-1].flag} with {chosen[0].flag} is not supported: run them separately")
     return chosen[0] if chosen else None

@@ -25,10 +25,9 @@ weights before stream 1's next segment (earlier text) is scored.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
@@ -38,22 +37,16 @@ from torch import Tensor
 
 from datamodules.progress import Progress
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from evaluation.scoring import (
-    EvaluationSetup,
-    Scorer,
-    ScoringProcedure,
-    first_tokens,
-    given_flags,
-    refuse_orphans,
-)
+from evaluation.scoring import EvaluationSetup, Flag, Scorer, ScoringProcedure, first_tokens
 from evaluation.temperature import total_nll
-from zoo.errors import ConfigError, number_flag
+from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
 from zoo.state import State, detach_state
 
 #: Table 6 of the Mogrifier paper: log-spaced tuning ranges, and the highest ``max_time_steps`` (word / character).
 TABLE6_RANGES = {"learning_rate": (1e-6, 1e-3), "decay_rate": (1e-6, 1e-2), "epsilon": (1e-8, 1e-2)}
 MAX_TIME_STEPS_RANGE = {"word": (1, 20), "char": (1, 50)}
+DEFAULT_TUNE_TRIALS = 20  # settings --tune tries
 
 
 def dense_gradients(grads: Sequence[Tensor | None]) -> list[Tensor | None]:
@@ -98,6 +91,80 @@ class DynamicEvaluation(ScoringProcedure):
 
     method: ClassVar[str] = "dynamic"
     flag: ClassVar[str | None] = "--dynamic"
+    flags: ClassVar[tuple[Flag, ...]] = (
+        Flag(
+            "--dynamic",
+            "dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step on it",
+        ),
+        *(
+            Flag(name, text, setting, float, 0, metavar)
+            for name, setting, metavar, text in (
+                (
+                    "--dyn-lr",
+                    "learning_rate",
+                    "ETA",
+                    f"learning rate (default {learning_rate:g}; Table 6: 1e-6 .. 1e-3)",
+                ),
+                (
+                    "--dyn-decay",
+                    "decay_rate",
+                    "LAMBDA",
+                    f"decay towards the trained weights (default {decay_rate:g}; 1e-6 .. 1e-2)",
+                ),
+                (
+                    "--dyn-eps",
+                    "epsilon",
+                    "EPS",
+                    f"epsilon of the RMS-normalised step (default {epsilon:g}; 1e-8 .. 1e-2)",
+                ),
+            )
+        ),
+        *(
+            Flag(name, text, setting, int, 1, metavar)
+            for name, setting, metavar, text in (
+                (
+                    "--dyn-max-time-steps",
+                    "max_time_steps",
+                    "T",
+                    "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)",
+                ),
+                (
+                    "--dyn-stat-batches",
+                    "stat_batches",
+                    "K",
+                    f"training batches for the mean squared gradients (default {stat_batches})",
+                ),
+                (
+                    "--dyn-stat-batch-size",
+                    "stat_batch_size",
+                    "B",
+                    f"streams per such batch (default {stat_batch_size}, the paper's)",
+                ),
+            )
+        ),
+        Flag(
+            "--tune",
+            "with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score --split",
+        ),
+        Flag(
+            "--tune-trials",
+            f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
+            "tune_trials",
+            int,
+            1,
+            "N",
+            needs="--tune",
+        ),
+        Flag(
+            "--tune-tokens",
+            "score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
+            "tune_tokens",
+            int,
+            1,
+            "N",
+            needs="--tune",
+        ),
+    )
     # With more streams, a step on later text would change the weights before earlier text is scored.
     one_stream: ClassVar[bool] = True
     needs_float_weights: ClassVar[str | None] = "trains the weights"
@@ -130,71 +197,10 @@ class DynamicEvaluation(ScoringProcedure):
         return {name: value for name, value in asdict(self).items() if name not in ("tune_trials", "tune_tokens")}
 
     @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
-        """``--dynamic``, its hyperparameters (``--dyn-*``) and ``--tune``."""
-        group.add_argument(
-            "--dynamic",
-            action="store_true",
-            help="dynamic evaluation (Krause et al. 2017): one stream; after scoring each segment, a gradient step "
-            "on it",
-        )
-        defaults = cls()
-        for flag, metavar, text in (
-            ("--dyn-lr", "ETA", f"learning rate (default {defaults.learning_rate:g}; Table 6: 1e-6 .. 1e-3)"),
-            (
-                "--dyn-decay",
-                "LAMBDA",
-                f"decay towards the trained weights (default {defaults.decay_rate:g}; 1e-6 .. 1e-2)",
-            ),
-            ("--dyn-eps", "EPS", f"epsilon of the RMS-normalised step (default {defaults.epsilon:g}; 1e-8 .. 1e-2)"),
-        ):
-            group.add_argument(flag, type=number_flag(flag, float, 0), metavar=metavar, help=text)
-        for flag, metavar, text in (
-            ("--dyn-max-time-steps", "T", "segment length (default 10 for words, 25 for characters; 1 .. 20 / 50)"),
-            (
-                "--dyn-stat-batches",
-                "K",
-                f"training batches for the mean squared gradients (default {defaults.stat_batches})",
-            ),
-            ("--dyn-stat-batch-size", "B", f"streams per such batch (default {defaults.stat_batch_size}, the paper's)"),
-        ):
-            group.add_argument(flag, type=number_flag(flag, int, 1), metavar=metavar, help=text)
-        group.add_argument(
-            "--tune",
-            action="store_true",
-            help="with --dynamic: search Table 6's ranges on the valid split (Optuna TPE); the best settings score "
-            "--split",
-        )
-        group.add_argument(
-            "--tune-trials",
-            type=number_flag("--tune-trials", int, 1),
-            metavar="N",
-            help=f"settings --tune tries (default {DEFAULT_TUNE_TRIALS}; the first is the given one)",
-        )
-        group.add_argument(
-            "--tune-tokens",
-            type=number_flag("--tune-tokens", int, 1),
-            metavar="N",
-            help="score each --tune trial on the first N valid tokens only (default: all; Krause et al. used 30000)",
-        )
-
-    @classmethod
-    def from_flags(cls, flags: argparse.Namespace) -> DynamicEvaluation | None:
-        given = given_flags(flags, ("dynamic", "tune", "tune_trials", "tune_tokens", *_FLAG_FIELDS))
-        refuse_orphans(
-            given,
-            [
-                ("tune_trials", "tune", "--tune"),
-                ("tune_tokens", "tune", "--tune"),
-                *((name, "dynamic", "--dynamic") for name in _FLAG_FIELDS),
-                ("tune", "dynamic", "--dynamic"),
-            ],
-        )
-        if "dynamic" not in given:
-            return None
-        trials = given.get("tune_trials", DEFAULT_TUNE_TRIALS) if "tune" in given else 0
-        settings = {field: given[flag] for flag, field in _FLAG_FIELDS.items() if flag in given}
-        return cls(**settings, tune_trials=trials, tune_tokens=given.get("tune_tokens"))
+    def from_settings(cls, settings: dict[str, Any], given: Mapping[str, Any]) -> DynamicEvaluation:
+        """``--tune`` tunes over :data:`DEFAULT_TUNE_TRIALS` settings unless ``--tune-trials`` says how many."""
+        trials = settings.get("tune_trials", DEFAULT_TUNE_TRIALS) if "--tune" in given else 0
+        return cls(**{**settings, "tune_trials": trials})
 
     def check(self, batch_size: int | None, bptt: int | None) -> None:
         if batch_size not in (None, 1):
@@ -252,18 +258,6 @@ class DynamicEvaluation(ScoringProcedure):
             record={"dynamic": {**settings.record(), **statistics.record(), "tuning": tuning}},
             scored_valid=scored_valid,
         )
-
-
-#: The ``--dyn-*`` flags (argparse dests) -> :class:`DynamicEvaluation` fields.
-_FLAG_FIELDS = {
-    "dyn_lr": "learning_rate",
-    "dyn_decay": "decay_rate",
-    "dyn_eps": "epsilon",
-    "dyn_max_time_steps": "max_time_steps",
-    "dyn_stat_batches": "stat_batches",
-    "dyn_stat_batch_size": "stat_batch_size",
-}
-DEFAULT_TUNE_TRIALS = 20
 
 
 def adapted_parameters(model: RecurrentLM) -> dict[str, Tensor]:

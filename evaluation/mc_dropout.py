@@ -23,7 +23,6 @@ row), and a model with ``weight_drop`` runs one replica of each stream per call 
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -34,9 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.windows import IGNORE_INDEX, LMBatch
-from evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, given_flags, refuse_orphans
+from evaluation.scoring import EvaluationSetup, Flag, Scorer, ScoringProcedure
 from evaluation.temperature import FeaturePass, total_nll
-from zoo.errors import ConfigError, number_flag
+from zoo.errors import ConfigError
 from zoo.heads import MixtureOfSoftmaxes
 from zoo.language_model import RecurrentLM
 from zoo.stack import RecurrentStack
@@ -74,6 +73,32 @@ class MCDropout(ScoringProcedure):
 
     method: ClassVar[str] = "mc-dropout"
     flag: ClassVar[str | None] = "--mc-samples"
+    flags: ClassVar[tuple[Flag, ...]] = (
+        Flag(
+            "--mc-samples",
+            "MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
+            "samples",
+            int,
+            1,
+            "N",
+        ),
+        Flag(
+            "--dropout-scale",
+            "MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
+            "dropout_scale",
+            float,
+            0,
+            "F",
+        ),
+        Flag(
+            "--mc-batch",
+            f"MC dropout: most stream replicas (streams x samples) per forward call (default {DEFAULT_ROWS_PER_CALL})",
+            "rows_per_call",
+            int,
+            1,
+            "ROWS",
+        ),
+    )
     needs_float_weights: ClassVar[str | None] = "needs dropout"
 
     def __post_init__(self) -> None:
@@ -83,37 +108,6 @@ class MCDropout(ScoringProcedure):
             raise ConfigError(f"the dropout scale must be a number >= 0, got {self.dropout_scale}")
         if self.rows_per_call is not None and self.rows_per_call < 1:
             raise ConfigError(f"rows per call (--mc-batch) must be at least 1, got {self.rows_per_call}")
-
-    @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
-        """``--mc-samples``, ``--dropout-scale``, ``--mc-batch``."""
-        group.add_argument(
-            "--mc-samples",
-            type=number_flag("--mc-samples", int, 1),
-            metavar="N",
-            help="MC dropout: average the predictions of N sampled dropout masks in probability space (paper: 200)",
-        )
-        group.add_argument(
-            "--dropout-scale",
-            type=number_flag("--dropout-scale", float, 0),
-            metavar="F",
-            help="MC dropout: every dropout rate times F while sampling (Melis et al. 2018; default 1)",
-        )
-        group.add_argument(
-            "--mc-batch",
-            type=number_flag("--mc-batch", int, 1),
-            metavar="ROWS",
-            help="MC dropout: most stream replicas (streams x samples) per forward call "
-            f"(default {DEFAULT_ROWS_PER_CALL})",
-        )
-
-    @classmethod
-    def from_flags(cls, flags: argparse.Namespace) -> MCDropout | None:
-        given = given_flags(flags, ("mc_samples", "dropout_scale", "mc_batch"))
-        refuse_orphans(given, [(name, "mc_samples", "--mc-samples N") for name in ("dropout_scale", "mc_batch")])
-        if "mc_samples" not in given:
-            return None
-        return cls(given["mc_samples"], given.get("dropout_scale", 1.0), given.get("mc_batch"))
 
     def prepare(self, setup: EvaluationSetup) -> Scorer:
         """Masks sampled per replica and window, reproducible per ``seed``; the temperature search keeps the features

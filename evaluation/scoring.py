@@ -12,9 +12,8 @@ scores the split and records the procedure's settings. ``lm-zoo evaluate`` offer
 
 from __future__ import annotations
 
-import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -70,33 +69,74 @@ class Scorer:
     scored_valid: tuple[float, int] | None = None
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag of a procedure, as data: the command layer makes it an option of ``lm-zoo evaluate``
+    (a library module never parses arguments), and :meth:`ScoringProcedure.from_flags` reads what was given.
+
+    Attributes:
+        name: the flag as typed (``--mc-samples``).
+        help: its line in ``--help``.
+        setting: the procedure's field its value sets; ``None``: a switch the procedure reads itself.
+        kind: ``int`` or ``float`` (a number of at least ``minimum``), or ``bool`` (a switch, no value).
+        minimum: the smallest value taken.
+        metavar: its value's name in ``--help`` and in messages.
+        needs: the flag it applies only with; ``None``: the procedure's own (:attr:`ScoringProcedure.flag`).
+    """
+
+    name: str
+    help: str
+    setting: str | None = None
+    kind: type = bool
+    minimum: float = 0
+    metavar: str | None = None
+    needs: str | None = None
+
+
 class ScoringProcedure(ABC):
     """A way of scoring a split (Melis et al. 2020 §3.3): a subclass declares its flags, its checks and its scorer.
 
     Attributes:
         method: what the result's ``procedure.method`` records.
         flag: the ``lm-zoo evaluate`` flag that chooses it (``None``: the default procedure).
+        flags: every flag of its own, the choosing one first, in the order ``--help`` lists them.
         one_stream: it reads the split as one stream (batch size 1).
         needs_float_weights: why it cannot score a model quantized to int8, in words; ``None``: it can.
     """
 
     method: ClassVar[str]
     flag: ClassVar[str | None] = None
+    flags: ClassVar[tuple[Flag, ...]] = ()
     one_stream: ClassVar[bool] = False
     needs_float_weights: ClassVar[str | None] = None
 
     @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
-        """Add the procedure's flags to ``lm-zoo evaluate``'s procedure group (a bad value: one ConfigError line)."""
+    def from_flags(cls, given: Mapping[str, Any]) -> ScoringProcedure | None:
+        """The procedure the given flags ask for, or ``None`` when its choosing flag is absent.
 
-    @classmethod
-    def from_flags(cls, flags: argparse.Namespace) -> ScoringProcedure | None:
-        """The procedure the parsed flags ask for, or ``None`` when its choosing flag is absent.
+        Args:
+            given: the flags given on the command line, by name, with their values (``True`` for a switch); any
+                procedure's.
 
         Raises:
-            ConfigError: one of its flags given without the flag that chooses it.
+            ConfigError: one of its flags given without the flag it applies with.
         """
-        return None
+        own = {flag.name: flag for flag in cls.flags}
+        mine = {name: value for name, value in given.items() if name in own}
+        for flag in cls.flags:
+            needed = flag.needs or cls.flag
+            if flag.name in mine and flag.name != cls.flag and needed not in mine:
+                spelt = " ".join(filter(None, (needed, own[needed].metavar if needed in own else None)))
+                raise ConfigError(f"{flag.name} applies only with {spelt}: add it or drop the flag")
+        if cls.flag not in mine:
+            return None
+        return cls.from_settings({own[name].setting: value for name, value in mine.items() if own[name].setting}, mine)
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], given: Mapping[str, Any]) -> ScoringProcedure:
+        """The procedure with the ``settings`` its flags set (by field); ``given``: its flags as given, for a procedure
+        whose switches mean more than a field (here: none)."""
+        return cls(**settings)
 
     def check(self, batch_size: int | None, bptt: int | None) -> None:
         """Refuse evaluation sizes the procedure cannot work with (``None``: the data module's), before loading.
@@ -108,27 +148,6 @@ class ScoringProcedure(ABC):
     @abstractmethod
     def prepare(self, setup: EvaluationSetup) -> Scorer:
         """Everything the procedure computes before scoring (statistics, tuning) for ``setup``, and its scorer."""
-
-
-def given_flags(flags: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The flags among ``names`` (argparse dests) that were given: not ``None``, not ``False`` (0 is a given value)."""
-    values = {name: getattr(flags, name, None) for name in names}
-    return {name: value for name, value in values.items() if value is not None and value is not False}
-
-
-def refuse_orphans(given: dict[str, Any], needs: Iterable[tuple[str, str, str]]) -> None:
-    """Refuse a flag given without the flag it belongs to.
-
-    Args:
-        given: :func:`given_flags`.
-        needs: ``(flag, the flag it needs, that flag as the message spells it)``, argparse dests.
-
-    Raises:
-        ConfigError: the first such flag.
-    """
-    for flag, needed, spelt in needs:
-        if flag in given and needed not in given:
-            raise ConfigError(f"--{flag.replace('_', '-')} applies only with {spelt}: add it or drop the flag")
 
 
 def first_tokens(windows: Iterable[LMBatch], tokens: int | None) -> Iterator[LMBatch]:

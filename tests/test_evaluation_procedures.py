@@ -556,6 +556,22 @@ def test_cli_bad_procedure_settings_are_one_line(
     one_line_error(capsys, cli.main(["evaluate", str(tmp_path / "none.ckpt"), *flags]), fragment)
 
 
+def test_procedures_take_their_flags_as_data_without_a_parser() -> None:
+    """A procedure reads the flags given, by name (the command layer parses them from the procedures' ``flags``): its
+    own alone, its settings from their values, ``--tune`` with its default number of trials."""
+    from evaluation.dynamic import DEFAULT_TUNE_TRIALS, DynamicEvaluation
+    from evaluation.mc_dropout import MCDropout
+
+    assert MCDropout.from_flags({"--mc-samples": 5, "--mc-batch": 64}) == MCDropout(5, 1.0, 64)
+    assert MCDropout.from_flags({"--dynamic": True}) is None
+    assert DynamicEvaluation.from_flags({"--dynamic": True, "--dyn-lr": 1e-4}) == DynamicEvaluation(learning_rate=1e-4)
+    assert DynamicEvaluation.from_flags({"--dynamic": True, "--tune": True}).tune_trials == DEFAULT_TUNE_TRIALS
+    assert DynamicEvaluation.from_flags({"--dynamic": True, "--tune": True, "--tune-trials": 3}).tune_trials == 3
+    for procedure in (MCDropout, DynamicEvaluation):
+        assert procedure.flags[0].name == procedure.flag
+        assert all(flag.setting in (None, *procedure.__dataclass_fields__) for flag in procedure.flags)
+
+
 def test_cli_dropout_scale_too_large_for_the_model(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LM_ZOO_CACHE", str(checkpoint.parent / "cache"))

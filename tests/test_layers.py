@@ -154,3 +154,20 @@ def test_the_library_repeats_itself_only_less(tmp_path: Path) -> None:
         f"import torch\nfrom torch import nn\n\n\ndef g(total):\n    (\n    )\n{body}"
     )
     assert repeated_code(tmp_path) == [(7, "zoo/a.py:5", "zoo/b.py:8")]
+
+
+def test_no_library_module_parses_arguments() -> None:
+    """argparse belongs to the command layer (``commands/``, ``cli.py``): a scoring procedure declares its flags as
+    data (``evaluation.scoring.Flag``), and no other library package imports argparse."""
+    import ast
+
+    from benchmarks.house import LIBRARY
+
+    parsing = []
+    for package in (name for name in LIBRARY if name != "commands"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if "argparse" in names or (isinstance(node, ast.ImportFrom) and node.module == "argparse"):
+                    parsing.append(str(path.relative_to(ROOT)))
+    assert not parsing
