@@ -249,6 +249,19 @@ class Published:
     tag: str | None
 
 
+def _ready_to_publish(directory: Path, repo_id: str, tag: str | None) -> str:
+    """Check the export (it is loaded, so a broken one is never published), render its model card for ``repo_id``
+    unless it was edited, and return the default commit message, which names the architecture and the corpus."""
+    load_export(directory)  # refuses anything incomplete, corrupt or pickled before it leaves the machine
+    config = read_config(directory, str(directory))
+    card = directory / CARD_NAME
+    if not card.is_file() or GENERATED_MARK in card.read_text(encoding="utf-8"):
+        card.write_text(render_card(config, repo_id, tag), encoding="utf-8")
+    data = config.get("training", {}).get("data", {})
+    corpus = data.get("corpus") or data.get("dataset")  # a text corpus, or a music model's dataset
+    return f"lm-zoo export: {config.get('architecture')} on {Path(str(corpus)).name}"
+
+
 def publish(
     directory: str | Path,
     repo_id: str,
@@ -285,14 +298,7 @@ def publish(
     if settings.offline:
         raise CheckpointError("HF_HUB_OFFLINE is set: publishing needs the network, unset it")
     directory = Path(directory)
-    load_export(directory)  # refuses anything incomplete, corrupt or pickled before it leaves the machine
-    config = read_config(directory, str(directory))
-    card = directory / CARD_NAME
-    if not card.is_file() or GENERATED_MARK in card.read_text(encoding="utf-8"):
-        card.write_text(render_card(config, repo_id, tag), encoding="utf-8")
-    data = config.get("training", {}).get("data", {})
-    corpus = data.get("corpus") or data.get("dataset")  # a text corpus, or a music model's dataset
-    message = commit_message or f"lm-zoo export: {config.get('architecture')} on {Path(str(corpus)).name}"
+    message = commit_message or _ready_to_publish(directory, repo_id, tag)
     api = _api(settings)
     with _hub_errors(repo_id, revision, settings, writing=True):
         url = api.create_repo(repo_id, private=private or None, exist_ok=True)

@@ -379,22 +379,25 @@ def _run_section(
         ]
     if run.get("notes"):
         lines += ["", str(run["notes"])]
-    samples = run.get("samples")
-    if samples:
-        most = f", at most {samples['max_tokens']} tokens each" if samples.get("max_tokens") else ""
-        lines += [
-            "",
-            "## Samples",
-            "",
-            f"Seed {samples.get('seed')}, temperature {samples.get('temperature')}{most}, starting at a new line:",
-            "",
-        ]
-        lines += [
-            f"{i}. {text.replace(chr(10), ' ')}" if text.strip() else f"{i}. *(empty: the end of the line came first)*"
-            for i, text in enumerate(samples.get("texts", []), 1)
-        ]
-    lines += _music_sample_section(run.get("sample"))
-    return lines
+    return lines + _text_samples_section(run.get("samples")) + _music_sample_section(run.get("sample"))
+
+
+def _text_samples_section(samples: dict[str, Any] | None) -> list[str]:
+    """A text model's sampled lines (``release.bundle`` samples them), numbered, an empty one said to be so."""
+    if not samples:
+        return []
+    most = f", at most {samples['max_tokens']} tokens each" if samples.get("max_tokens") else ""
+    lines = [
+        "",
+        "## Samples",
+        "",
+        f"Seed {samples.get('seed')}, temperature {samples.get('temperature')}{most}, starting at a new line:",
+        "",
+    ]
+    return lines + [
+        f"{i}. {text.replace(chr(10), ' ')}" if text.strip() else f"{i}. *(empty: the end of the line came first)*"
+        for i, text in enumerate(samples.get("texts", []), 1)
+    ]
 
 
 def _music_sample_section(sample: dict[str, Any] | None) -> list[str]:

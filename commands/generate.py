@@ -25,8 +25,7 @@ from datamodules.piano_rolls import music_dataset
 from zoo.errors import ConfigError
 
 
-def cmd_generate(argv: Sequence[str]) -> None:
-    """``lm-zoo generate SOURCE``: sample text, one sample per line."""
+def _parser() -> CommandParser:
     parser = CommandParser(prog="lm-zoo generate", description=COMMANDS["generate"].summary)
     source_arguments(parser, quantize=True)
     parser.add_argument("--prompt", default="", help="text to continue (default: the start of a new line / sentence)")
@@ -49,7 +48,12 @@ def cmd_generate(argv: Sequence[str]) -> None:
     music.add_argument("--primer-piece", type=int, help="start from the opening of this piece of the test split")
     music.add_argument("--primer-frames", type=int, default=16, help="frames of that opening (default 16)")
     music.add_argument("--data-root", help="where the dataset lives, for --primer-piece (default: $LM_ZOO_DATA)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def cmd_generate(argv: Sequence[str]) -> None:
+    """``lm-zoo generate SOURCE``: sample text, one sample per line."""
+    args = _parser().parse_args(argv)
     if args.num_samples < 1 or args.max_tokens < 1:
         raise ConfigError("--num-samples and --max-tokens must be at least 1")
     if args.top_k is not None and args.top_k < 1:
@@ -75,18 +79,8 @@ def cmd_generate(argv: Sequence[str]) -> None:
         args.prompt, args.num_samples, args.max_tokens, args.temperature, args.top_k, args.seed, args.device
     )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "source": loaded.source,
-                    "prompt": args.prompt,
-                    "temperature": temperature,
-                    "top_k": args.top_k,
-                    "seed": args.seed,
-                    "samples": texts,
-                }
-            )
-        )
+        said = {"source": loaded.source, "prompt": args.prompt, "temperature": temperature, "top_k": args.top_k}
+        print(json.dumps({**said, "seed": args.seed, "samples": texts}))
     else:
         print("\n".join(text.replace("\n", " ") for text in texts))
 

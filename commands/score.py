@@ -3,6 +3,7 @@ list with an LM score column for rescoring (SRILM's ``-ppl`` and ``-rescore`` do
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -108,8 +109,8 @@ def parse_nbest(lines: Iterable[str], file: str) -> Iterator[NbestLine]:
         yield entry
 
 
-def cmd_score(argv: Sequence[str]) -> None:
-    """``lm-zoo score SOURCE FILE``: log p of each line of FILE (a sentence), from the start-of-sentence state."""
+def _parsed(argv: Sequence[str]) -> argparse.Namespace:
+    """``lm-zoo score``'s flags, read and checked against each other."""
     parser = CommandParser(prog="lm-zoo score", description=COMMANDS["score"].summary)
     source_arguments(parser, quantize=True)
     parser.add_argument("file", nargs="?", default="-", help="one sentence per line (default -: standard input)")
@@ -136,7 +137,12 @@ def cmd_score(argv: Sequence[str]) -> None:
         raise ConfigError(
             "--scale and --oov-column shape the --nbest column; the JSON lines have logprob (ln p), log10prob and oov"
         )
+    return args
 
+
+def cmd_score(argv: Sequence[str]) -> None:
+    """``lm-zoo score SOURCE FILE``: log p of each line of FILE (a sentence), from the start-of-sentence state."""
+    args = _parsed(argv)
     lines = open_lines(args.file)  # before loading a model: a missing file stops at once
     loaded = checkpoints.load(args.source, args.revision)
     loaded.refuse(SCORE)

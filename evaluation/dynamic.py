@@ -488,24 +488,32 @@ def tune(
         values["max_time_steps"] = trial.suggest_int("max_time_steps", low, high)
         return run(replace(base, **values))
 
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial on stderr otherwise
-    try:
+    with _warnings_only(optuna):  # one line per trial on stderr otherwise
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
         first = base.for_level(level)
         loss = run(first)
         given = {name: getattr(first, name) for name in ranges}
         if all(lo <= given[name] <= hi for name, (lo, hi) in ranges.items()):
             # The given settings inform the sampler too, when they lie inside Table 6's ranges.
-            space = {
-                **{
-                    name: optuna.distributions.FloatDistribution(*TABLE6_RANGES[name], log=True)
-                    for name in TABLE6_RANGES
-                },
-                "max_time_steps": optuna.distributions.IntDistribution(low, high),
-            }
+            space = _search_space(optuna, low, high)
             study.add_trial(optuna.trial.create_trial(params=given, distributions=space, value=loss))
         study.optimize(objective, n_trials=trials - 1)
+    return results
+
+
+@contextmanager
+def _warnings_only(optuna: Any) -> Iterator[None]:
+    """Optuna's logging at warnings only while inside, its own level put back after."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
     finally:
         optuna.logging.set_verbosity(verbosity)
-    return results
+
+
+def _search_space(optuna: Any, low: int, high: int) -> dict[str, Any]:
+    """Table 6's ranges as Optuna distributions (η, λ, ε log-uniform), with ``max_time_steps`` in ``[low, high]``:
+    what :func:`tune`'s objective suggests from."""
+    floats = {name: optuna.distributions.FloatDistribution(*TABLE6_RANGES[name], log=True) for name in TABLE6_RANGES}
+    return {**floats, "max_time_steps": optuna.distributions.IntDistribution(low, high)}

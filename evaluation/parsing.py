@@ -292,6 +292,20 @@ class _Score:
         }
 
 
+#: The trivial trees each layer's parses are compared with (Shen et al. 2019, Table 2).
+BASELINES = ("left_branching", "right_branching", "balanced", "random")
+
+
+def _baseline_trees(words: list[str], rng: random.Random) -> dict[str, BinaryTree]:
+    """:data:`BASELINES`' trees of ``words``, by name."""
+    return {
+        "left_branching": left_branching(words),
+        "right_branching": right_branching(words),
+        "balanced": balanced(words),
+        "random": random_tree(words, rng),
+    }
+
+
 def evaluate_parsing(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -319,7 +333,7 @@ def evaluate_parsing(
     layers = [_Score() for _ in range(num_layers)]
     found: list[Counter[str]] = [Counter() for _ in range(num_layers)]
     total: Counter[str] = Counter()
-    baselines = {name: _Score() for name in ("left_branching", "right_branching", "balanced", "random")}
+    baselines = {name: _Score() for name in BASELINES}
     rng = random.Random(seed)
     n_wsj10 = 0
     for sentence, d in zip(gold, d_hat):
@@ -331,13 +345,7 @@ def evaluate_parsing(
             predicted = tree_spans(tree, include_sentence=True)  # recall counts the sentence's own phrase; F1 not
             layers[layer].add(sentence_f1(predicted - {(0, len(sentence.words))}, sentence.spans), short)
             found[layer].update(label for i, j, label in sentence.labelled if (i, j) in predicted)
-        trivial = {
-            "left_branching": left_branching(sentence.words),
-            "right_branching": right_branching(sentence.words),
-            "balanced": balanced(sentence.words),
-            "random": random_tree(sentence.words, rng),
-        }
-        for name, tree in trivial.items():
+        for name, tree in _baseline_trees(sentence.words, rng).items():
             baselines[name].add(sentence_f1(tree_spans(tree), sentence.spans), short)
     n_all = len(gold)
     return {

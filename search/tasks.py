@@ -273,6 +273,21 @@ def passes(stream: Any) -> Iterator[tuple[bool, Any]]:
             yield index == 0, window
 
 
+def candidate_model(architecture: str, options: dict[str, Any], vocab_size: int, setting: Setting) -> RecurrentLM:
+    """The language model a candidate trains: the cell, its width set by the parameter budget
+    (:func:`hidden_for_budget`), embedding as wide, initialised uniformly in +-``init_scale / sqrt(width)``."""
+    hidden = hidden_for_budget(architecture, options, vocab_size, setting.num_layers, setting.num_params)
+    return RecurrentLM(
+        vocab_size=vocab_size,
+        architecture=architecture,
+        embedding_size=hidden,
+        hidden_size=hidden,
+        num_layers=setting.num_layers,
+        init_range=setting.init_scale / math.sqrt(hidden),
+        cell_options=options,
+    )
+
+
 def train_candidate(architecture: str, options: dict[str, Any], task: Task, setting: Setting, seed: int = 0) -> Outcome:
     """Train a language model of this cell on ``task`` with ``setting`` and score it (module docstring).
 
@@ -285,17 +300,8 @@ def train_candidate(architecture: str, options: dict[str, Any], task: Task, sett
     """
     torch.manual_seed(seed)
     datamodule = task.datamodule()
-    vocab_size = datamodule.vocab_size
-    hidden = hidden_for_budget(architecture, options, vocab_size, setting.num_layers, setting.num_params)
-    model = RecurrentLM(
-        vocab_size=vocab_size,
-        architecture=architecture,
-        embedding_size=hidden,
-        hidden_size=hidden,
-        num_layers=setting.num_layers,
-        init_range=setting.init_scale / math.sqrt(hidden),
-        cell_options=options,
-    )
+    model = candidate_model(architecture, options, datamodule.vocab_size, setting)
+    hidden = model.config.hidden_size
     span = Span.of(task, datamodule.tokenizer) if task.scored_span is not None else None
     optimizer = torch.optim.SGD(model.parameters(), lr=setting.learning_rate)
     outcome = Outcome(0.0, 0, hidden, model.num_parameters())
