@@ -126,7 +126,8 @@ def test_architecture_guides_name_files_and_names_that_exist() -> None:
     assert len(files) >= 10, files
     for path in files:
         assert (ROOT / path).is_file(), f"docs/architecture.md names {path}, which is not there"
-    dotted = set(re.findall(r"`((?:zoo|datamodules|lightning_modules|checkpoints|commands|cli)\.[\w.]+)`", guides))
+    packages = "zoo|datamodules|evaluation|lightning_modules|search|checkpoints|commands|cli"
+    dotted = set(re.findall(rf"`((?:{packages})\.[\w.]+)`", guides))
     assert len(dotted) >= 8, dotted
     for name in dotted:
         parts = name.split(".")
@@ -148,3 +149,28 @@ def test_architecture_guides_name_files_and_names_that_exist() -> None:
         source = (ROOT / path).read_text(encoding="utf-8")
         pattern = rf"^\s*(def|class) {name}\b|^{name}\b[^=\n]*="
         assert re.search(pattern, source, re.M), f"docs/architecture.md says {name} is in {path}; it is not"
+
+
+def test_the_change_footprint_table_lists_files_that_exist_and_counts_them() -> None:
+    """docs/architecture.md's table of what each common change touches: a row per change (cell, corpus, scoring
+    procedure, subcommand, export field), each file it lists there (a ``<name>`` one: its folder holds such files), and
+    its count the number of files listed."""
+    from benchmarks.house import LIBRARY
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text[text.index("<!-- change-footprint -->") : text.index("<!-- /change-footprint -->")]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [change.strip() for change, _, _ in rows] == [
+        "a cell",
+        "a corpus",
+        "a way to score a model",
+        "a subcommand",
+        "an export field",
+    ]
+    for change, files, count in rows:
+        paths = re.findall(r"`([\w/<>]+\.py)`", files)
+        assert len(paths) == int(count), (change, paths)
+        for path in paths:
+            assert path.split("/")[0] in LIBRARY, (change, path)
+            matches = list(ROOT.glob(re.sub(r"<\w+>", "*", path)))
+            assert matches, f"docs/architecture.md: {change} touches {path}, which is not there"
