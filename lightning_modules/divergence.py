@@ -65,6 +65,8 @@ class DivergenceGuard(L.Callback):
         self._gradients: Tensor | None = None  # what the step's clipping (or lm-zoo's own step) reported
         self._steps_seen = 0
         self._pending: PendingCheck | None = None
+        # The fit's, fixed from its start: whether a gradient scaler runs, and how many ranks gather.
+        self._scaled, self._world_size = False, 1
 
     # -------------------------------------------------------------------------------------- the public interface
     def note_signal(self, signum: int) -> None:
@@ -88,6 +90,8 @@ class DivergenceGuard(L.Callback):
         # A module fitted again in this process starts with no stop and nothing pending.
         self.stop_signal, self.agreed_stop, self._pending, self._gradients = None, None, None, None
         self._steps_seen = trainer.global_step
+        self._scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+        self._world_size = gathering_world_size(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -99,11 +103,11 @@ class DivergenceGuard(L.Callback):
         self._steps_seen = trainer.global_step
         loss = _window_loss(outputs)
         gradients, self._gradients = self._gradients, None
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        if self._scaled:
             gradients = None
         elif gradients is None:
             gradients = gradients_sum(pl_module.parameters())
-        self.check(loss, gradients, trainer.global_step - 1, trainer.current_epoch, gathering_world_size(trainer))
+        self.check(loss, gradients, self._steps_seen - 1, trainer.current_epoch, self._world_size)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.settle()  # no validation of a diverged step's weights

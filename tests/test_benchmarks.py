@@ -412,3 +412,20 @@ def test_sigterm_broadcast_times_lightnings_broadcast_beside_the_same_loop_witho
     assert written["broadcast_us"] == pytest.approx(
         written["median_us_per_step"]["with the broadcast"] - written["median_us_per_step"]["without"]
     )
+
+
+def test_handoffs_puts_each_file_in_todays_room() -> None:
+    """benchmarks/handoffs.py counts calls between packages: a checkout's files by their top folder (an older
+    commit's lightning_modules/evaluation as today's evaluation), Lightning's installed files as ``lightning``, and
+    nothing else (torch, a virtual environment inside the checkout)."""
+    from benchmarks import handoffs
+
+    root = handoffs.ROOT
+    assert handoffs.room(str(root / "zoo" / "stack.py")) == "zoo"
+    assert handoffs.room(str(root / "lightning_modules" / "evaluation" / "perplexity.py")) == "evaluation"
+    assert handoffs.room(str(root / "lightning_modules" / "stateful.py")) == "lightning_modules"
+    assert handoffs.room(str(root / "cli.py")) == "cli"
+    venv = root / ".venv" / "lib" / "python3.11" / "site-packages"
+    assert handoffs.room(str(venv / "lightning" / "pytorch" / "trainer" / "call.py")) == "lightning"
+    assert handoffs.room(str(venv / "torch" / "nn" / "modules" / "module.py")) is None
+    assert handoffs.room(str(root / "tests" / "conftest.py")) is None
