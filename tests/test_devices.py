@@ -201,10 +201,10 @@ def test_evaluate_applies_and_records_its_matmul_precision(
     from commands import evaluate as evaluate_command
 
     flags = []
-    scoring = evaluate_command.score
+    scoring = evaluate_command.score_split
     monkeypatch.setattr(
         evaluate_command,
-        "score",
+        "score_split",
         lambda *a, **k: (
             flags.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)) or scoring(*a, **k)
         ),
