@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoints.export_read import CURVE_NAME
 from datamodules.corpora import CORPORA
-from datamodules.kinds import BPC, MUSIC, PPL, TEXT, WORD_PPL, kind_of_config
+from datamodules.kinds import BPC, MUSIC, PPL, TEXT, WORD_PPL, kind_of_config, result_figures
 from datamodules.piano_rolls import MUSIC_DATASETS
 from evaluation.results import EvaluationResult, MusicResult, TextResult, result_from_json
 
@@ -179,8 +179,12 @@ def _earlier_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [record for record in run.get("earlier_runs") or [] if isinstance(record, dict)]
 
 
-def _run_table(run: dict[str, Any], revision: str | None, unit: str) -> list[str]:
-    """The run table: one row, or, for weights that several runs made in turn, a row for each and their total."""
+def _run_table(
+    run: dict[str, Any], revision: str | None, unit: str, results: list[EvaluationResult] | None = None
+) -> list[str]:
+    """The run table: one row, or, for weights that several runs made in turn, a row for each and their total; with
+    each run's validation figure after it (the hop ledger's), where every earlier run's record has one
+    (``valid_after``, which ``python -m release continues`` records) and ``results`` hold this run's."""
     earlier = _earlier_runs(run)
     if not earlier:
         return [
@@ -192,16 +196,31 @@ def _run_table(run: dict[str, Any], revision: str | None, unit: str) -> list[str
     seconds = sum(r.get("wall_time_s") or 0 for r in runs)
     tokens = sum(r.get("tokens") or 0 for r in runs)
     rate = f"{tokens / seconds:,.0f}" if seconds and all(r.get("tokens") for r in runs) else ""
+    valid = next((r.to_json() for r in results or [] if r.split == "valid"), None)
+    after = [r.get("valid_after") for r in earlier]
+    if valid is not None and all(after):
+        figure = result_figures(valid)[0]
+        after.append({"figure": figure, "value": valid[figure], "eval_batch_size": valid["eval_batch_size"]})
+        ledger = [f" {_figure_text(a)} |" for a in after]  # type: ignore[arg-type]
+        header, rule, total = " validation after (eval batch size) |", "---:|", " |"
+    else:
+        ledger, header, rule, total = [""] * len(runs), "", "", ""
     return [
         f"These weights are the work of {len(runs)} runs in turn, each after the first starting from the exported "
         "checkpoint of the one before; the last is the run of the command above:",
         "",
-        f"| run | seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |",
-        "|---|---|---|---|---|---:|---:|",
-        *(f"| `{r.get('revision')}`: `{r.get('config_file')}` {_run_cells(r)}" for r in earlier),
-        f"| {f'`{revision}`: ' if revision else ''}this run {_run_cells(run)}",
-        f"| in all | | | | | {seconds / 60:.1f} min | {rate} |",
+        f"| run | seed | lm-zoo commit | torch | hardware | wall time | {unit}s/s |{header}",
+        f"|---|---|---|---|---|---:|---:|{rule}",
+        *(f"| `{r.get('revision')}`: `{r.get('config_file')}` {_run_cells(r)}{v}" for r, v in zip(earlier, ledger)),
+        f"| {f'`{revision}`: ' if revision else ''}this run {_run_cells(run)}{ledger[-1]}",
+        f"| in all | | | | | {seconds / 60:.1f} min | {rate} |{total}",
     ]
+
+
+def _figure_text(after: dict[str, Any]) -> str:
+    """A run's validation figure in the ledger: ``ppl 81.23 (1)``, ``bpc 1.3456 (1)``."""
+    digits = 2 if after["figure"] in (PPL, WORD_PPL) else 4
+    return f"{after['figure']} {after['value']:.{digits}f} ({after['eval_batch_size']})"
 
 
 def _earlier_run_lines(run: dict[str, Any], unit: str) -> list[str]:
@@ -358,7 +377,7 @@ def _run_section(
         str(run.get("command")),
         "```",
         "",
-        *_run_table(run, revision, unit),
+        *_run_table(run, revision, unit, results),
         "",
         *_run_length(run, training, unit),
         "",

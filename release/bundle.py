@@ -60,7 +60,7 @@ from checkpoints.export_read import (
 from checkpoints.export_write import export_model, measure
 from checkpoints.model_card import render_card
 from datamodules.corpora import REPORTED_SPLITS, corpus_level, corpus_measures, sha256_file
-from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL
+from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL, result_figures
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from datamodules.synthetic import xml_closing_tags_matched
@@ -590,8 +590,9 @@ def earlier_run_record(config: dict[str, Any], revision: str, source: dict[str, 
         source: where ``config`` was read (``{"commit", "file"}``), said on the card beside the figures.
 
     Returns:
-        ``{"revision", <EARLIER_RUN_KEYS of its training.run>, "exported_step", "curve", "source"}``: its curve
-        without the training loss (its validation points and the exported step), as stored.
+        ``{"revision", <EARLIER_RUN_KEYS of its training.run>, "exported_step", "valid_after", "curve", "source"}``:
+        the validation figure its export was registered with (where it has one), and its curve without the training
+        loss (its validation points and the exported step), as stored.
 
     Raises:
         ConfigError: ``config`` records no run (``training.run`` with its wall time).
@@ -602,6 +603,10 @@ def earlier_run_record(config: dict[str, Any], revision: str, source: dict[str, 
         raise ConfigError(f"{source.get('file')} at {source.get('commit')} records no run (training.run)")
     record: dict[str, Any] = {"revision": revision, **{k: run[k] for k in EARLIER_RUN_KEYS if k in run}}
     record["exported_step"] = training.get("global_step")
+    valid = next((r for r in config.get("results") or [] if r.get("split") == "valid"), None)
+    if valid is not None:  # the validation figure its export was registered with: the hop ledger's column
+        figure = result_figures(valid)[0]
+        record["valid_after"] = {"figure": figure, "value": valid[figure], "eval_batch_size": valid["eval_batch_size"]}
     if run.get("curve"):
         record["curve"] = {k: v for k, v in run["curve"].items() if k != "train_loss"}
     record["source"] = dict(source)

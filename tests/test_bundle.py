@@ -363,6 +363,21 @@ def test_weights_made_by_two_runs_show_both_on_the_card_and_in_the_registry(
     # Again: the same record, not a second one.
     assert release_main(["continues", "tiny", "abc"]) == 0
     assert len(json.loads((directory / CONFIG_NAME).read_text())["training"]["run"]["earlier_runs"]) == 1
+    assert "validation after" not in card  # v0's record has no registered validation figure
+    # With one (v0's export registered at ppl 121.5 on valid), the run table is the hop ledger: each run's
+    # validation figure after it, this run's its own registered one.
+    v0_valid = {"split": "valid", "loss": 4.8, "ppl": 121.5, "eval_batch_size": 1, "tokens": 100}
+    files[f"pretrained/tiny/{CONFIG_NAME}"] = json.dumps({**earlier, "results": [v0_valid]})
+    assert release_main(["continues", "tiny", "abc"]) == 0
+    config = json.loads((directory / CONFIG_NAME).read_text())
+    [record] = config["training"]["run"]["earlier_runs"]
+    assert record["valid_after"] == {"figure": "ppl", "value": 121.5, "eval_batch_size": 1}
+    valid = next(r for r in config["results"] if r["split"] == "valid")
+    card = (directory / CARD_NAME).read_text()
+    assert "| tokens/s | validation after (eval batch size) |" in card
+    assert "| 50.0 min | 1 | ppl 121.50 (1) |" in card
+    assert f"| ppl {valid['ppl']:.2f} ({valid['eval_batch_size']}) |" in card
+    assert registry.bundled(registry.load_registry()["tiny"]) == directory  # the card's new hash registered
 
 
 def test_the_shipped_continued_run_says_its_first_check_could_not_stop_it() -> None:
