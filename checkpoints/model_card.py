@@ -196,12 +196,9 @@ def _run_table(
     seconds = sum(r.get("wall_time_s") or 0 for r in runs)
     tokens = sum(r.get("tokens") or 0 for r in runs)
     rate = f"{tokens / seconds:,.0f}" if seconds and all(r.get("tokens") for r in runs) else ""
-    valid = next((r.to_json() for r in results or [] if r.split == "valid"), None)
-    after = [r.get("valid_after") for r in earlier]
-    if valid is not None and all(after):
-        figure = result_figures(valid)[0]
-        after.append({"figure": figure, "value": valid[figure], "eval_batch_size": valid["eval_batch_size"]})
-        ledger = [f" {_figure_text(a)} |" for a in after]  # type: ignore[arg-type]
+    after = [*(r.get("valid_after") for r in earlier), validation_figure([r.to_json() for r in results or []])]
+    if all(after):
+        ledger = [f" {_figure_text(a)} |" for a in after if a]
         header, rule, total = " validation after (eval batch size) |", "---:|", " |"
     else:
         ledger, header, rule, total = [""] * len(runs), "", "", ""
@@ -215,6 +212,16 @@ def _run_table(
         f"| {f'`{revision}`: ' if revision else ''}this run {_run_cells(run)}{ledger[-1]}",
         f"| in all | | | | | {seconds / 60:.1f} min | {rate} |{total}",
     ]
+
+
+def validation_figure(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The headline figure of the first validation result among ``results`` (results' JSON), as the hop ledger keeps
+    it: ``{"figure", "value", "eval_batch_size"}``; ``None`` without one."""
+    valid = next((r for r in results if r.get("split") == "valid"), None)
+    if valid is None:
+        return None
+    figure = result_figures(valid)[0]
+    return {"figure": figure, "value": valid[figure], "eval_batch_size": valid["eval_batch_size"]}
 
 
 def _figure_text(after: dict[str, Any]) -> str:

@@ -65,8 +65,9 @@ class DivergenceGuard(L.Callback):
         self._gradients: Tensor | None = None  # what the step's clipping (or lm-zoo's own step) reported
         self._steps_seen = 0
         self._pending: PendingCheck | None = None
-        # The fit's, fixed from its start: whether a gradient scaler runs, and how many ranks gather.
-        self._scaled, self._world_size = False, 1
+        # The fit's, fixed from its start: whether a gradient scaler runs, how many ranks gather, and where (a
+        # collective's tensors must be on the module's device: NCCL gathers no CPU tensor).
+        self._scaled, self._world_size, self._device = False, 1, torch.device("cpu")
 
     # -------------------------------------------------------------------------------------- the public interface
     def note_signal(self, signum: int) -> None:
@@ -92,6 +93,7 @@ class DivergenceGuard(L.Callback):
         self._steps_seen = trainer.global_step
         self._scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
         self._world_size = gathering_world_size(trainer)
+        self._device = pl_module.device
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -131,7 +133,7 @@ class DivergenceGuard(L.Callback):
             world_size: the ranks that gather their figures (every one of them calls this at the same step).
         """
         checked = ([loss.float()] if loss is not None else []) + ([gradients.float()] if gradients is not None else [])
-        device = checked[0].device if checked else torch.device("cpu")
+        device = checked[0].device if checked else self._device
         # The signal as a fill on the device, not torch.tensor(value, device=...), which is a copy the host waits for.
         signal = torch.full((), float(self.stop_signal or 0), device=device)
         values = torch.stack([*checked, signal])  # (1 to 3,): the loss, the gradients' figure, this rank's signal

@@ -323,13 +323,16 @@ class StatefulTraining(L.LightningModule):
         and the norm either computes, which Lightning drops, goes to the divergence guard: NaN or infinite iff some
         gradient is (or the squares overflow float32, ~1e19, which is divergence all the same), so the guard needs no
         second pass over the gradients."""
+        if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm"):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)  # none, or by value
+            return
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
         plugin = self.trainer.precision_plugin
         sparse = has_sparse_gradients(parameters)
         lightnings = getattr(plugin, "scaler", None) is not None or (
             type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
         )
-        if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm") or (lightnings and not sparse):
+        if lightnings and not sparse:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
         norm = (sparse_clip_grad_norm if sparse else torch.nn.utils.clip_grad_norm_)(parameters, gradient_clip_val)

@@ -58,9 +58,9 @@ from checkpoints.export_read import (
     load_export,
 )
 from checkpoints.export_write import export_model, measure
-from checkpoints.model_card import render_card
+from checkpoints.model_card import render_card, validation_figure
 from datamodules.corpora import REPORTED_SPLITS, corpus_level, corpus_measures, sha256_file
-from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL, result_figures
+from datamodules.kinds import BPC, MUSIC, NLL_PER_STEP, PPL
 from datamodules.midi import write_midi, write_png
 from datamodules.piano_rolls import music_dataset
 from datamodules.synthetic import xml_closing_tags_matched
@@ -603,10 +603,9 @@ def earlier_run_record(config: dict[str, Any], revision: str, source: dict[str, 
         raise ConfigError(f"{source.get('file')} at {source.get('commit')} records no run (training.run)")
     record: dict[str, Any] = {"revision": revision, **{k: run[k] for k in EARLIER_RUN_KEYS if k in run}}
     record["exported_step"] = training.get("global_step")
-    valid = next((r for r in config.get("results") or [] if r.get("split") == "valid"), None)
+    valid = validation_figure(config.get("results") or [])
     if valid is not None:  # the validation figure its export was registered with: the hop ledger's column
-        figure = result_figures(valid)[0]
-        record["valid_after"] = {"figure": figure, "value": valid[figure], "eval_batch_size": valid["eval_batch_size"]}
+        record["valid_after"] = valid
     if run.get("curve"):
         record["curve"] = {k: v for k, v in run["curve"].items() if k != "train_loss"}
     record["source"] = dict(source)
