@@ -32,6 +32,7 @@ gather, where it is read), and each writes ``last.ckpt`` and stops in step with 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
@@ -186,7 +187,7 @@ def divergence_guard(trainer: Any) -> DivergenceGuard | None:
     return next((c for c in getattr(trainer, "callbacks", ()) if isinstance(c, DivergenceGuard)), None)
 
 
-def gradients_sum(parameters: Any) -> Tensor | None:
+def gradients_sum(parameters: Iterable[Tensor]) -> Tensor | None:
     """One scalar that is NaN or infinite iff some gradient is (short of ~1e38 gradients), with no per-element
     temporary: the guard's figure where no clipping computes the gradients' norm; ``None`` without any."""
     sums = [p.grad.sum(dtype=torch.float32) for p in parameters if p.grad is not None]
