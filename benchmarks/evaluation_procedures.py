@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from datamodules.data_modules import TextDataModule  # noqa: E402
 from datamodules.windows import StreamWindows  # noqa: E402
+from evaluation.deterministic import deterministic_nll  # noqa: E402
 from evaluation.dynamic import (  # noqa: E402
     DynamicEvaluation,
     adapting,
@@ -35,7 +36,6 @@ from evaluation.dynamic import (  # noqa: E402
     mean_squared_gradients,
 )
 from evaluation.mc_dropout import MCDropout, mc_nll  # noqa: E402
-from evaluation.perplexity import deterministic_nll  # noqa: E402
 from evaluation.temperature import (  # noqa: E402
     TEMPERATURE_TOLERANCE,
     FeatureCache,

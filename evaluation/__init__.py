@@ -3,7 +3,7 @@ report.
 
 - :mod:`~evaluation.perplexity`: perplexity / bits per character of a split, by a procedure
   (deterministic, softmax temperature, MC dropout, dynamic evaluation; Melis et al. 2020 §3.3);
-  :mod:`~evaluation.temperature`, :mod:`~evaluation.mc_dropout` and
+  :mod:`~evaluation.deterministic`, :mod:`~evaluation.temperature`, :mod:`~evaluation.mc_dropout` and
   :mod:`~evaluation.dynamic` are those procedures;
 - :mod:`~evaluation.music`: a piano-roll model's NLL per frame;
 - :mod:`~evaluation.parsing`: unsupervised constituency parsing with an ON-LSTM (Shen et al. 2019);

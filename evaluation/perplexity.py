@@ -2,7 +2,7 @@
 
 The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), each recorded in the result:
 
-* **deterministic** (dropout off), the default, at an eval batch size and BPTT that the result records (each of the
+* **deterministic** (dropout off, :mod:`evaluation.deterministic`), the default, at an eval batch size and BPTT that the result records (each of the
   B streams starts without context, so perplexity depends on them); ``long_context``: one stream over the whole split;
 * **softmax temperature**: a given one, or ``"auto"``: the one minimising validation cross-entropy
   (:mod:`evaluation.temperature`), then applied to the requested split;
@@ -11,9 +11,8 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 * **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
   tuned on validation over Table 6's ranges (:mod:`evaluation.dynamic`).
 
-Each procedure is a :class:`~evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in
-its own module; the deterministic pass is :class:`Deterministic`, here), and :func:`evaluate` runs any of them the same
-way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed
+Each procedure is a :class:`~evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in its own module),
+and :func:`evaluate` runs any of them the same way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed
 in float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
 full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
 ``token_nll``.
@@ -22,18 +21,18 @@ full softmax, whatever the training head); the temperature search re-scores kept
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from datamodules.kinds import BPC, TEXT, WORD_PPL, bits_per_character
 from datamodules.progress import Progress
 from datamodules.text_data import TextData
 from datamodules.tokenizers import TextUnits
 from datamodules.windows import LMBatch
+from evaluation.deterministic import Deterministic
 from evaluation.dynamic import DynamicEvaluation
 from evaluation.mc_dropout import MCDropout
 from evaluation.results import ProcedureSettings, TextResult
@@ -44,28 +43,11 @@ from evaluation.temperature import (
     TEMPERATURE_TOLERANCE,
     collect_features,
     golden_section_search,
-    plain_pass,
-    total_nll,
 )
 from zoo.errors import ConfigError
 from zoo.language_model import RecurrentLM
-from zoo.state import State, detach_state
 
 AUTO = "auto"
-
-
-@torch.no_grad()
-def deterministic_nll(
-    model: RecurrentLM, windows: Iterable[LMBatch], temperature: float = 1.0
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Each window's NLL ``(B, T)`` (dropout off, state carried between windows) and its targets."""
-    device = next(model.parameters()).device
-    state: State | None = None
-    for batch in windows:
-        inputs, targets, reset = batch.on(device)
-        nll, state = model.token_nll(inputs, targets, state, reset, temperature)
-        state = detach_state(state)
-        yield nll, targets
 
 
 def parse_temperature(text: str | float) -> float | str:
@@ -110,18 +92,6 @@ def check_settings(
         raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
     if procedure is not None:
         procedure.check(batch_size, bptt)
-
-
-class Deterministic(ScoringProcedure):
-    """Dropout off: every window scored once, the default procedure."""
-
-    method = "deterministic"
-
-    def prepare(self, setup: EvaluationSetup) -> Scorer:
-        def score(windows: Iterable[LMBatch], t: float) -> tuple[float, int]:
-            return total_nll(deterministic_nll(setup.model, windows, t))
-
-        return Scorer(score, setup.bptt, features=plain_pass(setup.model))
 
 
 #: The procedures ``lm-zoo evaluate`` offers besides the deterministic pass, in the order their flags are listed. A new

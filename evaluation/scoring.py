@@ -3,7 +3,7 @@ what its result records.
 
 Each procedure is one class in its own module: :class:`~evaluation.mc_dropout.MCDropout`,
 :class:`~evaluation.dynamic.DynamicEvaluation`, and the deterministic pass
-(:class:`~evaluation.perplexity.Deterministic`).
+(:class:`~evaluation.deterministic.Deterministic`).
 :func:`evaluation.perplexity.evaluate` runs whichever it is given the same way: it prepares the
 procedure for the model and the corpus (a :class:`Scorer`), searches the softmax temperature with it when asked,
 scores the split and records the procedure's settings. ``lm-zoo evaluate`` offers the flags of every procedure in

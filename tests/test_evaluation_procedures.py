@@ -17,6 +17,7 @@ import torch
 import cli
 from datamodules import TextDataModule
 from datamodules.windows import IGNORE_INDEX, LMBatch, StreamWindows
+from evaluation.deterministic import deterministic_nll
 from evaluation.dynamic import (
     DynamicEvaluation,
     adapted_parameters,
@@ -32,7 +33,7 @@ from evaluation.mc_dropout import (
     row_groups,
     sampled_dropout,
 )
-from evaluation.perplexity import deterministic_nll, evaluate
+from evaluation.perplexity import evaluate
 from evaluation.temperature import collect_features, golden_section_search, total_nll
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus

@@ -15,8 +15,8 @@ import torch
 import zoo
 from benchmarks.host_syncs import HostSyncCounter, count_fit
 from datamodules.windows import LMBatch
+from evaluation.deterministic import deterministic_nll
 from evaluation.mc_dropout import MCDropout, mc_nll
-from evaluation.perplexity import deterministic_nll
 from zoo.layers import FusedLayer
 from zoo.state import KeepAt, Resets
 
