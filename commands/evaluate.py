@@ -13,7 +13,8 @@ from commands.common import CommandParser, quantize_model, source_arguments
 from datamodules.corpora import SPLITS
 from datamodules.kinds import PROCEDURES
 from evaluation.dispatch import score_split
-from evaluation.perplexity import SCORING_PROCEDURES, check_settings, parse_temperature
+from evaluation.perplexity import check_settings, parse_temperature
+from evaluation.procedures import chosen_by_flag
 from evaluation.scoring import ScoringProcedure
 from zoo.errors import ConfigError, number_flag
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MATMUL_PRECISIONS, matmul_precision_in_force
@@ -74,7 +75,7 @@ def cmd_evaluate(argv: Sequence[str]) -> None:
 
 def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
     """``lm-zoo evaluate``'s procedure flags: long context, temperature, the seed and every procedure's own
-    (:data:`~evaluation.perplexity.SCORING_PROCEDURES`); a bad value is one :class:`ConfigError` line
+    (:data:`~evaluation.procedures.SCORING_PROCEDURES`); a bad value is one :class:`ConfigError` line
     naming the flag."""
     group = parser.add_argument_group("procedures (Melis et al. 2020 §3.3; the result records every setting)")
     group.add_argument(
@@ -91,7 +92,7 @@ def add_procedure_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--seed", type=number_flag("--seed", int, 0), default=0, help="seeds MC masks and --tune (default 0)"
     )
-    for flag in (flag for procedure in SCORING_PROCEDURES for flag in procedure.flags):
+    for flag in (flag for procedure in chosen_by_flag() for flag in procedure.flags):
         if flag.kind is bool:
             group.add_argument(flag.name, action="store_true", help=flag.help)
         else:
@@ -105,10 +106,11 @@ def procedure_from_args(args: argparse.Namespace) -> ScoringProcedure | None:
     Raises:
         ConfigError: a flag given without the procedure it belongs to, or two procedures at once.
     """
-    flags = {flag.name: flag for procedure in SCORING_PROCEDURES for flag in procedure.flags}
+    procedures = chosen_by_flag()
+    flags = {flag.name: flag for procedure in procedures for flag in procedure.flags}
     values = {name: getattr(args, name.lstrip("-").replace("-", "_")) for name in flags}
     given = {name: value for name, value in values.items() if value is not None and value is not False}
-    chosen = [procedure for kind in SCORING_PROCEDURES if (procedure := kind.from_flags(given)) is not None]
+    chosen = [procedure for kind in procedures if (procedure := kind.from_flags(given)) is not None]
     if len(chosen) > 1:
         raise ConfigError(f"{chosen[-1].flag} with {chosen[0].flag} is not supported: run them separately")
     return chosen[0] if chosen else None

@@ -168,6 +168,8 @@ class DynamicEvaluation(ScoringProcedure):
     # With more streams, a step on later text would change the weights before earlier text is scored.
     one_stream: ClassVar[bool] = True
     needs_float_weights: ClassVar[str | None] = "trains the weights"
+    # One key for the settings, the gradient statistics and the tuning: {"dynamic": {...}}.
+    records: ClassVar[tuple[str, ...]] = ("dynamic",)
 
     def __post_init__(self) -> None:
         for name in ("learning_rate", "decay_rate", "epsilon"):
@@ -191,6 +193,22 @@ class DynamicEvaluation(ScoringProcedure):
             return self
         low, high = MAX_TIME_STEPS_RANGE.get(level, MAX_TIME_STEPS_RANGE["word"])
         return replace(self, max_time_steps=(low + high) // 2)
+
+    @classmethod
+    def summary(cls, record: Mapping[str, Any]) -> list[str]:
+        dyn = record["dynamic"]
+        return [
+            f"lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, {dyn['max_time_steps']} steps per segment"
+        ]
+
+    @classmethod
+    def details(cls, record: Mapping[str, Any], seed: int) -> list[str]:
+        dyn = record["dynamic"]
+        tuned = f", tuned over {len(dyn['tuning']['trials'])} trials" if dyn.get("tuning") else ""
+        return [
+            f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
+            f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
+        ]
 
     def record(self) -> dict[str, float | int | None]:
         """The hyperparameters as a results-JSON entry."""

@@ -24,10 +24,10 @@ row), and a model with ``weight_drop`` runs one replica of each stream per call 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -100,6 +100,8 @@ class MCDropout(ScoringProcedure):
         ),
     )
     needs_float_weights: ClassVar[str | None] = "needs dropout"
+    records: ClassVar[tuple[str, ...]] = ("mc_samples", "dropout_scale")
+    run_records: ClassVar[tuple[str, ...]] = ("mc_rows_per_call",)  # the batching: the same figure either way
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -108,6 +110,14 @@ class MCDropout(ScoringProcedure):
             raise ConfigError(f"the dropout scale must be a number >= 0, got {self.dropout_scale}")
         if self.rows_per_call is not None and self.rows_per_call < 1:
             raise ConfigError(f"rows per call (--mc-batch) must be at least 1, got {self.rows_per_call}")
+
+    @classmethod
+    def summary(cls, record: Mapping[str, Any]) -> list[str]:
+        return [f"{record['mc_samples']} samples, dropout scale {record['dropout_scale']}"]
+
+    @classmethod
+    def details(cls, record: Mapping[str, Any], seed: int) -> list[str]:
+        return [f"MC dropout {record['mc_samples']} samples, dropout scale {record['dropout_scale']:g}, seed {seed}"]
 
     def prepare(self, setup: EvaluationSetup) -> Scorer:
         """Masks sampled per replica and window, reproducible per ``seed``; the temperature search keeps the features
@@ -128,11 +138,8 @@ class MCDropout(ScoringProcedure):
             score,
             setup.bptt,
             features=self.feature_pass(model, seed) if cacheable else None,
-            record={
-                "mc_samples": self.samples,
-                "dropout_scale": self.dropout_scale,
-                "mc_rows_per_call": max(hi - lo for lo, hi in groups),
-            },
+            record={"mc_samples": self.samples, "dropout_scale": self.dropout_scale},
+            run_record={"mc_rows_per_call": max(hi - lo for lo, hi in groups)},
         )
 
     def feature_pass(self, model: RecurrentLM, seed: int) -> FeaturePass:

@@ -2,8 +2,9 @@
 
 The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), each recorded in the result:
 
-* **deterministic** (dropout off, :mod:`evaluation.deterministic`), the default, at an eval batch size and BPTT that the result records (each of the
-  B streams starts without context, so perplexity depends on them); ``long_context``: one stream over the whole split;
+* **deterministic** (dropout off, :mod:`evaluation.deterministic`), the default, at an eval batch size and BPTT that
+  the result records (each of the B streams starts without context, so perplexity depends on them); ``long_context``:
+  one stream over the whole split;
 * **softmax temperature**: a given one, or ``"auto"``: the one minimising validation cross-entropy
   (:mod:`evaluation.temperature`), then applied to the requested split;
 * **MC dropout**: predictions averaged over sampled dropout masks in probability space, dropout rates optionally
@@ -11,11 +12,11 @@ The procedures of the Mogrifier paper (Melis et al. 2020 §3.3, Appendix A), eac
 * **dynamic evaluation** (Krause et al. 2017): the weights adapt to the text as it is read, hyperparameters optionally
   tuned on validation over Table 6's ranges (:mod:`evaluation.dynamic`).
 
-Each procedure is a :class:`~evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in its own module),
-and :func:`evaluate` runs any of them the same way. The loops are written out rather than run through ``Trainer.test`` so that the result carries exact counts (summed
-in float64) and every setting perplexity depends on. Every procedure scores through ``RecurrentLM.token_nll`` (the
-full softmax, whatever the training head); the temperature search re-scores kept features through the head's own
-``token_nll``.
+Each procedure is a :class:`~evaluation.scoring.ScoringProcedure` (its flags, checks and scorer in its own module), and
+:func:`evaluate` runs any of them the same way. The loops are written out rather than run through ``Trainer.test`` so
+that the result carries exact counts (summed in float64) and every setting perplexity depends on. Every procedure scores
+through ``RecurrentLM.token_nll`` (the full softmax, whatever the training head); the temperature search re-scores kept
+features through the head's own ``token_nll``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from datamodules.text_data import TextData
 from datamodules.tokenizers import TextUnits
 from datamodules.windows import LMBatch
 from evaluation.deterministic import Deterministic
-from evaluation.dynamic import DynamicEvaluation
-from evaluation.mc_dropout import MCDropout
 from evaluation.results import ProcedureSettings, TextResult
 from evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure, first_tokens
 from evaluation.temperature import (
@@ -92,12 +91,6 @@ def check_settings(
         raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
     if procedure is not None:
         procedure.check(batch_size, bptt)
-
-
-#: The procedures ``lm-zoo evaluate`` offers besides the deterministic pass, in the order their flags are listed. A new
-#: one is a module with a :class:`~evaluation.scoring.ScoringProcedure` subclass, named here, and
-#: its recorded settings as fields of :class:`~evaluation.results.ProcedureSettings`.
-SCORING_PROCEDURES: tuple[type[ScoringProcedure], ...] = (MCDropout, DynamicEvaluation)
 
 
 def _windows(datamodule: TextData, split: str, batch_size: int, steps: int) -> Progress:
@@ -170,7 +163,7 @@ def evaluate(
         long_context: one stream over the whole split (batch size 1), as the strongest published numbers use.
         temperature: softmax temperature, or ``"auto"``: golden-section search on the validation split within
             ``temperature_range``, then applied to ``split``.
-        procedure: how to score, one of :data:`SCORING_PROCEDURES`
+        procedure: how to score, one of :data:`evaluation.procedures.SCORING_PROCEDURES`
             (:class:`~evaluation.mc_dropout.MCDropout`,
             :class:`~evaluation.dynamic.DynamicEvaluation`, tuned on validation or not);
             ``None``: the deterministic pass.
@@ -222,8 +215,9 @@ def evaluate(
         long_context=batch_size == 1,
         temperature=float(temperature),
         temperature_search=search,
+        recorded=scorer.record,
+        run_record=scorer.run_record,
         seed=seed,
-        **scorer.record,
     )
     figures = _metrics(datamodule, split, *scored, whole=max_tokens is None)
     return TextResult(

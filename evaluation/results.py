@@ -3,17 +3,18 @@ and ``lm-zoo evaluate`` render.
 
 A result's JSON (:meth:`TextResult.to_json`) is the record ``lm-zoo evaluate --json`` prints; ``stored=True`` leaves
 out what only this run knows (the source's local path, the MC batching, ...) and is what an export's ``config.json``
-keeps under ``"results"``. A new procedure adds its settings as fields of :class:`ProcedureSettings`: they are then
-recorded, stored and read back with nothing else to change. The module imports no torch, so the inference path
-(model cards) can read results.
+keeps under ``"results"``. A procedure's own settings, and the words for them, are the procedure's
+(:class:`~evaluation.scoring.ScoringProcedure`): a new one records, stores and reads back its keys with nothing here to
+change. The module imports no torch, nor any procedure until a result is put in words or holds a procedure's own key.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 from datamodules.kinds import BPC, MUSIC, TEXT, ModelKind, kind_of_result, result_figures
+from evaluation.procedures import DEFAULT_METHOD, procedure_class
 from zoo.errors import CheckpointError
 from zoo.settings import DEFAULT_MATMUL_PRECISION
 
@@ -25,17 +26,25 @@ _LOCAL_OPTIONAL = {**_LOCAL, **_OPTIONAL}
 
 
 def _to_json(record: Any, stored: bool) -> dict[str, Any]:
-    """``record``'s fields in order, a nested dataclass's flattened into it."""
+    """``record``'s fields in order, its procedure's settings flattened into it."""
     out: dict[str, Any] = {}
     for item in fields(record):
         value = getattr(record, item.name)
         if (stored and not item.metadata.get("stored", True)) or (value is None and item.metadata.get("omit_none")):
             continue
-        if is_dataclass(value):
-            out.update(_to_json(value, stored))
+        if isinstance(value, ProcedureSettings):
+            out.update(value.to_json(stored))
         else:
             out[item.name] = value
     return out
+
+
+#: The procedures' keys every stored text result spelt before each procedure kept its own (MC dropout's and dynamic
+#: evaluation's, at their values without them), and the one ``lm-zoo evaluate --json`` printed besides. Every result
+#: still spells them, whatever its procedure, so that the shipped ``config.json`` files and saved ``--json`` outputs
+#: read back and re-render byte for byte. Frozen: a new procedure's keys appear in its own results only.
+SPELT_BY_EVERY_RESULT: dict[str, Any] = {"mc_samples": 0, "dropout_scale": None, "dynamic": None}
+PRINTED_BY_EVERY_RESULT: dict[str, Any] = {"mc_rows_per_call": None}
 
 
 @dataclass(kw_only=True)
@@ -43,43 +52,69 @@ class ProcedureSettings:
     """How a text result was obtained (Melis et al. 2020 §3.3), so that a tempered, MC-dropout or dynamic-evaluation
     figure is never shown as a plain deterministic one.
 
+    What every procedure shares is a field; what one procedure records is its own
+    (:class:`~evaluation.scoring.ScoringProcedure`'s ``records``), and so are the words for it.
+
     Attributes:
-        method: ``deterministic``, ``mc-dropout`` or ``dynamic``.
+        method: the procedure, a key of :data:`evaluation.procedures.SCORING_PROCEDURES`.
         long_context: the split read as one stream (batch size 1).
         temperature: the softmax temperature.
         temperature_search: how an ``auto`` temperature was found (its validation figures), else ``None``.
-        mc_samples: MC dropout's sampled masks; 0 without.
-        dropout_scale: MC dropout's factor on every dropout rate; ``None`` without.
-        dynamic: dynamic evaluation's settings, gradient statistics and tuning; ``None`` without.
-        mc_rows_per_call: MC dropout's most rows per forward pass (not stored: it does not change the figure).
+        recorded: what the procedure recorded, stored by an export (MC dropout's samples and dropout scale, dynamic
+            evaluation's settings, gradient statistics and tuning).
+        run_record: what it recorded of this run alone (MC dropout's rows per forward pass; not stored: it does not
+            change the figure).
         seed: seeds the MC masks and the tuning draws (not stored).
     """
 
-    method: str = "deterministic"
+    method: str = DEFAULT_METHOD
     long_context: bool = False
     temperature: float = 1.0
     temperature_search: dict[str, Any] | None = None
-    mc_samples: int = 0
-    dropout_scale: float | None = None
-    dynamic: dict[str, Any] | None = None
-    mc_rows_per_call: int | None = field(default=None, metadata=_LOCAL)
-    seed: int = field(default=0, metadata=_LOCAL)
+    recorded: dict[str, Any] = field(default_factory=dict)
+    run_record: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def to_json(self, stored: bool) -> dict[str, Any]:
+        """The settings as a result's JSON holds them, the procedure's keys among them (see :meth:`_Result.to_json`)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "long_context": self.long_context,
+            "temperature": self.temperature,
+            "temperature_search": self.temperature_search,
+            **SPELT_BY_EVERY_RESULT,
+            **self.recorded,
+        }
+        if not stored:
+            out.update({**PRINTED_BY_EVERY_RESULT, **self.run_record, "seed": self.seed})
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> tuple[ProcedureSettings, list[str]]:
+        """The settings among a result's keys (its own fields taken out), and the keys that are none of theirs."""
+        common = [item.name for item in fields(cls) if item.name not in ("recorded", "run_record")]
+        settings = cls(**{name: data[name] for name in common if name in data})
+        shared = {**SPELT_BY_EVERY_RESULT, **PRINTED_BY_EVERY_RESULT}
+        rest = [name for name in data if name not in common]
+        own = procedure_class(settings.method) if set(rest) - set(shared) else None
+        for name in rest:
+            if own is not None and name in own.records:
+                settings.recorded[name] = data[name]
+            elif own is not None and name in own.run_records:
+                settings.run_record[name] = data[name]
+            elif name in shared and data[name] != shared[name]:  # what every result spells, where this one set it
+                (settings.recorded if name in SPELT_BY_EVERY_RESULT else settings.run_record)[name] = data[name]
+        known = set(shared) | set(own.records + own.run_records if own else ())
+        return settings, [name for name in rest if name not in known]
 
     def summary(self) -> str:
         """The procedure in a few words, as the model card gives it: ``deterministic``, or the method and its
         settings."""
         parts = [self.method]
-        if self.mc_samples:
-            parts.append(f"{self.mc_samples} samples, dropout scale {self.dropout_scale}")
         if self.temperature != 1.0:
             found = " (searched on valid)" if self.temperature_search else ""
             parts.append(f"temperature {self.temperature:.4g}{found}")
-        if self.dynamic:
-            parts.append(
-                f"lr {self.dynamic['learning_rate']:.3g}, decay {self.dynamic['decay_rate']:.3g}, "
-                f"{self.dynamic['max_time_steps']} steps per segment"
-            )
-        return ", ".join(parts)
+        return ", ".join(parts + procedure_class(self.method).summary(self.recorded))
 
     def details(self) -> list[str]:
         """The settings in full, as ``lm-zoo evaluate`` prints them after the figure."""
@@ -89,18 +124,7 @@ class ProcedureSettings:
             settings.append(f"temperature {self.temperature:.3f} searched on valid ({there} there)")
         elif self.temperature != 1.0:
             settings.append(f"temperature {self.temperature:g}")
-        if self.mc_samples:
-            settings.append(
-                f"MC dropout {self.mc_samples} samples, dropout scale {self.dropout_scale:g}, seed {self.seed}"
-            )
-        dyn = self.dynamic
-        if dyn:
-            tuned = f", tuned over {len(dyn['tuning']['trials'])} trials" if dyn.get("tuning") else ""
-            settings.append(
-                f"dynamic eval lr {dyn['learning_rate']:.3g}, decay {dyn['decay_rate']:.3g}, eps {dyn['epsilon']:.3g}, "
-                f"{dyn['max_time_steps']} steps/segment, MS from {dyn['stat_tokens']:,} training tokens{tuned}"
-            )
-        return settings
+        return settings + procedure_class(self.method).details(self.recorded, self.seed)
 
 
 class _Result:
@@ -127,16 +151,15 @@ class _Result:
             CheckpointError: a key this lm-zoo does not know, or one a model card must state is missing.
         """
         own = {item.name: item for item in fields(cls)}  # type: ignore[arg-type]
-        nested = [item.name for item in fields(ProcedureSettings)] if "procedure" in own else []
-        unknown = sorted(set(data) - set(own) - set(nested))
+        values: dict[str, Any] = {name: data[name] for name in own if name in data}
+        unknown = [name for name in data if name not in own]
+        if "procedure" in own:
+            values["procedure"], unknown = ProcedureSettings.from_json({name: data[name] for name in unknown})
         if unknown:
             raise CheckpointError(
-                f"an evaluation result holds {', '.join(unknown)}, which this lm-zoo does not know: pass the output of "
-                "`lm-zoo evaluate --json` of this version"
+                f"an evaluation result holds {', '.join(sorted(unknown))}, which this lm-zoo does not know: pass the "
+                "output of `lm-zoo evaluate --json` of this version"
             )
-        values: dict[str, Any] = {name: data[name] for name in own if name in data}
-        if nested:
-            values["procedure"] = ProcedureSettings(**{name: data[name] for name in nested if name in data})
         required = [name for name, item in own.items() if item.default is MISSING and item.default_factory is MISSING]
         missing = [name for name in required if name not in values]
         if missing:

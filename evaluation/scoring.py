@@ -6,8 +6,8 @@ Each procedure is one class in its own module: :class:`~evaluation.mc_dropout.MC
 (:class:`~evaluation.deterministic.Deterministic`).
 :func:`evaluation.perplexity.evaluate` runs whichever it is given the same way: it prepares the
 procedure for the model and the corpus (a :class:`Scorer`), searches the softmax temperature with it when asked,
-scores the split and records the procedure's settings. ``lm-zoo evaluate`` offers the flags of every procedure in
-``perplexity.SCORING_PROCEDURES``.
+scores the split and records the procedure's settings, which the procedure also puts in words. ``lm-zoo evaluate``
+offers the flags of every procedure in :data:`evaluation.procedures.SCORING_PROCEDURES`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ class Scorer:
         features: the pass whose features the temperature search may keep and re-score at each temperature; ``None``
             when the result would differ from a re-run (the weights change as they read, the head samples its own
             dropout), so each trial temperature re-runs the pass.
-        record: the :class:`~evaluation.results.ProcedureSettings` fields the procedure sets.
+        record: what the result records of the procedure, an export storing it: its :attr:`ScoringProcedure.records`.
+        run_record: what only ``lm-zoo evaluate --json`` prints of it (this run's, not the figure's): its
+            :attr:`ScoringProcedure.run_records`.
         scored_valid: the whole validation split's nats and tokens at the procedure's settings, where preparing it
             measured them already (dynamic evaluation's winning trial); ``None`` otherwise.
     """
@@ -66,6 +68,7 @@ class Scorer:
     steps: int
     features: FeaturePass | None = None
     record: dict[str, Any] = field(default_factory=dict)
+    run_record: dict[str, Any] = field(default_factory=dict)
     scored_valid: tuple[float, int] | None = None
 
 
@@ -94,7 +97,9 @@ class Flag:
 
 
 class ScoringProcedure(ABC):
-    """A way of scoring a split (Melis et al. 2020 §3.3): a subclass declares its flags, its checks and its scorer.
+    """A way of scoring a split (Melis et al. 2020 §3.3): a subclass declares its flags, its checks, its scorer, what
+    its results record and how that reads (named by its ``method`` in
+    :data:`evaluation.procedures.SCORING_PROCEDURES`).
 
     Attributes:
         method: what the result's ``procedure.method`` records.
@@ -102,6 +107,8 @@ class ScoringProcedure(ABC):
         flags: every flag of its own, the choosing one first, in the order ``--help`` lists them.
         one_stream: it reads the split as one stream (batch size 1).
         needs_float_weights: why it cannot score a model quantized to int8, in words; ``None``: it can.
+        records: the keys its scorer records in a result (:attr:`Scorer.record`), which an export stores.
+        run_records: those it records for ``lm-zoo evaluate --json`` only (:attr:`Scorer.run_record`).
     """
 
     method: ClassVar[str]
@@ -109,6 +116,19 @@ class ScoringProcedure(ABC):
     flags: ClassVar[tuple[Flag, ...]] = ()
     one_stream: ClassVar[bool] = False
     needs_float_weights: ClassVar[str | None] = None
+    records: ClassVar[tuple[str, ...]] = ()
+    run_records: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def summary(cls, record: Mapping[str, Any]) -> list[str]:
+        """Its settings in a few words, after its method in the model card's results table; ``record``: a result's
+        :attr:`records`, read back."""
+        return []
+
+    @classmethod
+    def details(cls, record: Mapping[str, Any], seed: int) -> list[str]:
+        """Its settings in full, as ``lm-zoo evaluate`` prints them after the figure; ``seed``: the one it drew with."""
+        return []
 
     @classmethod
     def from_flags(cls, given: Mapping[str, Any]) -> ScoringProcedure | None:

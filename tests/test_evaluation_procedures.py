@@ -7,9 +7,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch
 import cli
 from datamodules import TextDataModule
 from datamodules.windows import IGNORE_INDEX, LMBatch, StreamWindows
-from evaluation.deterministic import deterministic_nll
+from evaluation.deterministic import Deterministic, deterministic_nll
 from evaluation.dynamic import (
     DynamicEvaluation,
     adapted_parameters,
@@ -34,12 +35,17 @@ from evaluation.mc_dropout import (
     sampled_dropout,
 )
 from evaluation.perplexity import evaluate
+from evaluation.procedures import SCORING_PROCEDURES, chosen_by_flag, procedure_class
+from evaluation.results import result_from_json
+from evaluation.scoring import EvaluationSetup, Scorer, ScoringProcedure
 from evaluation.temperature import collect_features, golden_section_search, total_nll
 from lightning_modules import LanguageModel
 from tests.conftest import one_line_error, quiet_trainer, write_word_corpus
+from zoo.errors import CheckpointError
 from zoo.language_model import RecurrentLM
 from zoo.state import detach_state
 
+PRETRAINED = Path(__file__).resolve().parents[1] / "pretrained"
 DROPOUTS = {"input_dropout": 0.3, "inter_layer_dropout": 0.25, "output_dropout": 0.35}
 
 
@@ -265,7 +271,11 @@ def test_mc_without_dropout_reproduces_the_deterministic_result(dm: TextDataModu
     mc = MCDropout(samples=5, dropout_scale=0.0 if how == "scale 0" else 1.0)
     result = evaluate(model, dm, "test", procedure=mc)
     assert result.loss == pytest.approx(evaluate(model, dm, "test").loss, rel=1e-6)
-    assert (result.procedure.method, result.procedure.mc_samples, result.procedure.mc_rows_per_call) == (
+    assert (
+        result.procedure.method,
+        result.procedure.recorded["mc_samples"],
+        result.procedure.run_record["mc_rows_per_call"],
+    ) == (
         "mc-dropout",
         5,
         15,
@@ -343,13 +353,17 @@ def test_dynamic_with_learning_rate_zero_reproduces_the_deterministic_result(dm:
     result = evaluate(model, dm, "test", procedure=_dynamic(learning_rate=0.0, decay_rate=decay))
     plain = evaluate(model, dm, "test", batch_size=1, bptt=6)
     assert result.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert tuple(result.procedure.recorded) == DynamicEvaluation.records
     assert (result.procedure.method, result.eval_batch_size, result.bptt, result.procedure.long_context) == (
         "dynamic",
         1,
         6,
         True,
     )
-    assert result.procedure.dynamic["stat_batches_used"] == 4 and result.procedure.dynamic["stat_tokens"] == 4 * 8 * 6
+    assert (
+        result.procedure.recorded["dynamic"]["stat_batches_used"] == 4
+        and result.procedure.recorded["dynamic"]["stat_tokens"] == 4 * 8 * 6
+    )
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
 
 
@@ -448,20 +462,20 @@ def test_dynamic_tuning_reports_its_trials_and_keeps_the_best(dm: TextDataModule
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     given = _dynamic(learning_rate=1e-4)
     result = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=3), seed=5)
-    trials = result.procedure.dynamic["tuning"]["trials"]
+    trials = result.procedure.recorded["dynamic"]["tuning"]["trials"]
     assert len(trials) == 3 and trials[0]["learning_rate"] == 1e-4 and trials[0]["max_time_steps"] == 6
     best = min(trials, key=lambda trial: trial["loss"])
-    assert result.loss == best["loss"] == result.procedure.dynamic["tuning"]["best_valid_loss"]
-    assert result.procedure.dynamic["learning_rate"] == best["learning_rate"]
+    assert result.loss == best["loss"] == result.procedure.recorded["dynamic"]["tuning"]["best_valid_loss"]
+    assert result.procedure.recorded["dynamic"]["learning_rate"] == best["learning_rate"]
     assert result.bptt == best["max_time_steps"]
     for trial in trials[1:]:  # drawn from Table 6
         assert 1e-6 <= trial["learning_rate"] <= 1e-3 and 1e-6 <= trial["decay_rate"] <= 1e-2
         assert 1e-8 <= trial["epsilon"] <= 1e-2 and 1 <= trial["max_time_steps"] <= 20
     again = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=3), seed=5)
-    assert again.procedure.dynamic["tuning"]["trials"] == trials  # seeded
+    assert again.procedure.recorded["dynamic"]["tuning"]["trials"] == trials  # seeded
     # Trials on a prefix of validation (Krause's --gridfast); the result then scores the whole split.
     prefix = evaluate(model, dm, "valid", procedure=replace(given, tune_trials=2, tune_tokens=100))
-    assert 100 <= prefix.procedure.dynamic["tuning"]["valid_tokens"] < 100 + 20
+    assert 100 <= prefix.procedure.recorded["dynamic"]["tuning"]["valid_tokens"] < 100 + 20
     assert prefix.tokens == result.tokens == dm.units("valid").tokens
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
     assert adapted_parameters(model).keys() == dict(model.named_parameters()).keys()
@@ -578,3 +592,79 @@ def test_cli_dropout_scale_too_large_for_the_model(checkpoint: Path, capsys: pyt
         mp.setenv("LM_ZOO_CACHE", str(checkpoint.parent / "cache"))
         code = cli.main(["evaluate", str(checkpoint), "--mc-samples", "2", "--dropout-scale", "5"])
     one_line_error(capsys, code, "dropout scale 5.0", "use a smaller --dropout-scale")
+
+
+# ------------------------------------------------------------------------------------- what a procedure records
+class _Hotter(ScoringProcedure):
+    """A procedure of the tests' own, to hold what a new one needs: its module and a line in SCORING_PROCEDURES. It is
+    the deterministic pass at ``factor`` times the temperature, and records the factor under a key of its own."""
+
+    method = "hotter"
+    records = ("hotter_factor",)
+
+    def __init__(self, factor: float = 2.0) -> None:
+        self.factor = factor
+
+    @classmethod
+    def summary(cls, record: Mapping[str, Any]) -> list[str]:
+        return [f"{record['hotter_factor']}x hotter"]
+
+    def prepare(self, setup: EvaluationSetup) -> Scorer:
+        plain = Deterministic().prepare(setup)
+        return Scorer(
+            lambda windows, t: plain.score(windows, t * self.factor), plain.steps, record={"hotter_factor": self.factor}
+        )
+
+
+# The keys of every stored text result, in the order the shipped config.json files spell them.
+STORED_LAYOUT = ["split", "corpus", "tokenizer", "tokens", "loss", "ppl", "eval_batch_size", "bptt", "method"]
+STORED_LAYOUT += ["long_context", "temperature", "temperature_search", "mc_samples", "dropout_scale", "dynamic"]
+
+
+def test_the_table_names_each_procedure_by_its_method() -> None:
+    for method in SCORING_PROCEDURES:
+        assert procedure_class(method).method == method
+    assert [kind.flag for kind in chosen_by_flag()] == ["--mc-samples", "--dynamic"]
+    with pytest.raises(CheckpointError, match="'hotter', which this lm-zoo does not know"):
+        procedure_class("hotter")
+
+
+def test_results_store_the_layout_every_shipped_result_spells(dm: TextDataModule) -> None:
+    model = _model(dm.vocab_size, **DROPOUTS)
+    plain = evaluate(model, dm, "test")
+    assert list(plain.to_json(stored=True)) == STORED_LAYOUT
+    for config in sorted(PRETRAINED.glob("*/config.json")):  # text results only (music ones have no procedure)
+        for shipped in json.loads(config.read_text())["results"]:
+            assert "method" not in shipped or [key for key in shipped if key != "bpc"] == STORED_LAYOUT, config
+    assert plain.procedure.recorded == {} and plain.procedure.summary() == "deterministic"
+    # MC dropout's keys take their place in it; its batching is printed, never stored.
+    mc = evaluate(model, dm, "test", procedure=MCDropout(samples=2, rows_per_call=3), seed=4)
+    stored = mc.to_json(stored=True)
+    assert list(stored) == STORED_LAYOUT and (stored["mc_samples"], stored["dropout_scale"]) == (2, 1.0)
+    assert (tuple(mc.procedure.recorded), tuple(mc.procedure.run_record)) == (MCDropout.records, MCDropout.run_records)
+    printed = mc.to_json()
+    assert [key for key in printed if key not in stored][:2] == ["mc_rows_per_call", "seed"]
+    assert (printed["mc_rows_per_call"], printed["seed"]) == (3, 4)
+    for result in (plain, mc):
+        assert result_from_json(result.to_json()) == result
+        again = result_from_json(result.to_json(stored=True))
+        assert again.procedure.recorded == result.procedure.recorded and again.procedure.run_record == {}
+    assert mc.procedure.summary() == "mc-dropout, 2 samples, dropout scale 1.0"
+    assert "MC dropout 2 samples, dropout scale 1, seed 4" in mc.procedure.details()
+
+
+def test_a_new_procedure_records_and_words_its_own_settings(
+    dm: TextDataModule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(SCORING_PROCEDURES, "hotter", f"{__name__}:_Hotter")
+    model = _model(dm.vocab_size)
+    hotter = evaluate(model, dm, "test", procedure=_Hotter())
+    assert hotter.loss == evaluate(model, dm, "test", temperature=2.0).loss
+    stored = hotter.to_json(stored=True)
+    assert list(stored) == [*STORED_LAYOUT, "hotter_factor"] and stored["hotter_factor"] == 2.0
+    assert "hotter_factor" not in evaluate(model, dm, "test").to_json()
+    assert result_from_json(stored).procedure.recorded == {"hotter_factor": 2.0}
+    assert hotter.procedure.summary() == "hotter, 2.0x hotter"
+    monkeypatch.delitem(SCORING_PROCEDURES, "hotter")  # a result of a procedure this lm-zoo does not have
+    with pytest.raises(CheckpointError, match="scored by 'hotter'"):
+        result_from_json(stored)
