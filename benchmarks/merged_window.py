@@ -4,8 +4,8 @@ process (``zoo.paths``: on the CPU, nothing between the layers, the stack runs `
 Each side is ``fit_overhead.py``'s "lm-zoo's network in the plain loop" (``configs/ptb/lstm-small.yaml``'s 2-layer
 LSTM at ``--width`` units on PTB, SGD, the clip): the same loop, the same seed, once as lm-zoo runs it and once with
 the merged path turned off for the run (``zoo.paths._merged_runs`` answering no), so that each layer runs its own
-fused call. The sides alternate ``--rounds`` times; the median of each is kept, with every round and the paths each
-side's windows took::
+fused call. The sides alternate ``--rounds`` times, each going first every other round; the median of each is kept,
+with every round and the paths each side's windows took::
 
     LM_ZOO_DATA=../shared/data python benchmarks/merged_window.py                 # 2 x 8 over PTB's characters
     LM_ZOO_DATA=../shared/data python benchmarks/merged_window.py --width 200 --corpus ptb --steps 100
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     seconds: dict[str, list[float]] = {name: [] for name in SIDES}
     seen: dict[str, Counter] = {name: Counter() for name in SIDES}
-    for _ in range(args.rounds):
-        for name in SIDES:
+    for round_index in range(args.rounds):
+        for name in SIDES if round_index % 2 == 0 else SIDES[::-1]:  # each side first every other round
             with side(name, seen[name]):
                 seconds[name].append(
                     plain_loop(
