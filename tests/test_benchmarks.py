@@ -12,7 +12,6 @@ import torch
 
 from benchmarks import cells, output
 from datamodules.synthetic import xml_closing_tags_matched
-from tests.conftest import DATA_ROOT, needs_data
 
 
 def refused(capsys: pytest.CaptureFixture[str], run, *fragments: str) -> str:
@@ -430,18 +429,3 @@ def test_handoffs_puts_each_file_in_todays_room() -> None:
     assert handoffs.room(str(venv / "lightning" / "pytorch" / "trainer" / "call.py")) == "lightning"
     assert handoffs.room(str(venv / "torch" / "nn" / "modules" / "module.py")) is None
     assert handoffs.room(str(root / "tests" / "conftest.py")) is None
-
-
-@needs_data("ptb", "ptb.char.train.txt")
-def test_merged_window_times_the_one_call_against_a_call_a_layer(tmp_path: Path) -> None:
-    """Both sides train the same network in the same loop; every window of the first runs the stack as one call and
-    every window of the second layer by layer, as the results file records."""
-    from benchmarks import merged_window
-
-    out = tmp_path / "merged.json"
-    flags = ["--steps", "3", "--warmup", "1", "--rounds", "2", "--data-root", str(DATA_ROOT), "--out", str(out)]
-    merged_window.main(flags)
-    recorded = json.loads(out.read_text())
-    assert recorded["stack_paths"] == {"one call": {"merged": 8}, "one call a layer": {"layers": 8}}
-    assert [len(rounds) for rounds in recorded["ms_per_window"].values()] == [2, 2]
-    assert recorded["per_layer_over_one_call"] > 0

@@ -3,8 +3,7 @@
 The same network can run a window in several ways, each computing the same function (the tests hold them equal):
 
 * ``merged``: the whole stack as one multi-layer ``nn.LSTM``/``nn.GRU``/``nn.RNN`` call over the layers' own weights
-  (on the CPU, no resets, every layer fused, nothing between the layers: evaluation, sampling's step, and training
-  without dropout between layers or DropConnect; :meth:`zoo.stack.RecurrentStack._merged_kernel`);
+  (inference on the CPU, no resets: sampling's step; :meth:`zoo.stack.RecurrentStack._merged_kernel`);
 * ``captured``: the stack's training window replayed from a CUDA graph (:mod:`zoo.window`), its layers each running
   their per-step loop inside it;
 * ``layers``: each layer in turn, by its own path:
@@ -78,7 +77,7 @@ def window_path(stack: nn.Module, x: Tensor, *, resets: bool) -> WindowPath:
     resets inside it."""
     state_dropout = stack.training and stack.state_dropout > 0
     layers = tuple(layer_path(layer, x, resets=resets, state_dropout=state_dropout) for layer in stack.layers)
-    if not resets and all(path == "fused" for path in layers) and _merged_runs(stack, x) and stack._merged_kernel():
+    if not resets and _merged_runs(stack, x) and stack._merged_kernel() is not None:
         return WindowPath("merged", layers)
     if all(path == "per-step" for path in layers) and _captures(stack, x):
         return WindowPath("captured", layers)
@@ -86,16 +85,12 @@ def window_path(stack: nn.Module, x: Tensor, *, resets: bool) -> WindowPath:
 
 
 def _merged_runs(stack: nn.Module, x: Tensor) -> bool:
-    """On the CPU, where nothing runs between the layers: evaluation (with a gradient or not), or training with neither
-    dropout between the layers nor DropConnect. One kernel call a window instead of one a layer is what
-    pytorch/examples' two-layer ``nn.LSTM`` loop pays, and its outputs and gradients are the per-layer calls' bit for
-    bit (``tests/test_kernels.py``).
-
-    Not on CUDA: cuDNN reads a multi-layer call's weights from one flat buffer, and the layers' weights are one buffer
-    each, so every call would copy them; whether the one call wins there is not measured yet."""
+    """Inference on the CPU, where nothing runs between the layers and no gradient is taken (the per-layer path stays
+    the one trained and differentiated through, dynamic evaluation's included)."""
     return (
-        x.device.type == "cpu"
-        and (not stack.training or (stack.dropout == 0 and stack.weight_drop == 0))
+        not stack.training
+        and not torch.is_grad_enabled()
+        and x.device.type == "cpu"
         and not stack.sum_layer_outputs
         and not settings.current().plain_kernels
         and not torch.is_autocast_enabled("cpu")
