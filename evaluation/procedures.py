@@ -3,8 +3,8 @@ holding a :class:`~evaluation.scoring.ScoringProcedure` subclass (its flags, che
 their text) and one line in :data:`SCORING_PROCEDURES`.
 
 The table names each class as ``module:Class`` and imports it when first asked, as ``commands.COMMANDS`` does: reading
-a stored result (:mod:`evaluation.results`) then imports no torch, and no module of this package imports the
-procedures that import it.
+a stored result (:mod:`evaluation.results`, which asks this table for a procedure's keys and words) then imports no
+torch, and results.py, which the procedures' callers import, imports no procedure module in turn.
 """
 
 from __future__ import annotations
