@@ -36,6 +36,9 @@ from lightning_modules.faults import is_peer_failure
 from lightning_modules.lightning_private import (
     restore_lightnings_sigterm_broadcast,
     skip_lightnings_sigterm_broadcast,
+    write_last_checkpoint,
+    writes_checkpoints_now,
+    wrote_at_this_step,
 )
 from zoo.errors import CheckpointError, ConfigError, Interrupted
 
@@ -256,8 +259,8 @@ class LastCheckpoint(ModelCheckpoint):
         if agreed is None:
             return
         rank, signum = agreed
-        if self._last_global_step_saved != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if not wrote_at_this_step(self, trainer):
+            write_last_checkpoint(self, trainer)
         self._restore_signals()
         path = self.last_model_path or None
         where = f" on rank {rank}" if trainer.world_size > 1 else ""
@@ -281,12 +284,12 @@ class LastCheckpoint(ModelCheckpoint):
         """Save after every validation (also right after a periodic save at the same step: that one predates the
         validation, and a resume from it would have to run the validation again)."""
         if trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.fast_dev_run:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            write_last_checkpoint(self, trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save the final state, unless the last save was at this step already; give the signals back."""
-        if not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if writes_checkpoints_now(self, trainer):
+            write_last_checkpoint(self, trainer)
         # Here, not at on_fit_end: Lightning puts back the handlers it found in its teardown, after training ends and
         # before on_fit_end, so ours go first and Lightning's after them. Put back at on_fit_end, Lightning's SIGTERM
         # handler outlived the fit, and a process that had trained in-process ignored SIGTERM: a multiprocessing

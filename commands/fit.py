@@ -37,7 +37,7 @@ from datamodules.reverse_copy import ReverseCopyDataModule
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.faults import DEFAULT_PROCESS_GROUP_TIMEOUT, forget_peers, peer_lost, report_stop
 from lightning_modules.language_model import LanguageModel
-from lightning_modules.lightning_private import set_process_group_timeout
+from lightning_modules.lightning_private import CheckpointPathReading, set_process_group_timeout
 from lightning_modules.music import MusicModel
 from lightning_modules.schedules import (
     CosineDecay,
@@ -59,7 +59,7 @@ from lightning_modules.training import (
     trainer_arguments,
     versions_root,
 )
-from zoo.errors import CheckpointError, ConfigError, LMZooError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.settings import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISION_HELP, MatmulPrecision
 
 
@@ -134,7 +134,7 @@ def parser_message(parser: argparse.ArgumentParser, message: str) -> str:
     return text if key is None else f"--{key}: {text}"
 
 
-class LMZooCLI(LightningCLI):
+class LMZooCLI(CheckpointPathReading, LightningCLI):
     """LightningCLI with the vocabulary linked from the data, ``best.ckpt`` (``checkpoint.*``) and ``last.ckpt``
     (``last_checkpoint.*``) callbacks, atomic checkpoint writes, and a ``--ckpt_path last`` that finds the last
     checkpoint of the config's previous runs.
@@ -189,52 +189,48 @@ class LMZooCLI(LightningCLI):
             "default is 1800; docs/training.md)",
         )
 
+    def _setting(self, config: Any, key: str, default: Any = None) -> Any:
+        """A parsed setting, under the subcommand where the config has one (what LightningCLI's private ``_get``
+        does, written out so as not to lean on it)."""
+        return config.get(str(self.subcommand), config).get(key, default)
+
     def before_instantiate_classes(self) -> None:
         """Settings that would fail only once the run has started, refused before anything is built or announced
         (:func:`check_training_settings`); an in-process run's devices, pinned in the parsed config, so that its
         ``config.yaml`` says what ran."""
-        trainer = self._get(self.config, "trainer")
-        optimizer = self._get(self.config, "optimizer", default=None)
-        timeout = self._get(self.config, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
+        trainer = self._setting(self.config, "trainer")
+        optimizer = self._setting(self.config, "optimizer", default=None)
+        timeout = self._setting(self.config, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
         check_training_settings(trainer, optimizer, timeout)
         if self.in_process:
             trainer["devices"] = in_process_devices(trainer.get("devices", "auto"), trainer.get("num_nodes") or 1)
 
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI (2.6) reads a ``--ckpt_path`` file's hyperparameters here, first of all: a path that is not
-        there is refused (:func:`check_ckpt_path`), and a truncated or foreign file is said in one line
-        (:func:`checkpoints.ckpt_read.unreadable`) instead of ``torch.load``'s traceback.
+    def check_ckpt_path_given(self, ckpt_path: str | None) -> None:
+        """A ``--ckpt_path`` that is not there is refused (:func:`check_ckpt_path`) before Lightning reads it: before
+        it seeds and says ``Seed set to N``, so a refused run prints nothing before its line."""
+        check_ckpt_path(ckpt_path)
 
-        The path is checked here rather than in :meth:`before_instantiate_classes` with the other settings because
-        Lightning seeds (and says ``Seed set to N``) between the two: a refused run prints nothing before its line.
-        """
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            check_ckpt_path(self.config[subcommand].get("ckpt_path"))
-        try:
-            super()._parse_ckpt_path()
-        except LMZooError:
-            raise
-        except Exception as err:
-            subcommand = self.config.get("subcommand")
-            raise unreadable(self.config[subcommand].get("ckpt_path"), err) from None
+    def ckpt_path_unreadable(self, ckpt_path: str | None, error: Exception) -> Exception:
+        """A truncated or foreign file, said in one line (:func:`checkpoints.ckpt_read.unreadable`) instead of
+        ``torch.load``'s traceback."""
+        return unreadable(ckpt_path or "", error)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, writing checkpoints atomically unless the config names a CheckpointIO plugin of its own, with
         lm-zoo's progress bar (:class:`lightning_modules.progress.FitProgressBar`) unless the config names one or turns
         it off, and the learning rate logged (``LearningRateMonitor``) wherever there is a logger."""
-        trainer_config = self._get(self.config_init, "trainer", default={})
-        precision = self._get(self.config_init, "matmul_precision", DEFAULT_MATMUL_PRECISION)
+        trainer_config = self._setting(self.config_init, "trainer", default={})
+        precision = self._setting(self.config_init, "matmul_precision", DEFAULT_MATMUL_PRECISION)
         kwargs = {**trainer_arguments(trainer_config, self.datamodule, precision), **kwargs}
-        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = self._setting(self.config_init, "trainer", default={}).get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             plugins.append(AtomicCheckpointIO())
-        if self.subcommand == "fit" and self._get(self.config_init, "ckpt_path"):
+        if self.subcommand == "fit" and self._setting(self.config_init, "ckpt_path"):
             # A resumed run logs where it was interrupted when there are no version_N directories (logger: false, a
             # fixed version): its config.yaml replaces the interrupted run's instead of stopping the resume.
             self.save_config_kwargs = {**self.save_config_kwargs, "overwrite": True}
-        timeout = self._get(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
+        timeout = self._setting(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
         trainer = super().instantiate_trainer(**{"plugins": plugins, **kwargs})
         set_process_group_timeout(trainer, timeout)  # DDP, FSDP, DeepSpeed: read when the process group starts
         return trainer

@@ -32,6 +32,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Timer, WeightAveraging
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightning_modules.lightning_private import averaged_model
 from zoo.errors import ConfigError
 
 Trigger = Literal["patience", "nt-asgd"]
@@ -132,7 +133,8 @@ class WeightAveragingOnPlateau(WeightAveraging):
     @property
     def averaged(self) -> bool:
         """Whether the average holds at least one update (before that it is a stale copy of the initial model)."""
-        return self._average_model is not None and int(self._average_model.n_averaged) > 0
+        average = averaged_model(self)
+        return average is not None and int(average.n_averaged) > 0
 
     # ---------------------------------------------------------------------------------------------- the trigger
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
@@ -233,7 +235,7 @@ class WeightAveragingOnPlateau(WeightAveraging):
             super().on_save_checkpoint(trainer, pl_module, checkpoint)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if "current_model_state" in checkpoint or self._average_model is None:
+        if "current_model_state" in checkpoint or averaged_model(self) is None:
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
         # else: saved before averaging began; the average (n_averaged = 0) starts from whatever it holds at its first
         # update, so there is nothing to restore and nothing to warn about.

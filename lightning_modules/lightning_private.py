@@ -1,8 +1,9 @@
-"""Every private Lightning API lm-zoo uses, one function each, saying why no public one serves.
+"""Every private Lightning API lm-zoo uses, one function (or, where a private method is overridden, one mixin) each,
+saying why no public one serves.
 
 Lightning is pinned below 2.7 (``pyproject.toml``) because of these: an upgrade reads this file first. Each function
 is exercised by the suite (the tests named beside it), so that a Lightning that moved one of them fails there, not in a
-user's run. Nothing else in lm-zoo touches a private Lightning attribute.
+user's run. Nothing else in lm-zoo touches a private Lightning attribute (``tests/test_layers.py`` checks it).
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from datetime import timedelta
 from typing import Any
 
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from torch import Tensor
+from torch.optim.swa_utils import AveragedModel
+
+from zoo.errors import LMZooError
 
 
 def set_process_group_timeout(trainer: Trainer, seconds: float) -> None:
@@ -100,3 +105,79 @@ def attached_trainer(module: Any) -> Trainer | None:
     on its own, a test calling a step by hand): the public ``module.trainer`` raises then, the private ``_trainer``
     is ``None`` (``tests/test_regularisers.py``)."""
     return module._trainer
+
+
+def write_last_checkpoint(callback: ModelCheckpoint, trainer: Trainer) -> None:
+    """Have ``callback`` write its ``last.ckpt`` now, named and rotated as it does at an epoch's end: its private
+    ``_save_last_checkpoint`` with the figures it names files by (``_monitor_candidates``). lm-zoo's ``LastCheckpoint``
+    also writes at a stop signal, after every validation and when training ends, moments for which ``ModelCheckpoint``
+    has no public call (``tests/test_faults.py``, ``tests/test_resume.py``)."""
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def wrote_at_this_step(callback: ModelCheckpoint, trainer: Trainer) -> bool:
+    """Whether ``callback`` has written a checkpoint at the trainer's current step already (its private
+    ``_last_global_step_saved``), so that a stop or the end of training writes none twice (``tests/test_faults.py``)."""
+    return callback._last_global_step_saved == trainer.global_step
+
+
+def writes_checkpoints_now(callback: ModelCheckpoint, trainer: Trainer) -> bool:
+    """Whether ``callback`` would write a checkpoint at this point of the run: fitting, not a sanity check nor a
+    ``fast_dev_run``, nothing written at this step yet (its private ``_should_skip_saving_checkpoint``, the rule it
+    applies itself; ``tests/test_resume.py``)."""
+    return not callback._should_skip_saving_checkpoint(trainer)
+
+
+def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
+    """The running average a ``WeightAveraging`` callback keeps, ``None`` before its setup: its private
+    ``_average_model``, which no public attribute gives (``tests/test_averaging.py``)."""
+    return callback._average_model
+
+
+class CheckpointPathReading:
+    """LightningCLI's reading of a ``--ckpt_path`` file's hyperparameters, with a check before it and one line for a
+    file it cannot read: a mixin for ``commands.fit.LMZooCLI``, which says both through :meth:`check_ckpt_path_given`
+    and :meth:`ckpt_path_unreadable`.
+
+    LightningCLI (2.6) reads the file in its private ``_parse_ckpt_path``, the first thing after parsing, and seeds
+    (saying ``Seed set to N``) right after: no public hook runs before that read, and what ``torch.load`` raises for a
+    truncated or foreign file would be a traceback (``tests/test_cli.py``,
+    ``test_resuming_from_nothing_or_the_wrong_thing``).
+    """
+
+    config: Any
+
+    def check_ckpt_path_given(self, ckpt_path: str | None) -> None:
+        """Refuse a ``--ckpt_path`` before Lightning reads it (here: anything goes)."""
+
+    def ckpt_path_unreadable(self, ckpt_path: str | None, error: Exception) -> Exception:
+        """The error to raise for a file Lightning could not read (here: Lightning's own)."""
+        return error
+
+    def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand:
+            self.check_ckpt_path_given(ckpt_path)
+        try:
+            super()._parse_ckpt_path()  # type: ignore[misc]
+        except LMZooError:
+            raise
+        except Exception as err:
+            raise self.ckpt_path_unreadable(ckpt_path, err) from None
+
+
+class OpenEndedEpochs:
+    """A mixin for a ``RichProgressBar`` (``lightning_modules.progress.FitProgressBar``): a run without an epoch limit
+    (``max_epochs: -1``, the GBW recipes stop at ``max_steps``) reads "Epoch 3", not Rich's "Epoch 3/-2". Lightning
+    builds that text in the bar's private ``_get_train_description``, with no public hook (``tests/test_cli.py``,
+    ``test_the_progress_bar_says_epochs_and_versions_plainly``)."""
+
+    trainer: Any
+    validation_description: str
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)  # type: ignore[misc]

@@ -11,26 +11,21 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
 from datamodules.progress import ProgressLines, interactive
+from lightning_modules.lightning_private import OpenEndedEpochs
 
 METRICS_SECONDS = 0.5  # how often a terminal's bar shows the training figures anew (Rich asks at every batch)
 
 
-class FitProgressBar(RichProgressBar):
+class FitProgressBar(OpenEndedEpochs, RichProgressBar):
     """Lightning's default bar for ``fit``, with four fixes.
 
     - A run without an epoch limit (the GBW recipes stop at ``max_steps``; ``max_epochs: -1``) reads "Epoch 3", not
-      Rich's "Epoch 3/-2".
+      Rich's "Epoch 3/-2" (:class:`~lightning_modules.lightning_private.OpenEndedEpochs`).
     - The run version shows as the integer it is (Rich prints every number as ``0.000``).
     - Where stderr is not a terminal, Rich draws nothing; a line every 30 s (:class:`ProgressLines`) says where
       training and validation are, with the training loss.
     - The figures are read from the device only when they are shown (:meth:`get_metrics`), not at every batch.
     """
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        max_epochs = self.trainer.max_epochs
-        if max_epochs is not None and max_epochs < 0:
-            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
-        return super()._get_train_description(current_epoch)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """The bar's figures. Reading them (Lightning turns the logged tensors into numbers) makes the host wait for a

@@ -171,3 +171,63 @@ def test_no_library_module_parses_arguments() -> None:
                 if "argparse" in names or (isinstance(node, ast.ImportFrom) and node.module == "argparse"):
                     parsing.append(str(path.relative_to(ROOT)))
     assert not parsing
+
+
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
+def _private_lightning_names(cls: type) -> list[str]:
+    """The private names (``_x``) that ``cls``, a class built on a Lightning class, defines or reads through ``self``
+    or ``super()`` and that a Lightning base defines (a method, or an attribute its ``__init__`` sets), unless one of
+    lm-zoo's own bases (a mixin of ``lightning_private.py``) does."""
+    import inspect
+    import re
+
+    lightning = [base for base in cls.__mro__ if base.__module__.split(".")[0] in LIGHTNING]
+    ours = [base for base in cls.__mro__[1:] if base not in lightning and base is not object]
+    named = set(re.findall(r"\b(?:self|super\(\))\.(_[a-z]\w*)", inspect.getsource(cls)))
+    named |= {name for name in vars(cls) if name.startswith("_") and not name.startswith("__")}
+    sources = [inspect.getsource(base) for base in lightning]
+
+    def lightnings(name: str) -> bool:
+        return any(name in vars(base) for base in lightning) or any(re.search(rf"\bself\.{name}\b", s) for s in sources)
+
+    return sorted(n for n in named if lightnings(n) and not any(n in vars(base) for base in ours))
+
+
+def test_private_lightning_apis_are_used_in_lightning_private_alone() -> None:
+    """docs/architecture.md: every use of a private Lightning API is a function or mixin of
+    ``lightning_modules/lightning_private.py``, which says why no public one serves. No library class built on a
+    Lightning class (a callback, the CLI, the progress bar, a module) overrides or reads a private name of its
+    Lightning bases, and no library file reaches into a Lightning object's private attribute."""
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from benchmarks.house import LIBRARY
+
+    class Leaky(ModelCheckpoint):  # what the check must catch
+        def save_now(self, trainer) -> None:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    assert _private_lightning_names(Leaky) == ["_monitor_candidates", "_save_last_checkpoint"]
+    uses = []
+    for package in (name for name in LIBRARY if (ROOT / name).is_dir()):
+        modules = [package] + [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(ROOT / package)])]
+        for name in modules:
+            for cls in vars(importlib.import_module(name)).values():
+                if inspect.isclass(cls) and cls.__module__ == name and name != "lightning_modules.lightning_private":
+                    if any(base.__module__.split(".")[0] in LIGHTNING for base in cls.__mro__):
+                        uses += [f"{name}.{cls.__name__}.{n}" for n in _private_lightning_names(cls)]
+    reaching = re.compile(r"\b(?:trainer|pl_module|strategy|fit_loop|epoch_loop|_logger_connector)\._[a-z]")
+    for path in sorted(p for package in LIBRARY for p in (ROOT / package).rglob("*.py")):
+        if path.name != "lightning_private.py":
+            uses += [
+                f"{path.relative_to(ROOT)}: {line.strip()}"
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if reaching.search(line)
+            ]
+    assert uses == []
