@@ -11,6 +11,9 @@ same batch and BPTT. The allocator is set on both sides alike, so that each rati
 - ``lm-zoo fit`` as installed (those settings, lm-zoo's own training step), with ``LM_ZOO_MALLOC=default`` (glibc's
   defaults), and with ``LM_ZOO_TRAINING_STEP=lightning`` (Lightning's closure running each step, as before
   ``lightning_modules/training_step.py``: what that step gives, measured side by side);
+- ``lm-zoo fit`` with ``--data.init_args.windows_per_step`` (``--windows-per-step`` here, 8 by default): each
+  Lightning step trains that many consecutive windows, one update each, so Lightning's per-step work (its loop, the
+  callbacks, the loader's fetch) is paid once for them; its "ms a step" is per window, as every side's;
 - lm-zoo's network (``zoo.RecurrentLM``, built from the same config) and ``torch.optim.SGD`` in the plain loop, with
   lm-zoo's settings: what separates the two like-for-like sides is then split in two, the network's own cost against
   ``nn.LSTM``'s and the training loop's around it (Lightning's loop, hooks and callbacks, and ``LanguageModel``'s
@@ -318,9 +321,10 @@ NETWORK = "lm-zoo's network in the plain loop, lm-zoo's malloc settings"
 FIT_GLIBC_DEFAULTS = "lm-zoo fit, glibc's malloc defaults"
 FIT = "lm-zoo fit"
 FIT_LIGHTNING_STEP = "lm-zoo fit, Lightning's closure running each step"  # LM_ZOO_TRAINING_STEP=lightning
+FIT_WINDOWS = "lm-zoo fit, several windows a step"  # --data.init_args.windows_per_step, --windows-per-step here
 BARE_LIGHTNING = "the plain loop's network and step in a bare Lightning Trainer"
-SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, BARE_LIGHTNING, FIT_GLIBC_DEFAULTS, FIT_LIGHTNING_STEP, FIT)
-SIDES_CUDA = (PLAIN, NETWORK, BARE_LIGHTNING, FIT_LIGHTNING_STEP, FIT)  # no allocator settings to compare there
+SIDES = (PLAIN, PLAIN_LM_ZOO_MALLOC, NETWORK, BARE_LIGHTNING, FIT_GLIBC_DEFAULTS, FIT_LIGHTNING_STEP, FIT, FIT_WINDOWS)
+SIDES_CUDA = (PLAIN, NETWORK, BARE_LIGHTNING, FIT_LIGHTNING_STEP, FIT, FIT_WINDOWS)  # no allocator settings there
 # (numerator, denominator, what the ratio says), each a ratio of median tokens/s (and of median peak RSS).
 RATIOS = (
     (FIT, PLAIN_LM_ZOO_MALLOC, "lm-zoo's overhead, both with lm-zoo's malloc settings (like for like)"),
@@ -335,6 +339,9 @@ RATIOS = (
     (FIT, FIT_LIGHTNING_STEP, "what lm-zoo's own training step gives lm-zoo fit (lightning_modules/training_step.py)"),
     (BARE_LIGHTNING, PLAIN, "what Lightning's own loop costs, with nothing of lm-zoo's"),
     (FIT, BARE_LIGHTNING, "lm-zoo fit against the same network in a bare Lightning Trainer"),
+    (FIT_WINDOWS, PLAIN_LM_ZOO_MALLOC, "lm-zoo fit with several windows a step, like for like"),
+    (FIT_WINDOWS, PLAIN, "lm-zoo fit with several windows a step against the plain loop as the peers run it"),
+    (FIT_WINDOWS, FIT, "what several windows a step give lm-zoo fit (Lightning's per-step work paid once for them)"),
 )
 
 
@@ -380,10 +387,13 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         command += ["--lm-zoo-network"] if side == NETWORK else []
         command += ["--bare-lightning"] if side == BARE_LIGHTNING else []
     else:
+        # A step of several windows: the timer counts steps, so as many windows are timed as on the other sides.
+        windows = args.windows_per_step if side == FIT_WINDOWS else 1
         command = timed_fit_command(
             out.parent,
-            args.warmup,
-            args.steps,
+            -(-args.warmup // windows),
+            args.steps // windows,
+            f"--data.init_args.windows_per_step={windows}",
             f"--data.init_args.batch_size={args.batch}",
             f"--data.init_args.bptt={args.bptt}",
             f"--data.init_args.data_root={args.data_root}",
@@ -402,7 +412,8 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
             "LM_ZOO_MALLOC=default or another C library: see zoo/allocator.py), so both lm-zoo fit sides would "
             "run glibc's; unset them to measure"
         )
-    measured = {"tokens_per_s": args.batch * args.bptt / result["seconds_per_step"], "peak": result["peak"]}
+    windows = args.windows_per_step if side == FIT_WINDOWS else 1
+    measured = {"tokens_per_s": args.batch * args.bptt * windows / result["seconds_per_step"], "peak": result["peak"]}
     return measured | ({"profile": result["profile"]} if "profile" in result else {})
 
 
@@ -440,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="steps before the timing starts")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--windows-per-step", type=int, default=8, help=f"the windows a step of the side {FIT_WINDOWS!r} trains on"
+    )
     parser.add_argument("--width", type=int, default=200, help="every side's embedding and LSTM units")
     parser.add_argument("--corpus", choices=sorted(CORPUS_FILES), default="ptb", help="PTB words or characters")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every side trains")
@@ -480,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     name = PROFILE_NAME if args.profile else NAME
     path = output.output_path(args, name)
     settings = {"batch": args.batch, "bptt": args.bptt, "steps": args.steps, "warmup": args.warmup}
-    settings |= {"width": args.width, "corpus": args.corpus}
+    settings |= {"width": args.width, "corpus": args.corpus, "windows_per_step": args.windows_per_step}
     if args.device == "cuda":  # older files, all measured on the CPU, have no device
         settings |= {"device": torch.cuda.get_device_name(), "provenance": output.provenance("cuda")}
     settings |= {"threads": args.threads, "torch": torch.__version__, "hardware": output.hardware()}

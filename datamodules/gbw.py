@@ -319,6 +319,8 @@ class GBWDataModule(StreamDataModule):
         data_root: where corpora live; ``None`` uses ``$LM_ZOO_DATA`` or ``~/.cache/lm-zoo/data``.
         workers: processes that count and encode the files, one file each at a time (``None``: one per core once the
             files reach 64 MB; the result is the same).
+        windows_per_step: consecutive training windows a step trains on, one update each (as
+            :class:`~datamodules.text_data.TextData`'s).
     """
 
     def __init__(
@@ -335,6 +337,7 @@ class GBWDataModule(StreamDataModule):
         seed: int = 0,
         data_root: str | None = None,
         workers: int | None = None,
+        windows_per_step: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -351,6 +354,7 @@ class GBWDataModule(StreamDataModule):
         self.seed = seed
         self.data_root = data_root
         self.workers = workers
+        self.windows_per_step = windows_per_step
         self.level = "word"
         self._tokenizer: SentenceTokenizer | None = None
         self._tokenizer_key: str | None = None

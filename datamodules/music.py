@@ -98,6 +98,8 @@ class MusicDataModule(StreamDataModule):
         data_root: where datasets live (default ``$LM_ZOO_DATA``); the file is ``<root>/music/<Name>.mat``.
         seed: seeds the order of the pieces in each training epoch.
         download: fetch a missing file from its canonical URL (checked by sha256).
+        windows_per_step: consecutive training windows a step trains on, one update each (as
+            :class:`~datamodules.text_data.TextData`'s).
     """
 
     level = "music"
@@ -112,6 +114,7 @@ class MusicDataModule(StreamDataModule):
         data_root: str | None = None,
         seed: int = 0,
         download: bool = True,
+        windows_per_step: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()  # a checkpoint records them: evaluation and sampling rebuild the data from them
@@ -125,6 +128,7 @@ class MusicDataModule(StreamDataModule):
         self.data_root = data_root
         self.seed = seed
         self.download = download
+        self.windows_per_step = windows_per_step
         self._rolls: dict[str, PianoRolls] = {}
 
     @property
@@ -149,5 +153,5 @@ class MusicDataModule(StreamDataModule):
         ``fit`` the training position."""
         state: dict[str, Any] = {"music": {"dataset": self.dataset, "num_notes": NUM_NOTES, "lowest_note": LOWEST_NOTE}}
         if self.trainer is not None:
-            state["train_position"] = training_position(self.trainer)
+            state["train_position"] = training_position(self.trainer, self.windows_per_step)
         return state

@@ -119,6 +119,8 @@ class ReverseCopyDataModule(StreamDataModule):
         seed: generates the three splits (each from its own stream) and orders the training epochs.
         reverse: ``False`` asks for the source in its own order instead: Jozefowicz et al. 2015's memorisation task
             (§3.1: 5 symbols of 26, read, then reproduced), the first filter of their architecture search.
+        windows_per_step: consecutive training windows a step trains on, one update each (as
+            :class:`~datamodules.text_data.TextData`'s).
     """
 
     level = "word"
@@ -136,6 +138,7 @@ class ReverseCopyDataModule(StreamDataModule):
         eval_bptt: int | None = None,
         seed: int = 0,
         reverse: bool = True,
+        windows_per_step: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -153,6 +156,7 @@ class ReverseCopyDataModule(StreamDataModule):
         self.eval_batch_size, self.eval_bptt = eval_batch_size, eval_bptt or self.bptt
         self.seed = seed
         self.reverse = reverse
+        self.windows_per_step = windows_per_step
         self.corpus_name = "synthetic-reverse-copy" if reverse else "synthetic-copy"
         self.tokenizer: Tokenizer = reverse_copy_tokenizer(num_symbols)
         self._splits: dict[str, ReverseCopySplit] = {}

@@ -68,12 +68,24 @@ class StreamData:
     bptt: int
     eval_bptt: int
     seed: int
+    _windows_per_step = 1
 
     trainer: Any = None  # the Lightning Trainer, once StreamDataModule is attached to one
 
     def __init__(self) -> None:
         super().__init__()
         self._train_position: dict[str, int] | None = None  # from a checkpoint, for the next train_dataloader()
+
+    @property
+    def windows_per_step(self) -> int:
+        """The training windows a Lightning step trains on, each with an update of its own (the subclasses'
+        argument; :func:`group_windows`): 1 unless a subclass sets it."""
+        return self._windows_per_step
+
+    @windows_per_step.setter
+    def windows_per_step(self, value: int) -> None:
+        check_sizes(windows_per_step=value)  # when the data module is made, as its other sizes
+        self._windows_per_step = value
 
     def _save_settings(self, frame: Any) -> None:
         """Record the constructor's arguments (``frame``: the subclass's ``__init__``): LightningDataModule's
@@ -128,7 +140,7 @@ class StreamData:
         ``fit`` the training stream's position, so a resumed run continues mid-epoch where it stopped."""
         state: dict[str, Any] = {"tokenizer": self.tokenizer.state_dict()}
         if self.trainer is not None:
-            state["train_position"] = training_position(self.trainer)
+            state["train_position"] = training_position(self.trainer, self.windows_per_step)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -153,7 +165,9 @@ class StreamData:
         return DataLoader(self.stream(split), batch_size=None, num_workers=0, generator=torch.Generator())
 
     def train_dataloader(self) -> DataLoader:
-        loader = ResumableLoader(self.stream("train"), batch_size=None, num_workers=0, generator=torch.Generator())
+        loader = ResumableLoader(
+            self.stream("train"), num_workers=0, generator=torch.Generator(), **group_windows(self.windows_per_step)
+        )
         if self._train_position is not None:  # resuming: continue the interrupted epoch where its training stopped
             # Kept for every loader made while the trainer is still in that epoch: Lightning makes the loader again
             # when it restores its epoch counter (lm-zoo fit reloads loaders every epoch, cli.py). The stream reads
@@ -169,6 +183,16 @@ class StreamData:
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+
+def group_windows(windows_per_step: int) -> dict[str, Any]:
+    """The training loader's batching: each window a batch of its own (``batch_size=None``: the stream yields whole
+    windows), or ``windows_per_step`` consecutive windows of an epoch as one batch, a ``list`` of them (the epoch's
+    last one shorter where they do not divide its windows), which lm-zoo's training step trains one after another
+    (:mod:`lightning_modules.training_step`)."""
+    if windows_per_step == 1:
+        return {"batch_size": None}
+    return {"batch_size": windows_per_step, "collate_fn": list}
 
 
 class ResumableLoader(DataLoader):

@@ -40,6 +40,10 @@ class TextData(StreamData):
         download: fetch a missing registered corpus from its canonical URL.
         corpus_options: options of generated corpora (``seed``, ``train_chars``, ... for the synthetic tasks).
         seed: seed of the variable BPTT lengths.
+        windows_per_step: consecutive training windows each Lightning step trains on, one optimizer update each
+            (:func:`~datamodules.stream_data.group_windows`): Lightning's per-step cost is paid once for them. Its
+            step counters (``max_steps``, ``val_check_interval``, ``log_every_n_steps``, a schedule's ``step``
+            interval) then count steps of this many windows.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class TextData(StreamData):
         download: bool = True,
         corpus_options: dict[str, Any] | None = None,
         seed: int = 0,
+        windows_per_step: int = 1,
     ) -> None:
         super().__init__()
         self._save_settings(inspect.currentframe())
@@ -74,6 +79,7 @@ class TextData(StreamData):
         self.download = download
         self.corpus_options = corpus_options
         self.seed = seed
+        self.windows_per_step = windows_per_step
         self._corpus: Corpus | None = None
         self._tokenizer: Tokenizer | None = None
         self._ids: dict[str, np.ndarray] = {}

@@ -93,7 +93,7 @@ def sample_window_length(bptt: int, rng: np.random.Generator, max_delta: int = 2
     return int(min(bptt + max_delta, max(5, round(rng.normal(base, 5)))))
 
 
-def training_position(trainer: Any) -> dict[str, int]:
+def training_position(trainer: Any, windows_per_step: int = 1) -> dict[str, int]:
     """Where the training stream of a checkpoint saved now must resume: ``{"epoch": e, "windows": n}``.
 
     ``n`` counts the windows of epoch ``e`` whose training step has run, from Lightning's own progress counters (what
@@ -101,11 +101,14 @@ def training_position(trainer: Any) -> dict[str, int]:
 
     Args:
         trainer: the ``lightning.Trainer`` that is fitting.
+        windows_per_step: the windows each of its steps trains on (the data module's ``windows_per_step``); past an
+            epoch's last, shorter step the count is past its windows, which resumes at the next epoch's start.
     """
     epochs = trainer.fit_loop.epoch_progress.current
     if epochs.completed == epochs.ready:  # no epoch under way (before the first, or after the last one ended)
         return {"epoch": epochs.completed, "windows": 0}
-    return {"epoch": epochs.completed, "windows": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+    steps = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    return {"epoch": epochs.completed, "windows": steps * windows_per_step}
 
 
 class ResumableStream(IterableDataset):

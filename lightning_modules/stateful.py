@@ -156,10 +156,11 @@ class StatefulTraining(L.LightningModule):
         return self.step_output(result)
 
     @staticmethod
-    def step_output(result: TrainingObjective) -> dict[str, Tensor]:
-        """A training step's output: the objective to minimise (``loss``) and the window's training loss, which the
-        divergence guard checks (:data:`~lightning_modules.divergence.WINDOW_LOSS`)."""
-        return {"loss": result.objective, WINDOW_LOSS: result.loss.detach()}
+    def step_output(result: TrainingObjective, window_loss: Tensor | None = None) -> dict[str, Tensor]:
+        """A training step's output: the objective to minimise (``loss``) and the training loss the divergence guard
+        checks (:data:`~lightning_modules.divergence.WINDOW_LOSS`): the window's, or ``window_loss`` (a step of several
+        windows: the worst)."""
+        return {"loss": result.objective, WINDOW_LOSS: result.loss.detach() if window_loss is None else window_loss}
 
     def record_training_step(self, result: TrainingObjective, logs: bool) -> None:
         """What a training step leaves behind on the host's side: the epoch's ``train_nll``, and at logging steps the

@@ -15,6 +15,14 @@ counters, schedulers, logging and checkpoints go on as before. What the closure 
 gradients zeroed, the divergence guard's gradient figure (``DivergenceGuard.observe_gradients``: the norm the
 clipping computes or the gradients' sum), the clipping (``gradient_clip_val``, by norm).
 
+Several windows a step (the data's ``windows_per_step``, :func:`datamodules.stream_data.group_windows`; Keras calls
+it ``steps_per_execution``): Lightning hands the step a list of consecutive windows, and :meth:`TrainingStep.step`
+trains each in turn with an update of its own, captured, replayed or uncaptured as a window of its own would be, the
+state carried through them. Lightning's per-step work (its loop, every callback's hooks, the loader's fetch, the
+logging) is then paid once for them all: on a small model, or on a GPU whose replayed step is shorter than that work,
+it is what a step costs. Lightning's counters count these steps. Its closure trains one window a step, so a fit it
+must run refuses several (:func:`plan`).
+
 The captured graph follows PyTorch's "whole-network capture" (``torch.cuda.graph``):
 
 * the first :data:`WARMUP_STEPS` steps run eagerly on the capture's side stream (cuBLAS and cuDNN workspaces, the
@@ -59,6 +67,7 @@ from torch import Tensor
 from lightning_modules.divergence import divergence_guard, gradients_sum
 from lightning_modules.lightning_private import hand_result_to_loop
 from zoo import settings
+from zoo.errors import ConfigError
 from zoo.state import State
 
 #: Eager steps before the first capture, on the capture's stream: libraries' lazy workspaces and the optimizer's state.
@@ -129,10 +138,10 @@ def plan(trainer: Any, module: LightningModule) -> StepPlan:
     chosen = settings.current()
     if chosen.plain_kernels or chosen.training_step == "lightning":
         why = "LM_ZOO_KERNELS=plain" if chosen.plain_kernels else "LM_ZOO_TRAINING_STEP=lightning"
-        return StepPlan("lightning", why)
+        return _lightnings(trainer, why)
     refusal = _lightning_needed(trainer, module)
     if refusal is not None:
-        return StepPlan("lightning", refusal)
+        return _lightnings(trainer, refusal)
     if chosen.training_step == "direct":
         return StepPlan("direct", "LM_ZOO_TRAINING_STEP=direct")
     if module.device.type != "cuda":
@@ -141,6 +150,27 @@ def plan(trainer: Any, module: LightningModule) -> StepPlan:
     if not capturable_optimizer(optimizer):
         return StepPlan("direct", f"{type(optimizer).__name__} keeps host-side state between steps: not captured")
     return StepPlan("graph")
+
+
+def _lightnings(trainer: Any, reason: str) -> StepPlan:
+    """Lightning's closure runs the steps, for ``reason``: one window a step, which is all the closure trains on.
+
+    Raises:
+        ConfigError: the data gives several windows a step (its ``windows_per_step``).
+    """
+    grouped = windows_per_step(trainer)
+    if grouped > 1:
+        raise ConfigError(
+            f"windows_per_step {grouped} needs lm-zoo's own training step, which this fit cannot use ({reason}): "
+            "set --data.init_args.windows_per_step 1"
+        )
+    return StepPlan("lightning", reason)
+
+
+def windows_per_step(trainer: Any) -> int:
+    """The windows each training step of ``trainer``'s fit trains on: its data module's ``windows_per_step``, else
+    1."""
+    return getattr(getattr(trainer, "datamodule", None), "windows_per_step", 1)
 
 
 def _lightning_needed(trainer: Any, module: LightningModule) -> str | None:
@@ -253,6 +283,7 @@ class TrainingStep:
         self.optimizer: torch.optim.Optimizer = trainer.optimizers[0]
         self.clip = trainer.gradient_clip_val or None
         self.guard = divergence_guard(trainer)  # takes each step's gradient figure
+        self.windows_per_step = windows_per_step(trainer)
         self.captures = step_plan.path == "graph"
         self.backend: Any = None  # how to capture (CUDAGraphs), made when first needed
         self.graphs: dict[tuple, _Captured] = {}
@@ -281,40 +312,58 @@ class TrainingStep:
 
     # ------------------------------------------------------------------------------------------------ the step
     def next_batch(self, batch: Any, batch_idx: int) -> None:
-        """The window the next :meth:`step` trains on (Lightning's ``on_train_batch_start`` hands it over)."""
+        """The window the next :meth:`step` trains on, or a ``list`` of windows (the data's ``windows_per_step``):
+        Lightning's ``on_train_batch_start`` hands it over."""
         self._batch, self._batch_idx = batch, batch_idx
 
     def step(self, closure: Any) -> None:
-        """One training step on the window :meth:`next_batch` gave, its result handed to Lightning's loop."""
-        batch, logs = self._batch, self.module.logs_this_training_step(self._batch_idx)
+        """One training step on what :meth:`next_batch` gave, its result handed to Lightning's loop: a window, or each
+        window of a list in turn with an update of its own, the carried state flowing through them as from step to
+        step. The step logs its last window's figures (Lightning shows the last value logged); the divergence guard
+        checks its worst window's loss and a gradient figure that is NaN or infinite iff some window's is."""
+        windows = self._batch if isinstance(self._batch, list) else [self._batch]
+        logs = self.module.logs_this_training_step(self._batch_idx)
+        worst: Tensor | None = None
+        figure: Tensor | None = None
+        for index, window in enumerate(windows):
+            result, check = self._window_step(window, logs and index == len(windows) - 1)
+            loss = result.loss.detach()
+            if index == 0 and len(windows) > 1:  # a graph's outputs, which the next window's replay overwrites
+                loss, check = loss.clone(), None if check is None else check.clone()
+            worst = loss if worst is None else torch.maximum(worst, loss)  # NaN if either is
+            if check is not None:
+                figure = check if figure is None else figure + check  # NaN or infinite if either is
+        self._report(figure)
+        hand_result_to_loop(closure, self.module.step_output(result, worst))
+
+    def _window_step(self, batch: Any, logs: bool) -> tuple[TrainingObjective, Tensor | None]:
+        """One window's update, captured, replayed or run eagerly; with the divergence guard's gradient figure."""
         captured = self._graph_for(batch) if self.captures else None
         if captured is None and self.captures and self.eager_steps < WARMUP_STEPS:
-            result = self._warm_up(batch, logs)
-        elif captured is None:
-            result = self._eager(batch, logs)
-        else:
-            self._replay(captured, batch)
-            result = replace(captured.result, figures=captured.result.figures if logs else {})
-            self.module.record_training_step(result, logs)
-            self._report(captured.check)
-        hand_result_to_loop(closure, self.module.step_output(result))
+            return self._warm_up(batch, logs)
+        if captured is None:
+            return self._eager(batch, logs)
+        self._replay(captured, batch)
+        result = replace(captured.result, figures=captured.result.figures if logs else {})
+        self.module.record_training_step(result, logs)
+        return result, captured.check
 
-    def _eager(self, batch: Any, logs: bool) -> TrainingObjective:
+    def _eager(self, batch: Any, logs: bool) -> tuple[TrainingObjective, Tensor | None]:
         """The step as plain code, as Lightning's closure and hooks run it: the gradients zeroed, the objective and what
-        it records (as Lightning's training step, before the backward pass), the backward pass, the divergence check
-        (with the norm the clipping computes, or the gradients' sum), the clipping, the update."""
+        it records (as Lightning's training step, before the backward pass), the backward pass, the divergence check's
+        figure (the norm the clipping computes, or the gradients' sum), the clipping, the update."""
         self.optimizer.zero_grad(set_to_none=True)
         result = self.module.training_objective(batch, figures=logs)
         self.module.record_training_step(result, logs)
         result.objective.backward()
-        self._report(self._clip_and_check())
+        check = self._clip_and_check()
         self.optimizer.step()
         self.eager_steps += 1
         if self.module.training_state is not None:
             self._template = self.module.training_state
-        return result
+        return result, check
 
-    def _warm_up(self, batch: Any, logs: bool) -> TrainingObjective:
+    def _warm_up(self, batch: Any, logs: bool) -> tuple[TrainingObjective, Tensor | None]:
         """An eager step before the first capture, on the capture's stream, without the per-window graphs (their
         captures would be wasted: inside the step's graph a window runs as plain kernels)."""
         with settings.overridden(window_graphs=False):
@@ -469,6 +518,8 @@ class TrainingStep:
     def summary(self) -> str:
         """The start-up line's words: who runs the steps, and what capturing cost so far."""
         line = self.plan.describe()
+        if self.windows_per_step > 1:
+            line += f"; {self.windows_per_step} windows a step, an update each"
         if self.capture_seconds:
             line += f"; {len(self.capture_seconds)} captured in {sum(self.capture_seconds):.2f} s"
             line += f" ({', '.join(f'{count} for {why}' for why, count in self.captured_for.items())})"

@@ -239,7 +239,10 @@ def build(
     # run stopped between two logged steps validates and checkpoints there): the run took at least that many.
     log.steps = max(log.steps, int(source.training.get("global_step") or 0))
     data = source.data
-    tokens_per_step = int(data.get("batch_size") or 0) * int(data.get("bptt") or 0)
+    # A step trains windows_per_step windows (1 in a run older than the setting).
+    tokens_per_step = (
+        int(data.get("batch_size") or 0) * int(data.get("bptt") or 0) * int(data.get("windows_per_step") or 1)
+    )
     source = _with_run_config(source, logs[0])
     out = registry.bundle_root() / name
     repo_id = repo_id or f"{REPO_OWNER}/{name}"
@@ -313,7 +316,7 @@ def _run_record(
             hardware, torch and CUDA versions and commit, which a run trained on one machine and bundled on another
             needs.
         log: the run's TensorBoard record (:func:`release.curves.read_run`): wall time, steps, epochs.
-        tokens_per_step: batch size x BPTT of a training step (frames for a music model).
+        tokens_per_step: batch size x BPTT x windows of a training step (frames for a music model).
         notes: a paragraph for the card.
     """
 

@@ -30,8 +30,9 @@ import torch
 import checkpoints
 from datamodules import TextDataModule
 from datamodules.windows import StreamWindows
+from lightning_modules import LanguageModel
 from lightning_modules.resume import RESUME_KEY
-from tests.conftest import write_word_corpus
+from tests.conftest import quiet_trainer, write_word_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 LM_ZOO = str(Path(sys.executable).parent / "lm-zoo")
@@ -300,3 +301,34 @@ def test_with_an_epoch_source_the_position_holds_until_the_trainer_is_past_it() 
     assert all(torch.equal(a.inputs, b) for a, b in zip(stream, expected, strict=True))
     trainer_epoch[0] = 2
     assert [b.inputs.shape for b in stream] == [b.inputs.shape for b in reference]  # reference: epoch 2 now
+
+
+def test_a_run_of_several_windows_a_step_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
+    """With ``windows_per_step`` 3, a checkpoint written after 4 steps records 12 trained windows; a run resumed from
+    it (on the variable-length windows of epoch 0, with dropout) ends with the weights of the run that wrote it."""
+    os.environ.setdefault("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = str(write_word_corpus(tmp_path / "corpus", "resume", words=60))
+    checkpoint = tmp_path / "step-4.ckpt"
+
+    class SaveAtStep4(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == 4:
+                trainer.save_checkpoint(checkpoint)
+
+    def fit(**options: Any) -> L.Trainer:
+        L.seed_everything(3, verbose=False)
+        data = TextDataModule(corpus, batch_size=4, bptt=8, variable_bptt=True, seed=5, windows_per_step=3)
+        model = LanguageModel(data.vocab_size, "lstm", embedding_size=8, hidden_size=8, num_layers=2, dropout=0.3)
+        model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), lr=0.01)
+        trainer = quiet_trainer(max_epochs=2, limit_val_batches=0, callbacks=options.pop("callbacks", []))
+        trainer.fit(model, data, **options)
+        return trainer
+
+    uninterrupted = fit(callbacks=[SaveAtStep4()])
+    saved = _read(checkpoint)
+    assert saved["TextDataModule"]["train_position"] == {"epoch": 0, "windows": 12} and saved["epoch"] == 0
+    resumed = fit(ckpt_path=checkpoint)
+    assert resumed.global_step == uninterrupted.global_step > 4
+    expected = uninterrupted.lightning_module.state_dict()
+    for name, tensor in resumed.lightning_module.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name

@@ -21,6 +21,7 @@ from lightning_modules import training_step as step_module
 from lightning_modules.training_step import RECAPTURE_LIMIT, WARMUP_STEPS, StepPlan, TrainingStep
 from tests.conftest import quiet_trainer, write_word_corpus
 from zoo import settings
+from zoo.errors import ConfigError, TrainingDivergedError
 
 
 class ReplayByCall:
@@ -62,13 +63,16 @@ def _fit(
     scheduler: Callable[[Any], Any] | None = None,
     stand_in: bool = True,
     model_options: dict[str, Any] | None = None,
+    windows_per_step: int = 1,
     **trainer_options: Any,
 ) -> dict[str, Any]:
     """A tiny word model fitted with ``path`` (``graph``: lm-zoo's captured step, on :class:`ReplayByCall` where
-    ``stand_in``): the module, its training loss after each step, the shapes of the windows it trained on, and what
-    the step's runner counted (``runner``: its captures' seconds, replays and uncaptured steps)."""
+    ``stand_in``): the module, its training loss after each step, the shapes of the windows it trained on (a step's
+    windows, in order), and what the step's runner counted (``runner``: its captures' seconds, replays and uncaptured
+    steps)."""
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
-    dm = TextDataModule(str(write_word_corpus(tmp_path, "5", words=60)), batch_size=3, bptt=6)
+    corpus = str(write_word_corpus(tmp_path, "5", words=60))
+    dm = TextDataModule(corpus, batch_size=3, bptt=6, windows_per_step=windows_per_step)
     torch.manual_seed(0)
     options = {"embedding_size": 8, "hidden_size": 12, "num_layers": 2, "dropout": 0.2, "ar": 1.0, "tar": 1.0}
     model = LanguageModel(dm.vocab_size, **{"architecture": "lstm", **options, **(model_options or {})})
@@ -83,7 +87,8 @@ def _fit(
     class Record(L.Callback):
         def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, *args: Any) -> None:
             seen["losses"].append(float(outputs["loss"]))
-            seen["shapes"].append(tuple(batch.inputs.shape))
+            windows = batch if isinstance(batch, list) else [batch]
+            seen["shapes"].extend(tuple(window.inputs.shape) for window in windows)
 
         def on_train_end(self, trainer: L.Trainer, module: Any) -> None:  # before the module drops its runner
             runner = module.step_runner
@@ -157,6 +162,59 @@ def test_captured_step_on_a_stand_in_trains_as_lightnings_closure(
     }
     lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **schedule)
     _assert_same_training(captured, lightning)
+
+
+@pytest.mark.parametrize("path", ["direct", "graph"])
+def test_several_windows_a_step_train_as_one_window_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """``windows_per_step`` 5: each window its own update, in order, the state carried through them, so that over two
+    epochs (an epoch's last step shorter) the weights and each step's last loss are those of one window a step, and
+    the captured path replays a graph for every window after the warm-up. Lightning counts steps of 5 windows."""
+    ReplayByCall.made.clear()
+    grouped = _fit(tmp_path / "grouped", path, monkeypatch, epochs=2, windows_per_step=5)
+    single = _fit(tmp_path / "single", "lightning", monkeypatch, epochs=2)
+    assert grouped["shapes"] == single["shapes"]
+    per_epoch = len(single["shapes"]) // 2
+    assert per_epoch % 5 != 0  # the epoch's last step has fewer windows
+    last_of_each_step = [*range(4, per_epoch, 5), per_epoch - 1]  # by their index in an epoch
+    losses = [single["losses"][epoch * per_epoch + i] for epoch in (0, 1) for i in last_of_each_step]
+    assert grouped["model"].trainer.global_step == len(losses)
+    _assert_same_training(grouped, {"model": single["model"], "losses": losses})
+    if path == "graph":
+        [backend] = ReplayByCall.made
+        assert sum(graph.replays for graph in backend.captured) == len(single["shapes"]) - WARMUP_STEPS
+
+
+def test_the_divergence_guard_checks_every_window_of_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of three windows whose middle one's loss is infinite (its objective, and so the weights, finite) stops
+    the run at that step, though the step's last window is finite."""
+    objective = LanguageModel.training_objective
+    calls = {"n": 0}
+
+    def second_window_infinite(self: LanguageModel, batch: Any, figures: bool = True) -> Any:
+        result = objective(self, batch, figures)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            result.loss = result.loss * float("inf")
+        return result
+
+    monkeypatch.setattr(LanguageModel, "training_objective", second_window_infinite)
+    with pytest.raises(TrainingDivergedError, match="training loss became inf at step 0"):
+        _fit(tmp_path, "direct", monkeypatch, steps=3, windows_per_step=3)
+
+
+def test_several_windows_a_step_need_lm_zoos_step_and_the_refusal_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where Lightning's closure must run the steps, it trains one window a step: grouped windows are refused in one
+    line naming why and the setting to change, before any step."""
+    with pytest.raises(ConfigError) as refused:
+        _fit(tmp_path, "direct", monkeypatch, windows_per_step=2, accumulate_grad_batches=2)
+    assert str(refused.value) == (
+        "windows_per_step 2 needs lm-zoo's own training step, which this fit cannot use (accumulate_grad_batches 2): "
+        "set --data.init_args.windows_per_step 1"
+    )
 
 
 def test_a_copy_of_a_module_in_training_has_no_runner() -> None:
