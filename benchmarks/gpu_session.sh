@@ -96,7 +96,7 @@ want profile && step 90 cell_profile.txt python3 benchmarks/cell_profile.py --de
 want evaluation && step 60 evaluation_procedures.txt python3 benchmarks/evaluation_procedures.py --device cuda --tokens 2000
 want syncs && step 45 host_syncs.txt python3 benchmarks/host_syncs.py --device cuda --out "$OUT/host_syncs_cuda.json"
 # lm-zoo fit against the plain loop on the GPU (needs PTB's word files in .gpudata/ptb): the 2 x 200 recipe at
-# batch 20, and 2 x 650 at batch 64; lm-zoo fit with its captured step and with Lightning's closure, side by side.
+# batch 20, and 2 x 650 at batch 64; lm-zoo fit with its captured step, one window a step and 8, side by side.
 want fit && step 80 fit_overhead.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \
     --data-root "${LM_ZOO_DATA:-.gpudata}" --out "$OUT/fit_overhead_cuda.json"
 want fit && step 80 fit_overhead_650.txt python3 benchmarks/fit_overhead.py --device cuda --rounds 1 --steps 200 \

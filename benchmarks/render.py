@@ -403,11 +403,14 @@ def fit_overhead(name: str = "fit_overhead.json") -> str:
     text = {"ptb": "PTB", "ptb-char": "PTB's characters"}[settings.get("corpus", "ptb")]
     tokens_per_step = settings["batch"] * settings["bptt"]
     step_ms = {side: tokens_per_step / tokens * 1e3 for side, tokens in result["median_tokens_per_s"].items()}
+    windows = settings.get("windows_per_step")  # files measured before the side with several windows a step lack it
+    several = any(side.endswith("several windows a step") for side in step_ms)
+    grouped = f"; {windows} windows a step on the side with several, its ms a step per window" if several else ""
     lines = [
         f"`{'`, then `'.join(result['commands'])}` (the 2 x {settings.get('width', 200)} LSTM on {text} at batch "
         f"{settings['batch']}, BPTT {settings['bptt']}, {settings['steps']} timed steps per round, "
-        f"{len(result['rounds'])} rounds, {settings['threads']} threads, torch {settings['torch']}; highest 1-minute "
-        f"load average around the rounds: {max(load)}):",
+        f"{len(result['rounds'])} rounds, {settings['threads']} threads, torch {settings['torch']}{grouped}; highest "
+        f"1-minute load average around the rounds: {max(load)}):",
         "",
         "| side | tokens/s (median) | ms a step | peak RSS |",
         "|---|---:|---:|---:|",
@@ -1019,6 +1022,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "fit-overhead": fit_overhead,
     "fit-overhead-tiny": lambda: fit_overhead("fit_overhead_tiny.json"),
     "fit-overhead-tiny-step": lambda: fit_overhead("fit_overhead_tiny_step.json"),
+    "fit-overhead-tiny-windows": lambda: fit_overhead("fit_overhead_tiny_windows.json"),
     "side-by-side": side_by_side,
     "fit-overhead-cuda": lambda: fit_overhead_cuda("fit_overhead_cuda.json"),
     "fit-overhead-cuda-650": lambda: fit_overhead_cuda("fit_overhead_cuda_650.json"),

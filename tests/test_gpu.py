@@ -426,3 +426,23 @@ def test_the_captured_training_step_equals_the_uncaptured_one_on_cuda(
     graph, direct = fits["graph"]["model"].state_dict(), fits["direct"]["model"].state_dict()
     for name, weights in graph.items():
         torch.testing.assert_close(weights, direct[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_several_windows_a_step_replay_as_one_window_a_step_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``windows_per_step`` 4 on the captured step: every window after the warm-up a replay, several of one graph in a
+    step (each window's figures taken before the next replay overwrites them), and the same losses and weights as the
+    uncaptured step trained one window a step."""
+    from lightning_modules.training_step import WARMUP_STEPS
+    from tests.test_training_step import _fit
+
+    options = {"model_options": {"dropout": 0.0, "architecture": "lstm"}, "accelerator": "gpu", "devices": 1}
+    grouped = _fit(tmp_path / "graph", "graph", monkeypatch, steps=12, stand_in=False, windows_per_step=4, **options)
+    single = _fit(tmp_path / "direct", "direct", monkeypatch, steps=48, stand_in=False, **options)
+    assert grouped["shapes"] == single["shapes"]
+    assert grouped["runner"]["replays"] == 48 - WARMUP_STEPS and not grouped["runner"]["failed"]
+    assert grouped["losses"] == pytest.approx(single["losses"][3::4], rel=1e-4, abs=1e-5)
+    expected = single["model"].state_dict()
+    for name, weights in grouped["model"].state_dict().items():
+        torch.testing.assert_close(weights, expected[name], rtol=1e-4, atol=1e-5, msg=name)
