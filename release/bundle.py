@@ -238,11 +238,7 @@ def build(
     # The logs end at the last logged step; the exported checkpoint counts every step taken, which can be later (a
     # run stopped between two logged steps validates and checkpoints there): the run took at least that many.
     log.steps = max(log.steps, int(source.training.get("global_step") or 0))
-    data = source.data
-    # A step trains windows_per_step windows (1 in a run older than the setting).
-    tokens_per_step = (
-        int(data.get("batch_size") or 0) * int(data.get("bptt") or 0) * int(data.get("windows_per_step") or 1)
-    )
+    tokens_per_step = step_tokens(source.data)
     source = _with_run_config(source, logs[0])
     out = registry.bundle_root() / name
     repo_id = repo_id or f"{REPO_OWNER}/{name}"
@@ -287,6 +283,12 @@ def _with_run_config(source: LoadedModel, log_dir: Path) -> LoadedModel:
 def curve_title(name: str, run: dict[str, Any]) -> str:
     """The learning curve's title: the short name and the command that trained it."""
     return f"{name}: {run.get('command')}"
+
+
+def step_tokens(data: dict[str, Any]) -> int:
+    """The tokens (a music model's frames) one training step of a run trains on, from its data module's settings:
+    ``batch_size x bptt x windows_per_step`` (1 window in a run older than that setting)."""
+    return int(data.get("batch_size") or 0) * int(data.get("bptt") or 0) * int(data.get("windows_per_step") or 1)
 
 
 def _run_record(

@@ -76,6 +76,12 @@ def _evaluate(capsys: pytest.CaptureFixture[str], source: str, *extra: str) -> d
     return json.loads(capsys.readouterr().out)
 
 
+def test_a_step_of_several_windows_counts_all_their_tokens() -> None:
+    """The run record's tokens per step: batch x BPTT, times the windows a step trains on where the run set them."""
+    assert bundle.step_tokens({"batch_size": 4, "bptt": 6}) == 24
+    assert bundle.step_tokens({"batch_size": 4, "bptt": 6, "windows_per_step": 3}) == 72
+
+
 def test_build_records_what_a_user_needs_and_serves_the_name(
     run: Path, bundle_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
