@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from datamodules import TextDataModule
-from lightning_modules import LanguageModel, ZarembaDecay
+from lightning_modules import LanguageModel, WeightAveragingOnPlateau, ZarembaDecay
 from lightning_modules import training_step as step_module
 from lightning_modules.training_step import RECAPTURE_LIMIT, WARMUP_STEPS, StepPlan, TrainingStep
 from tests.conftest import quiet_trainer, write_word_corpus
@@ -102,10 +102,9 @@ def _fit(
                 }
 
     limits = {"max_epochs": epochs} if epochs else {"max_steps": steps}
-    trainer = quiet_trainer(
-        **limits, limit_val_batches=0, gradient_clip_val=0.3, log_every_n_steps=1, callbacks=[Record()],
-        **trainer_options,
-    )  # fmt: skip
+    options = {"limit_val_batches": 0, "gradient_clip_val": 0.3, "log_every_n_steps": 1, **trainer_options}
+    options["callbacks"] = [Record(), *trainer_options.get("callbacks", [])]
+    trainer = quiet_trainer(**limits, **options)
     with monkeypatch.context() as patch, settings.overridden(training_step=path):
         if path == "graph" and stand_in:  # on the CPU, plan() would say direct
             patch.setattr("lightning_modules.stateful.plan", lambda *a: StepPlan("graph"))
@@ -215,6 +214,17 @@ def test_several_windows_a_step_need_lm_zoos_step_and_the_refusal_says_so(
         "windows_per_step 2 needs lm-zoo's own training step, which this fit cannot use (accumulate_grad_batches 2): "
         "set --data.init_args.windows_per_step 1"
     )
+
+
+def test_weight_averaging_and_validation_capture_nothing_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AWD-LSTM's GPU recipe validates every epoch and averages the weights once NT-ASGD triggers, the average swapped
+    in for validation and out again: on the stand-in, over four epochs, its step captures one graph per window shape
+    and none for anything else. (An H200 run of that recipe at 522b546 held 16 graphs, where its shapes take fewer.)"""
+    ReplayByCall.made.clear()
+    averaging = WeightAveragingOnPlateau(trigger="nt-asgd", nonmono=1, start_fraction=0.25)
+    captured = _fit(tmp_path, "graph", monkeypatch, epochs=4, callbacks=[averaging], limit_val_batches=2)
+    assert averaging.switched_on_at_step is not None
+    assert captured["runner"]["captured_for"] == {"a new window shape": len(set(captured["shapes"]))}
 
 
 def test_a_copy_of_a_module_in_training_has_no_runner() -> None:
