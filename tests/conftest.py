@@ -182,6 +182,27 @@ def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *fragments: st
     return last
 
 
+@contextlib.contextmanager
+def fused_kernel_calls() -> Iterator[list[torch.nn.Module]]:
+    """The ``nn.LSTM``/``nn.GRU``/``nn.RNN`` modules whose fused kernel a layer ran while the context is open, in
+    order (:func:`zoo.layers.rnn_kernel`, which a fused layer calls instead of the module's forward: a hook on the
+    module sees nothing)."""
+    import zoo.layers
+
+    calls: list[torch.nn.Module] = []
+    run = zoo.layers.rnn_kernel
+
+    def counted(rnn: torch.nn.Module, *args: Any) -> Any:
+        calls.append(rnn)
+        return run(rnn, *args)
+
+    zoo.layers.rnn_kernel = counted
+    try:
+        yield calls
+    finally:
+        zoo.layers.rnn_kernel = run
+
+
 def quiet_trainer(**options: Any) -> L.Trainer:
     """A Lightning ``Trainer`` that writes and prints nothing (no logger, checkpoints, progress bar or model summary)
     unless ``options`` turn it back on; ``options`` are any other ``Trainer`` arguments."""

@@ -14,7 +14,7 @@ import zoo
 from benchmarks.autocast_dtypes import DtypesRan
 from datamodules import TextDataModule
 from lightning_modules import LanguageModel
-from tests.conftest import quiet_trainer
+from tests.conftest import fused_kernel_calls, quiet_trainer
 
 B, T = 3, 9  # the windows the stacks run
 
@@ -97,14 +97,11 @@ def fused_layer_dtypes(name: str, mode: str, device: str = "cpu") -> dict[str, A
     options.pop("num_layers")
     torch.manual_seed(0)
     stack = zoo.build(name, size, hidden, 2, dropout=0.2, **options).train().to(device)
-    calls = []
-    hooks = [layer.rnn.register_forward_pre_hook(lambda m, a: calls.append(m)) for layer in stack.layers]
     ran = DtypesRan({f"layer {i}": layer for i, layer in enumerate(stack.layers)})
-    with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None), ran:
-        y, state = stack(torch.randn(B, T, size, device=device))
+    with fused_kernel_calls() as calls:
+        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None), ran:
+            y, state = stack(torch.randn(B, T, size, device=device))
     (y.float().sum() + sum(s.sum() for s in state)).backward()
-    for hook in hooks:
-        hook.remove()
     return {
         "products": [ran.products(f"layer {i}") for i in range(len(stack.layers))],
         "output": y.dtype,

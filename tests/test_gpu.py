@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import zoo
-from tests.conftest import needs_data, tiny_stack
+from tests.conftest import fused_kernel_calls, needs_data, tiny_stack
 from zoo.settings import DEFAULT_MATMUL_PRECISION, matmul_precision_in_force
 
 pytestmark = [
@@ -186,12 +186,9 @@ def test_recurrent_regularisers_on_cuda_equal_the_plain_path(name: str, regulari
     torch.manual_seed(0)
     stack = zoo.build(name, size, hidden, 2, **{regulariser: 0.3}, **options).cuda().train()
     x = torch.randn(3, 8, size, device="cuda")
-    fused_calls = []
-    hooks = [layer.rnn.register_forward_pre_hook(lambda m, a: fused_calls.append(m)) for layer in stack.layers]
     torch.manual_seed(1)
-    fast = [t.clone() for t in _pass(stack, x, None)]
-    for hook in hooks:
-        hook.remove()
+    with fused_kernel_calls() as fused_calls:
+        fast = [t.clone() for t in _pass(stack, x, None)]
     with settings.overridden(plain_kernels=True):
         torch.manual_seed(1)
         plain = [t.clone() for t in _pass(stack, x, None)]
@@ -426,6 +423,19 @@ def test_the_captured_training_step_equals_the_uncaptured_one_on_cuda(
     graph, direct = fits["graph"]["model"].state_dict(), fits["direct"]["model"].state_dict()
     for name, weights in graph.items():
         torch.testing.assert_close(weights, direct[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_weight_drop_keeps_one_captured_step_per_window_shape_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWD-LSTM's weight drop on cuDNN's kernel: the layers' parameters keep their storage (zoo.layers.rnn_kernel), so
+    the captured step holds one graph per window shape, where an H200 run at 522b546 captured anew at every step until
+    it held 16."""
+    from tests.test_training_step import _fit
+
+    options = {"model_options": {"cell_options": {"weight_drop": 0.5}}, "accelerator": "gpu", "devices": 1}
+    fitted = _fit(tmp_path, "graph", monkeypatch, epochs=2, stand_in=False, **options)
+    assert fitted["runner"]["captured_for"] == {"a new window shape": len(set(fitted["shapes"]))}
 
 
 def test_several_windows_a_step_replay_as_one_window_a_step_on_cuda(

@@ -227,6 +227,34 @@ def test_weight_averaging_and_validation_capture_nothing_anew(tmp_path: Path, mo
     assert captured["runner"]["captured_for"] == {"a new window shape": len(set(captured["shapes"]))}
 
 
+def flatten_as_cudnn_does(rnn: torch.nn.RNNBase) -> None:
+    """What ``nn.RNNBase.flatten_parameters`` does on a GPU (``torch._cudnn_rnn_flatten_weight``), on the CPU: every
+    weight the module holds is copied into one new buffer and made a view of it, its storage moved."""
+    weights = rnn._flat_weights
+    if not all(isinstance(w, torch.Tensor) for w in weights):
+        return
+    with torch.no_grad():
+        buffer = torch.cat([w.detach().reshape(-1) for w in weights])
+        offset = 0
+        for w in weights:
+            w.set_(buffer.untyped_storage(), offset, w.shape, w.stride())
+            offset += w.numel()
+
+
+def test_weight_drop_leaves_the_parameters_where_they_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AWD-LSTM's weight drop swaps a dropped recurrent matrix in for each window. Where the fused kernel then
+    re-flattened its weights for cuDNN, the layer's other parameters moved to a new buffer at every window, and the
+    captured step, keyed on their storage, was captured anew at every step until it held MAX_GRAPHS (an H200 run at
+    522b546 held 16). With flattening done as on a GPU, the stand-in captures one graph per window shape and no more,
+    and trains as Lightning's closure does."""
+    ReplayByCall.made.clear()
+    monkeypatch.setattr(torch.nn.RNNBase, "flatten_parameters", flatten_as_cudnn_does)
+    options = {"model_options": {"cell_options": {"weight_drop": 0.5}}, "epochs": 2}
+    captured = _fit(tmp_path / "graph", "graph", monkeypatch, **options)
+    assert captured["runner"]["captured_for"] == {"a new window shape": len(set(captured["shapes"]))}
+    _assert_same_training(captured, _fit(tmp_path / "lightning", "lightning", monkeypatch, **options))
+
+
 def test_a_copy_of_a_module_in_training_has_no_runner() -> None:
     """A deep copy or a pickle of the module while it trains (its runner holds graphs bound to the original's memory)
     carries no runner."""

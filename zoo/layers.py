@@ -23,13 +23,14 @@ that their backward, which autocast does not cover, sees the same dtypes.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from zoo import paths
 from zoo.errors import ConfigError
@@ -162,6 +163,50 @@ class CellLayer(RecurrentLayer):
         return torch.stack(outputs, dim=1), state  # (B, T, H)
 
 
+#: The kernel each ``nn.RNNBase`` mode's forward calls.
+_RNN_KERNELS = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
+#: What cuDNN says when it is handed weights outside one buffer: it compacts them into one for the call.
+_COMPACTED = "RNN module weights are not part of single contiguous chunk of memory"
+
+
+def rnn_kernel(
+    rnn: nn.RNNBase, x: Tensor | nn.utils.rnn.PackedSequence, hx: State, weights: list[Tensor]
+) -> tuple[Any, Tensor | State]:
+    """``rnn``'s kernel over ``x`` from ``hx`` (each ``(layers, N, H)``) with ``weights`` in the order of its
+    ``_flat_weights_names``: what its forward computes with those weights, returned as its forward returns it.
+
+    Why not ``rnn(x, hx)`` with the weights swapped in (``functional_call``): ``nn.RNNBase.forward`` flattens weights
+    it has not seen into one cuDNN buffer (``flatten_parameters``), and ``torch._cudnn_rnn_flatten_weight`` moves every
+    tensor it is given into that buffer, the module's own parameters with the swapped ones. Under weight drop the
+    layer's parameters then left their storage at every window, and a captured training step, which is bound to that
+    storage, was captured anew at every step until it held its limit (an H200 run at 522b546 held 16; the CPU's
+    flattening is a no-op, ``tests/test_training_step.py`` does it as a GPU does). Handed to the kernel, weights outside
+    one buffer are compacted into a temporary one for the call, and the parameters stay where they are.
+
+    Args:
+        rnn: a one-direction ``nn.LSTM``/``nn.GRU``/``nn.RNN``, batch-first unless ``x`` is packed.
+        x: ``(N, T, I)``, or a ``PackedSequence`` without a sort order (as :meth:`FusedLayer._segments` builds it).
+        hx: the state, ``(h, c)`` for an LSTM, ``(h,)`` otherwise.
+        weights: the weights in use.
+    """
+    kernel = _RNN_KERNELS[rnn.mode]
+    state: Any = list(hx) if rnn.mode == "LSTM" else hx[0]
+    settings = (rnn.bias, rnn.num_layers, float(rnn.dropout), rnn.training, rnn.bidirectional)
+    swapped = not all(isinstance(w, nn.Parameter) for w in weights)  # weight drop's matrix, autocast's copies
+    with warnings.catch_warnings() if swapped else contextlib.nullcontext():
+        if swapped:  # outside the parameters' buffer, they are compacted for the call: as meant
+            warnings.filterwarnings("ignore", message=_COMPACTED)
+        if isinstance(x, nn.utils.rnn.PackedSequence):
+            if x.sorted_indices is not None:
+                raise ValueError("rnn_kernel takes a PackedSequence without a sort order")
+            out = kernel(x.data, x.batch_sizes, state, weights, *settings)
+            y: Any = nn.utils.rnn.PackedSequence(out[0], x.batch_sizes)
+        else:
+            out = kernel(x, state, weights, *settings, rnn.batch_first)
+            y = out[0]
+    return y, (tuple(out[1:]) if rnn.mode == "LSTM" else out[1])
+
+
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast lowers products to on ``device_type``, or ``None`` where autocast is off."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
@@ -236,19 +281,20 @@ class FusedLayer(CellLayer):
         """The fused kernel over ``x`` from ``state`` (each ``(N, H)``); the final state in the weights' dtype."""
         hx = tuple(s.unsqueeze(0) for s in state)  # (1, N, H): nn.RNNBase's (layers, N, H)
         device = (x.data if isinstance(x, nn.utils.rnn.PackedSequence) else x).device.type
-        compute = None if self.int8 else autocast_dtype(device)
-        if compute is None:
+        if self.int8:  # a quantized module, with no float weights to hand its kernel: its own forward
             y, hx = self.rnn(x, hx if self.state_size > 1 else hx[0])
         else:
-            # Autocast's dtype, cast here rather than by autocast, whose RNN rule is float16 on CUDA whatever the
-            # autocast dtype (module doc). `_flat_weights` are the weights the module would use, including a
-            # weight_drop'ped matrix that functional_call put in place.
-            weights = {
-                n: w.to(compute) for n, w in zip(self.rnn._flat_weights_names, self.rnn._flat_weights, strict=True)
-            }
-            hx = tuple(h.to(compute) for h in hx)
-            with torch.autocast(device, enabled=False):
-                y, hx = functional_call(self.rnn, weights, (x.to(compute), hx if self.state_size > 1 else hx[0]))
+            # The weights in use: the parameters, or the weight-dropped matrix functional_call put in their place.
+            weights = [getattr(self.rnn, name) for name in self.rnn._flat_weights_names]
+            compute = autocast_dtype(device)
+            if compute is None:
+                y, hx = rnn_kernel(self.rnn, x, hx, weights)
+            else:
+                # Autocast's dtype, cast here rather than by autocast, whose RNN rule is float16 on CUDA whatever the
+                # autocast dtype (module doc).
+                with torch.autocast(device, enabled=False):
+                    cast = [w.to(compute) for w in weights]
+                    y, hx = rnn_kernel(self.rnn, x.to(compute), tuple(h.to(compute) for h in hx), cast)
         dtype = state[0].dtype  # the state stays in the dtype it came in (the weights')
         return y, tuple(s.squeeze(0).to(dtype) for s in (hx if isinstance(hx, tuple) else (hx,)))
 
