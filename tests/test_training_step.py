@@ -255,6 +255,30 @@ def test_weight_drop_leaves_the_parameters_where_they_are(tmp_path: Path, monkey
     _assert_same_training(captured, _fit(tmp_path / "lightning", "lightning", monkeypatch, **options))
 
 
+def test_a_fused_layer_flattens_its_own_replaced_weights_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights replaced by other tensors (``load_state_dict(assign=True)``) are flattened into one buffer at the next
+    window, once, as ``nn.RNNBase.forward`` does, so that cuDNN does not compact them at every call; a weight-dropped
+    window flattens nothing."""
+    import zoo
+
+    flattened: list[int] = []
+
+    def counted(rnn: torch.nn.RNNBase) -> None:
+        flattened.append(1)
+        flatten_as_cudnn_does(rnn)
+
+    monkeypatch.setattr(torch.nn.RNNBase, "flatten_parameters", counted)
+    stack = zoo.build("lstm", 4, 5, 1, weight_drop=0.5).train()
+    x = torch.randn(2, 3, 4)
+    flattened.clear()
+    stack(x)  # weight drop: the dropped matrix swapped in, nothing flattened
+    assert not flattened
+    stack.load_state_dict({k: v.clone() for k, v in stack.state_dict().items()}, assign=True)
+    stack.eval()(x)
+    stack(x)
+    assert len(flattened) == 1
+
+
 def test_a_copy_of_a_module_in_training_has_no_runner() -> None:
     """A deep copy or a pickle of the module while it trains (its runner holds graphs bound to the original's memory)
     carries no runner."""

@@ -286,6 +286,10 @@ class FusedLayer(CellLayer):
         else:
             # The weights in use: the parameters, or the weight-dropped matrix functional_call put in their place.
             weights = [getattr(self.rnn, name) for name in self.rnn._flat_weights_names]
+            if all(isinstance(w, nn.Parameter) for w in weights):
+                # Its own: flattened into one cuDNN buffer where they were replaced since the last call (e.g.
+                # load_state_dict(assign=True)), once, as the module's forward does (a no-op on the CPU).
+                self.rnn._update_flat_weights()
             compute = autocast_dtype(device)
             if compute is None:
                 y, hx = rnn_kernel(self.rnn, x, hx, weights)
