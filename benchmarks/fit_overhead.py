@@ -371,6 +371,7 @@ def timed_fit_command(work: Path, warmup: int, steps: int, *overrides: str) -> l
 
 def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """One side in a fresh process: tokens per second and the process's peak RSS (bytes)."""
+    windows = args.windows_per_step if side == FIT_WINDOWS else 1  # training windows in one of its steps
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FIT_OVERHEAD_OUT": str(out)}
     env["PYTHONPATH"] = child_pythonpath()
     if args.profile:
@@ -391,7 +392,6 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         command += ["--bare-lightning"] if side == BARE_LIGHTNING else []
     else:
         # A step of several windows: the timer counts steps, so as many windows are timed as on the other sides.
-        windows = args.windows_per_step if side == FIT_WINDOWS else 1
         command = timed_fit_command(
             out.parent,
             -(-args.warmup // windows),
@@ -415,7 +415,6 @@ def run_side(side: str, args: argparse.Namespace, out: Path) -> dict[str, float]
             "LM_ZOO_MALLOC=default or another C library: see zoo/allocator.py), so both lm-zoo fit sides would "
             "run glibc's; unset them to measure"
         )
-    windows = args.windows_per_step if side == FIT_WINDOWS else 1
     measured = {"tokens_per_s": args.batch * args.bptt * windows / result["seconds_per_step"], "peak": result["peak"]}
     return measured | ({"profile": result["profile"]} if "profile" in result else {})
 

@@ -303,10 +303,12 @@ def test_with_an_epoch_source_the_position_holds_until_the_trainer_is_past_it() 
     assert [b.inputs.shape for b in stream] == [b.inputs.shape for b in reference]  # reference: epoch 2 now
 
 
-def test_a_run_of_several_windows_a_step_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
+def test_a_run_of_several_windows_a_step_resumes_mid_epoch_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With ``windows_per_step`` 3, a checkpoint written after 4 steps records 12 trained windows; a run resumed from
     it (on the variable-length windows of epoch 0, with dropout) ends with the weights of the run that wrote it."""
-    os.environ.setdefault("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = str(write_word_corpus(tmp_path / "corpus", "resume", words=60))
     checkpoint = tmp_path / "step-4.ckpt"
 

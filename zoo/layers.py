@@ -179,9 +179,12 @@ def rnn_kernel(
     it has not seen into one cuDNN buffer (``flatten_parameters``), and ``torch._cudnn_rnn_flatten_weight`` moves every
     tensor it is given into that buffer, the module's own parameters with the swapped ones. Under weight drop the
     layer's parameters then left their storage at every window, and a captured training step, which is bound to that
-    storage, was captured anew at every step until it held its limit (an H200 run at 522b546 held 16; the CPU's
-    flattening is a no-op, ``tests/test_training_step.py`` does it as a GPU does). Handed to the kernel, weights outside
-    one buffer are compacted into a temporary one for the call, and the parameters stay where they are.
+    storage, was captured anew at every step until it held its limit (an H200 run at 522b546 held 16:
+    ``benchmarks/results/gpu-h200/522b546/ptb_word_fit.txt``; the CPU's flattening is a no-op,
+    ``tests/test_training_step.py`` does it as a GPU does). Handed to the kernel, weights outside one buffer are
+    compacted into a temporary one for the call, and the parameters stay where they are. The module's own weights are
+    flattened as its forward would, where they were replaced since the last call (``load_state_dict(assign=True)``):
+    once, so that cuDNN does not compact them at every call.
 
     Args:
         rnn: a one-direction ``nn.LSTM``/``nn.GRU``/``nn.RNN``, batch-first unless ``x`` is packed.
@@ -193,6 +196,8 @@ def rnn_kernel(
     state: Any = list(hx) if rnn.mode == "LSTM" else hx[0]
     settings = (rnn.bias, rnn.num_layers, float(rnn.dropout), rnn.training, rnn.bidirectional)
     swapped = not all(isinstance(w, nn.Parameter) for w in weights)  # weight drop's matrix, autocast's copies
+    if not swapped:
+        rnn._update_flat_weights()  # a no-op on the CPU, and once they are flat
     with warnings.catch_warnings() if swapped else contextlib.nullcontext():
         if swapped:  # outside the parameters' buffer, they are compacted for the call: as meant
             warnings.filterwarnings("ignore", message=_COMPACTED)
@@ -286,10 +291,6 @@ class FusedLayer(CellLayer):
         else:
             # The weights in use: the parameters, or the weight-dropped matrix functional_call put in their place.
             weights = [getattr(self.rnn, name) for name in self.rnn._flat_weights_names]
-            if all(isinstance(w, nn.Parameter) for w in weights):
-                # Its own: flattened into one cuDNN buffer where they were replaced since the last call (e.g.
-                # load_state_dict(assign=True)), once, as the module's forward does (a no-op on the CPU).
-                self.rnn._update_flat_weights()
             compute = autocast_dtype(device)
             if compute is None:
                 y, hx = rnn_kernel(self.rnn, x, hx, weights)
