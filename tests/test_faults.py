@@ -374,3 +374,35 @@ def test_a_rank_on_another_machine_whose_heartbeat_stopped_is_named(monkeypatch:
         stop.set()
         beating.join()
     assert said == "rank 1 (process 111 on far-away) stopped answering (killed, frozen, or its machine lost)"
+
+
+def test_a_killed_child_rank_is_named_with_its_signal_whenever_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 learns of a killed peer when its sockets close, before the kernel makes it a zombie, and looks for it
+    while it ends. Here the child (a real process, as Lightning's launcher starts rank 1) is killed right after the
+    first look at it, whatever that look is, and ``_fate`` is asked again as ``_what_stopped`` asks it: the signal is
+    named. Reaping before reading /proc said "is gone" instead (CI at 45d7c8f)."""
+    from lightning_modules import faults
+
+    child = subprocess.Popen(["sleep", "60"])
+    looked = []
+
+    def end_the_child_after(look: Any) -> Any:  # the first look at the child, whichever it is
+        def first_look_then_kill(*args: Any) -> Any:
+            seen = look(*args)
+            if not looked:
+                looked.append(look.__name__)
+                child.send_signal(signal.SIGKILL)
+                while faults._process_state(child.pid) != "Z":
+                    time.sleep(0.01)
+            return seen
+
+        return first_look_then_kill
+
+    monkeypatch.setattr(faults, "_process_state", end_the_child_after(faults._process_state))
+    monkeypatch.setattr(os, "waitpid", end_the_child_after(os.waitpid))
+    try:
+        fates = [faults._fate(child.pid) for _ in range(3)]
+    finally:
+        child.kill()
+    said = next(fate for fate in fates if fate is not None)
+    assert looked and said == "was killed by SIGKILL", (looked, fates)
