@@ -35,9 +35,19 @@ from datamodules.gbw import GBWDataModule
 from datamodules.music import MusicDataModule
 from datamodules.reverse_copy import ReverseCopyDataModule
 from lightning_modules.averaging import WeightAveragingOnPlateau
-from lightning_modules.faults import DEFAULT_PROCESS_GROUP_TIMEOUT, forget_peers, peer_lost, report_stop
+from lightning_modules.faults import (
+    DEFAULT_PROCESS_GROUP_TIMEOUT,
+    forget_peers,
+    peer_lost,
+    report_stop,
+    watch_rank_processes,
+)
 from lightning_modules.language_model import LanguageModel
-from lightning_modules.lightning_private import CheckpointPathReading, set_process_group_timeout
+from lightning_modules.lightning_private import (
+    CheckpointPathReading,
+    set_process_group_timeout,
+    watch_rank_processes_with,
+)
 from lightning_modules.music import MusicModel
 from lightning_modules.schedules import (
     CosineDecay,
@@ -233,6 +243,7 @@ class LMZooCLI(CheckpointPathReading, LightningCLI):
         timeout = self._setting(self.config_init, "process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT)
         trainer = super().instantiate_trainer(**{"plugins": plugins, **kwargs})
         set_process_group_timeout(trainer, timeout)  # DDP, FSDP, DeepSpeed: read when the process group starts
+        watch_rank_processes_with(watch_rank_processes)  # before trainer.fit, whose launcher starts the other ranks
         return trainer
 
     def after_fit(self) -> None:

@@ -17,6 +17,12 @@ So each way of ending is made a decision every rank knows:
   :func:`watch_peers`). A rank on another machine cannot be looked up there: each rank counts a heartbeat in the
   store every :data:`HEARTBEAT_SECONDS`, and the rank whose count has stopped is the one named.
 
+- **A rank process this one started** (Lightning's launcher starts the other ranks of a machine from rank 0) is
+  watched by :func:`watch_rank_processes`, in place of Lightning's observer, which killed rank 0 within 5 s of any
+  rank's nonzero exit: before its line, even while it wrote the checkpoint of a stop every rank agreed on. Rank 0 now
+  has :data:`CHILD_GRACE_SECONDS` to stop on its own; one stuck past that (a collective that waits for the lost rank)
+  is killed with the others, after one line.
+
 The process group's timeout bounds what no failure report reaches (a peer that hangs rather than exits: a stuck
 NCCL kernel, a process stopped by SIGSTOP): :data:`DEFAULT_PROCESS_GROUP_TIMEOUT`, a recorded setting of ``lm-zoo fit``
 (``--process_group_timeout``). When it runs out, a rank of this machine found stopped is named as frozen.
@@ -27,6 +33,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +56,10 @@ _GONE_WAIT, _GONE_POLL = 2.0, 0.05
 #: Seconds between two beats of a rank's heartbeat in the store (a thread's one small write); a rank whose count has not
 #: moved over three of them is no longer there.
 HEARTBEAT_SECONDS = 1.0
+#: Seconds between two looks at the rank processes this one started; and how long, once one of them has ended with a
+#: nonzero status, this process has to stop on its own (naming it: :func:`peer_lost`) before it is killed with them.
+#: Its own stop takes up to ``_GONE_WAIT`` and three heartbeats to name the rank, then its teardown.
+CHILD_POLL_SECONDS, CHILD_GRACE_SECONDS = 1.0, 20.0
 
 
 @dataclass
@@ -68,6 +80,9 @@ def _beat(store: Any, rank: int, stop: threading.Event) -> None:
 
 
 _peers: _Peers | None = None  # the multi-process run this process takes part in, once watch_peers has run
+# The rank processes this one started, by process id: reaped only through their Popen (Popen.poll), so that whoever
+# looks first, the watch or _fate, the exit status stays there for the other.
+_children: dict[int, subprocess.Popen] = {}
 
 
 def watch_peers(rank: int, world_size: int) -> None:
@@ -94,6 +109,53 @@ def forget_peers() -> None:
     if _peers is not None and _peers.stop_beating is not None:
         _peers.stop_beating.set()
     _peers = None
+
+
+def watch_rank_processes(children: list[subprocess.Popen]) -> None:
+    """Watch the rank processes this one started, in a thread, until every one has exited with status 0; if one
+    exits otherwise and this process has not stopped :data:`CHILD_GRACE_SECONDS` later, say so in one line and kill
+    them all, this process too (what Lightning's observer does at once: a collective waiting for a lost rank, NCCL's
+    above all, returns only at the process group's timeout).
+
+    Lightning's launcher calls it with the processes it started
+    (:func:`lightning_modules.lightning_private.watch_rank_processes_with`).
+    """
+    _children.update((child.pid, child) for child in children)
+    watch = threading.Thread(
+        target=_watch, args=(children, os.getpid(), CHILD_GRACE_SECONDS), name="lm-zoo rank watch", daemon=True
+    )
+    watch.start()
+
+
+def _watch(children: list[subprocess.Popen], main_pid: int, grace: float) -> None:
+    failed_at: float | None = None
+    while True:
+        time.sleep(CHILD_POLL_SECONDS)
+        codes = [child.poll() for child in children]
+        if all(code == 0 for code in codes):
+            return
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at >= grace:
+            break
+    own = _peers.rank if _peers is not None else 0  # the launching process is its machine's first rank
+    ended = "; ".join(
+        f"rank {own + i} (process {child.pid}) {_ended(child.returncode)}"
+        for i, child in enumerate(children, start=1)
+        if child.returncode not in (None, 0)
+    )
+    # Printed here, not raised: the main thread is the one waiting in the collective, and SIGKILL is what ends that.
+    print(
+        f"lm-zoo: error: {ended}, and rank {own} did not stop within {grace:.0f} s (a collective waits for it), so "
+        "every process of the run is killed; the last checkpoint on disk is whole: once the cause is fixed, the same "
+        "command with --ckpt_path last resumes the run",
+        file=sys.stderr,
+        flush=True,
+    )
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+    os.kill(main_pid, signal.SIGKILL)
 
 
 def report_stop(error: BaseException) -> None:
@@ -185,26 +247,33 @@ def _silent_ranks(peers: _Peers, others: list[int]) -> list[int]:
 def _fate(pid: int) -> str | None:
     """How process ``pid`` of this machine ended or froze, ``None`` while it runs.
 
-    /proc says first whether it runs, is stopped, or has ended; only an ended one is reaped, if it is a child of this
-    process (Lightning's launcher starts the other ranks from rank 0), for the exit status that names its signal. The
-    other order raced with the child's end: a rank learns of a killed peer when its sockets close, before the kernel
-    makes it a zombie, so a reap found it still running and the look at /proc just after found a zombie, named gone
-    without its signal (tests/test_ddp.py failed so once in CI at 45d7c8f).
+    A rank this process started (:func:`watch_rank_processes`) is asked through its ``Popen``, which keeps its exit
+    status whoever reaped it. Any other is looked up in /proc first: whether it runs, is stopped, or has ended; only an
+    ended one is reaped, if it is a child of this process, for the exit status that names its signal. The other order
+    raced with the child's end: a rank learns of a killed peer when its sockets close, before the kernel makes it a
+    zombie, so a reap found it still running and the look at /proc just after found a zombie, named gone without its
+    signal (tests/test_ddp.py failed so once in CI at 45d7c8f).
     """
+    child = _children.get(pid)
+    if child is not None and child.poll() is not None:  # a rank this process started (watch_rank_processes)
+        return _ended(child.returncode)
     state = _process_state(pid)
     if state in ("T", "t"):  # a stopped process: SIGSTOP, or a debugger's stop; it never reaches the collective
         return "is frozen (stopped, by SIGSTOP or a debugger: neither running nor gone)"
-    if state not in (None, "Z", "X"):
+    if child is not None or state not in (None, "Z", "X"):
         return None  # running, or still on its way out: the caller looks again
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # not this process's child, or reaped already (Lightning's observer polls its children)
+    except ChildProcessError:  # not this process's child, or reaped already (Lightning's own observer polls them)
         reaped, status = 0, 0
-    if reaped and os.WIFSIGNALED(status):
-        return f"was killed by {_signal_name(os.WTERMSIG(status))}"
     if reaped:
-        return f"exited with status {os.WEXITSTATUS(status)}"
+        return _ended(os.waitstatus_to_exitcode(status))
     return "is gone (killed: SIGKILL or the OOM killer leave no word)"
+
+
+def _ended(exit_code: int) -> str:
+    """How a process ended, from its exit code as ``Popen.returncode`` gives it (minus the signal that killed it)."""
+    return f"was killed by {_signal_name(-exit_code)}" if exit_code < 0 else f"exited with status {exit_code}"
 
 
 def _process_state(pid: int) -> str | None:

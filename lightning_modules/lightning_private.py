@@ -9,6 +9,8 @@ user's run. Nothing else in lm-zoo touches a private Lightning attribute (``test
 from __future__ import annotations
 
 import re
+import subprocess
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -68,6 +70,21 @@ def skip_lightnings_sigterm_broadcast(trainer: Any) -> None:
 def restore_lightnings_sigterm_broadcast(trainer: Any) -> None:
     """Give Lightning's epoch loop its SIGTERM broadcast back (:func:`skip_lightnings_sigterm_broadcast`)."""
     trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+
+def watch_rank_processes_with(watch: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Have Lightning's launcher hand the rank processes it starts (the other ranks of this machine, ``ddp``) to
+    ``watch`` instead of its own observer.
+
+    Lightning 2.6 starts a thread that polls them every 5 s and, at the first nonzero exit, SIGKILLs them and this
+    process: rank 0 died without lm-zoo's line on how the run ended (a rank that raised exits with 1), or while it
+    wrote the checkpoint of a stop every rank agreed on (the others exit with 143 first), and the thread's reaping took
+    the exit status that line names. No setting turns it off; the launcher calls its module's private
+    ``_launch_process_observer``, replaced here for the process (``tests/test_ddp.py``, ``tests/test_faults.py``).
+    """
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    subprocess_script._launch_process_observer = watch
 
 
 def _no_broadcast() -> None:

@@ -305,6 +305,20 @@ class FaultAt(L.Callback):
             os.kill(os.getpid(), signum)
 
 
+class StallAt(L.Callback):
+    """Test helper: at the start of step ``step`` on rank ``rank``, sleep ``seconds`` before the step's collectives
+    (a rank busy elsewhere: writing a checkpoint, in a long validation)."""
+
+    def __init__(self, step: int, rank: int, seconds: float) -> None:
+        self.step, self.rank, self.seconds = step, rank, seconds
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+
 def _same_weights_as(expected_run: Path, final_run: Path) -> None:
     expected, final = (
         read_checkpoint(expected_run / "checkpoints" / "last.ckpt"),
@@ -361,10 +375,14 @@ def test_a_lost_rank_stops_the_others_with_one_line_naming_it(
 ) -> None:
     """Rank 1 is killed, or raises, at step 8: rank 0 stops with one line naming rank 1 and what happened (it used to
     print gloo's traceback); the last checkpoint on disk (step 5's) is whole and resumes to the
-    uninterrupted run's weights."""
+    uninterrupted run's weights. Under Lightning's launcher rank 0 learns of it 7 s late (busy before the step's
+    collectives), past the 5 s in which Lightning's observer of the rank processes killed it without a word."""
     tmp_path, corpus, env = ddp_workspace
     run = tmp_path / f"lost_{how}_{launcher}"
-    recipe = ddp_recipe(run, corpus, _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks"))
+    callbacks = _callback("FaultAt", step=8, rank=1, fault=how, directory=run / "marks")
+    if launcher == "lightning":
+        callbacks += _callback("StallAt", step=8, rank=0, seconds=7)
+    recipe = ddp_recipe(run, corpus, callbacks)
     process = _start(recipe, env, torchrun=launcher == "torchrun")
     returncode, stderr = _finish(process)  # fails, killing every process, if a rank is left waiting
     elapsed = time.time() - float((run / "marks" / "struck").read_text())

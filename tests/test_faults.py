@@ -406,3 +406,70 @@ def test_a_killed_child_rank_is_named_with_its_signal_whenever_it_ends(monkeypat
         child.kill()
     said = next(fate for fate in fates if fate is not None)
     assert looked and said == "was killed by SIGKILL", (looked, fates)
+
+
+def test_a_failed_rank_process_leaves_rank_0_its_grace_then_every_process_is_killed_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The watch of the ranks Lightning's launcher started: rank 1 is killed; rank 0 (a stand-in process here, as the
+    watch kills the one it runs in) and rank 2 are left alone for the grace (Lightning's observer killed them within
+    5 s), then killed after one line naming rank 1's fate. _fate still names it after the watch reaped it."""
+    import threading
+
+    from lightning_modules import faults
+
+    monkeypatch.setattr(faults, "CHILD_POLL_SECONDS", 0.05)
+    rank_0, rank_1, rank_2 = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
+    monkeypatch.setitem(faults._children, rank_1.pid, rank_1)
+    watch = threading.Thread(target=faults._watch, args=([rank_1, rank_2], rank_0.pid, 1.0), daemon=True)
+    try:
+        watch.start()
+        rank_1.kill()
+        struck = time.monotonic()
+        time.sleep(0.5)
+        assert rank_0.poll() is None and rank_2.poll() is None  # within the grace
+        watch.join(10)
+        assert rank_0.wait(5) == rank_2.wait(5) == -signal.SIGKILL
+        assert time.monotonic() - struck >= 1.0
+    finally:
+        for process in (rank_0, rank_1, rank_2):
+            process.kill()
+    assert capsys.readouterr().err == (
+        f"lm-zoo: error: rank 1 (process {rank_1.pid}) was killed by SIGKILL, and rank 0 did not stop within 1 s (a "
+        "collective waits for it), so every process of the run is killed; the last checkpoint on disk is whole: once "
+        "the cause is fixed, the same command with --ckpt_path last resumes the run\n"
+    )
+    assert faults._fate(rank_1.pid) == "was killed by SIGKILL"  # reaped by the watch, its status kept
+
+
+def test_rank_processes_that_all_finish_end_the_watch_without_a_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from lightning_modules import faults
+
+    monkeypatch.setattr(faults, "CHILD_POLL_SECONDS", 0.05)
+    rank_0 = subprocess.Popen(["sleep", "60"])
+    finished = [subprocess.Popen(["true"]) for _ in range(2)]
+    watch = threading.Thread(target=faults._watch, args=(finished, rank_0.pid, 0.1), daemon=True)
+    try:
+        watch.start()
+        watch.join(10)
+        assert not watch.is_alive() and rank_0.poll() is None
+    finally:
+        rank_0.kill()
+
+
+def test_lightnings_launcher_hands_the_rank_processes_to_lm_zoos_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private seam lightning_private relies on: the launcher starts its observer through its module's
+    ``_launch_process_observer`` (an upgrade that moved it fails here)."""
+    import inspect
+
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    from lightning_modules.faults import watch_rank_processes
+    from lightning_modules.lightning_private import watch_rank_processes_with
+
+    assert "_launch_process_observer(self.procs)" in inspect.getsource(subprocess_script._SubprocessScriptLauncher)
+    monkeypatch.setattr(subprocess_script, "_launch_process_observer", subprocess_script._launch_process_observer)
+    watch_rank_processes_with(watch_rank_processes)
+    assert subprocess_script._launch_process_observer is watch_rank_processes
