@@ -60,6 +60,9 @@ HEARTBEAT_SECONDS = 1.0
 #: nonzero status, this process has to stop on its own (naming it: :func:`peer_lost`) before it is killed with them.
 #: Its own stop takes up to ``_GONE_WAIT`` and three heartbeats to name the rank, then its teardown.
 CHILD_POLL_SECONDS, CHILD_GRACE_SECONDS = 1.0, 20.0
+# A rank's exit statuses that end the run as every rank agreed: done, or the stop at a signal (lm-zoo's exit 130 or
+# 143, zoo.errors.Interrupted), which rank 0 makes at the same step, whatever it still has to write.
+_AGREED_ENDS = (0, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 @dataclass
@@ -112,10 +115,10 @@ def forget_peers() -> None:
 
 
 def watch_rank_processes(children: list[subprocess.Popen]) -> None:
-    """Watch the rank processes this one started, in a thread, until every one has exited with status 0; if one
-    exits otherwise and this process has not stopped :data:`CHILD_GRACE_SECONDS` later, say so in one line and kill
-    them all, this process too (what Lightning's observer does at once: a collective waiting for a lost rank, NCCL's
-    above all, returns only at the process group's timeout).
+    """Watch the rank processes this one started, in a thread, until every one has ended as the ranks agreed (status
+    0, or the stop at a signal); if one exits otherwise and this process has not stopped :data:`CHILD_GRACE_SECONDS`
+    later, say so in one line and kill them all, this process too (what Lightning's observer does at once: a
+    collective waiting for a lost rank, NCCL's above all, returns only at the process group's timeout).
 
     Lightning's launcher calls it with the processes it started
     (:func:`lightning_modules.lightning_private.watch_rank_processes_with`).
@@ -132,9 +135,9 @@ def _watch(children: list[subprocess.Popen], main_pid: int, grace: float) -> Non
     while True:
         time.sleep(CHILD_POLL_SECONDS)
         codes = [child.poll() for child in children]
-        if all(code == 0 for code in codes):
+        if all(code in _AGREED_ENDS for code in codes):
             return
-        if failed_at is None and any(code not in (None, 0) for code in codes):
+        if failed_at is None and any(code not in (None, *_AGREED_ENDS) for code in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at >= grace:
             break
@@ -142,7 +145,7 @@ def _watch(children: list[subprocess.Popen], main_pid: int, grace: float) -> Non
     ended = "; ".join(
         f"rank {own + i} (process {child.pid}) {_ended(child.returncode)}"
         for i, child in enumerate(children, start=1)
-        if child.returncode not in (None, 0)
+        if child.returncode not in (None, *_AGREED_ENDS)
     )
     # Printed here, not raised: the main thread is the one waiting in the collective, and SIGKILL is what ends that.
     print(
