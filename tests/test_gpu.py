@@ -295,6 +295,7 @@ def test_the_adaptive_head_on_cuda_equals_cpu() -> None:
 
 # ------------------------------------------------------------------------------- captured windows (zoo/window.py)
 CAPTURED = [name for name in zoo.names() if name not in FUSED]
+PATHS = ("graph", "direct")  # lm-zoo's training step, captured and not
 
 
 def _window_pass(stack: torch.nn.Module, x: torch.Tensor, state: tuple, reset: torch.Tensor | None) -> list:
@@ -423,6 +424,23 @@ def test_the_captured_training_step_equals_the_uncaptured_one_on_cuda(
     graph, direct = fits["graph"]["model"].state_dict(), fits["direct"]["model"].state_dict()
     for name, weights in graph.items():
         torch.testing.assert_close(weights, direct[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_skip_rnns_update_fraction_after_each_replay_is_the_replayed_windows_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skip RNN keeps its gates from the last forward (``last_updates``), which a replay does not run: the captured
+    step logs the update fraction from the graph's output, so each of 30 steps logs its own window's, as the
+    uncaptured step does, and no capture was refused."""
+    from tests.test_training_step import _fit
+
+    skipping = {"architecture": "skip_lstm", "dropout": 0.0, "cell_options": {"update_bias": 0.0}}
+    options = {"model_options": skipping, "accelerator": "gpu", "devices": 1}
+    fits = {path: _fit(tmp_path / path, path, monkeypatch, steps=30, stand_in=False, **options) for path in PATHS}
+    assert fits["graph"]["runner"]["replays"] and not fits["graph"]["runner"]["failed"]
+    fractions = {path: [f["train_update_fraction"] for f in fitted["figures"]] for path, fitted in fits.items()}
+    assert fractions["graph"] == pytest.approx(fractions["direct"], rel=1e-4, abs=1e-5)
+    assert len(set(fractions["graph"])) > 3
 
 
 def test_weight_drop_keeps_one_captured_step_per_window_shape_on_cuda(

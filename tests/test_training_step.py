@@ -67,9 +67,9 @@ def _fit(
     **trainer_options: Any,
 ) -> dict[str, Any]:
     """A tiny word model fitted with ``path`` (``graph``: lm-zoo's captured step, on :class:`ReplayByCall` where
-    ``stand_in``): the module, its training loss after each step, the shapes of the windows it trained on (a step's
-    windows, in order), and what the step's runner counted (``runner``: its captures' seconds, replays and uncaptured
-    steps)."""
+    ``stand_in``): the module, its training loss after each step, the figures it logged at each step, the shapes of
+    the windows it trained on (a step's windows, in order), and what the step's runner counted (``runner``: its
+    captures' seconds, replays and uncaptured steps)."""
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = str(write_word_corpus(tmp_path, "5", words=60))
     dm = TextDataModule(corpus, batch_size=3, bptt=6, windows_per_step=windows_per_step)
@@ -82,11 +82,13 @@ def _fit(
         return chosen if scheduler is None else {"optimizer": chosen, "lr_scheduler": scheduler(chosen)}
 
     model.configure_optimizers = configure  # LightningCLI's job in lm-zoo
-    seen: dict[str, Any] = {"losses": [], "shapes": [], "runner": None}
+    seen: dict[str, Any] = {"losses": [], "shapes": [], "figures": [], "runner": None}
 
     class Record(L.Callback):
         def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, *args: Any) -> None:
             seen["losses"].append(float(outputs["loss"]))
+            figures = trainer.callback_metrics.items()  # what the step logged (every step: log_every_n_steps 1)
+            seen["figures"].append({name: float(value) for name, value in figures if name.startswith("train_")})
             windows = batch if isinstance(batch, list) else [batch]
             seen["shapes"].extend(tuple(window.inputs.shape) for window in windows)
 
@@ -161,6 +163,19 @@ def test_captured_step_on_a_stand_in_trains_as_lightnings_closure(
     }
     lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **schedule)
     _assert_same_training(captured, lightning)
+
+
+def test_a_cells_figures_are_each_steps_own_on_the_captured_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skip RNN's update fraction, which its layers keep from their last forward (``last_updates``): the captured step
+    logs it from what the step's graph returned, so each step logs its own window's, as Lightning's closure does."""
+    options = {"model_options": {"architecture": "skip_lstm", "dropout": 0.0, "cell_options": {"update_bias": 0.0}}}
+    captured = _fit(tmp_path / "graph", "graph", monkeypatch, **options)
+    lightning = _fit(tmp_path / "lightning", "lightning", monkeypatch, **options)
+    fractions = [figures["train_update_fraction"] for figures in captured["figures"]]
+    assert fractions == pytest.approx([figures["train_update_fraction"] for figures in lightning["figures"]])
+    assert len(set(fractions)) > 3, fractions  # moving from step to step: a figure left from the capture would not
 
 
 @pytest.mark.parametrize("path", ["direct", "graph"])
