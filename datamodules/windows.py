@@ -105,10 +105,27 @@ def training_position(trainer: Any, windows_per_step: int = 1) -> dict[str, int]
             epoch's last, shorter step the count is past its windows, which resumes at the next epoch's start.
     """
     epochs = trainer.fit_loop.epoch_progress.current
-    if epochs.completed == epochs.ready:  # no epoch under way (before the first, or after the last one ended)
+    if epochs.completed == epochs.ready and not epoch_cut_short(trainer):  # before the first epoch, or past one
         return {"epoch": epochs.completed, "windows": 0}
     steps = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-    return {"epoch": epochs.completed, "windows": steps * windows_per_step}
+    return {"epoch": epochs.ready - 1, "windows": steps * windows_per_step}
+
+
+def epoch_cut_short(trainer: Any) -> bool:
+    """Whether the trainer's epoch has run its loop but stopped before its last step: training ended inside it
+    (``max_steps``, ``max_time``, a callback's ``should_stop``).
+
+    Lightning counts such an epoch as ended, and so would resume the run at the next one, the rest of this one never
+    trained, and an epoch-counted schedule ahead. A checkpoint written now records the position inside it
+    (:func:`training_position`) and counts the epoch as under way
+    (``lightning_modules.stateful.StatefulTraining.on_save_checkpoint``), so that ``--ckpt_path`` carries on with it.
+    """
+    epochs = trainer.fit_loop.epoch_progress.current
+    steps = trainer.fit_loop.epoch_loop.batch_progress
+    if epochs.processed != epochs.ready or steps.current.ready == 0:  # inside an epoch's steps, or before the first
+        return False
+    # Lightning's own test of an epoch that reached its end (its epoch loop's _num_ready_batches_reached).
+    return not (steps.is_last_batch or steps.current.ready >= trainer.num_training_batches)
 
 
 class ResumableStream(IterableDataset):

@@ -32,6 +32,7 @@ from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from datamodules.windows import epoch_cut_short
 from lightning_modules.divergence import WINDOW_LOSS, DivergenceGuard, divergence_guard
 from lightning_modules.lightning_private import attached_trainer, writes_logs_this_step
 from lightning_modules.resume import (
@@ -258,6 +259,15 @@ class StatefulTraining(L.LightningModule):
                 f"{', '.join(bad[:3])}), so no checkpoint was written: lower the learning rate or set "
                 "--trainer.gradient_clip_val, then resume from the last checkpoint"
             )
+        trainer = attached_trainer(self)
+        if trainer is not None and epoch_cut_short(trainer):
+            # Training ended inside this epoch, which Lightning has counted as ended: written as under way, so that a
+            # resumed run carries on with its rest (RESTARTED_MID_EPOCH in Lightning's fit loop), not the next one.
+            progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
+            for counts in (progress["total"], progress["current"]):
+                counts["processed"] -= 1
+                counts["completed"] = min(counts["completed"], counts["processed"])
+            checkpoint["epoch"] = progress["current"]["completed"]
         train_nll = self.metrics["train_nll"]
         state = self._state["train"]
         # On the CPU: the gather pickles tensors with their device, and rank 0 must not unpickle rank 1's GPU tensors.

@@ -334,3 +334,57 @@ def test_a_run_of_several_windows_a_step_resumes_mid_epoch_exactly(
     expected = uninterrupted.lightning_module.state_dict()
     for name, tensor in resumed.lightning_module.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
+
+
+class StopAtStep(L.Callback):
+    """Stop training after step ``step`` as Lightning's ``max_time`` timer does: ``should_stop`` at a batch's end."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("stop", ["max_steps", "max_time"])
+def test_a_run_stopped_inside_an_epoch_carries_on_with_that_epoch_from_its_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """``max_steps`` (or ``max_time``, here its timer's ``should_stop``) ends training 5 steps into epoch 0, and the
+    ``last.ckpt`` written as training ends resumes with the rest of that epoch (``lm-zoo fit --ckpt_path last``, the
+    line a fit prints to train further), to the weights of a run that never stopped, over two epochs of a per-epoch
+    schedule. Lightning counts an epoch that training left as ended: the run resumed at epoch 1, the rest of epoch 0
+    skipped and the schedule a decay ahead."""
+    from checkpoints.ckpt_write import LastCheckpoint
+
+    monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
+    corpus = str(write_word_corpus(tmp_path / "corpus", "resume", words=60))
+
+    def fit(run: str, limit: dict[str, int], callbacks: list[L.Callback], **options: Any) -> L.Trainer:
+        L.seed_everything(3, verbose=False)
+        data = TextDataModule(corpus, batch_size=4, bptt=8, variable_bptt=True, seed=5)
+        model = LanguageModel(data.vocab_size, "lstm", embedding_size=8, hidden_size=8, num_layers=2, dropout=0.3)
+
+        def optimizers() -> dict[str, Any]:
+            adam = torch.optim.Adam(model.parameters(), lr=0.01)
+            return {"optimizer": adam, "lr_scheduler": torch.optim.lr_scheduler.StepLR(adam, 1, gamma=0.5)}
+
+        model.configure_optimizers = optimizers
+        last = LastCheckpoint(dirpath=str(tmp_path / run), every_n_train_steps=0)
+        trainer = quiet_trainer(**limit, limit_val_batches=0, enable_checkpointing=True, callbacks=[last, *callbacks])
+        trainer.fit(model, data, **options)
+        return trainer
+
+    uninterrupted = fit("uninterrupted", {"max_epochs": 2}, [])
+    first = {"max_steps": 5} if stop == "max_steps" else {"max_epochs": 2}
+    stopped = fit("stopped", first, [] if stop == "max_steps" else [StopAtStep(5)])
+    assert stopped.global_step == 5 and uninterrupted.global_step > 2 * 5
+    saved = _read(tmp_path / "stopped" / "last.ckpt")
+    assert saved["TextDataModule"]["train_position"] == {"epoch": 0, "windows": 5} and saved["epoch"] == 0
+    resumed = fit("resumed", {"max_epochs": 2}, [], ckpt_path=tmp_path / "stopped" / "last.ckpt")
+    assert resumed.global_step == uninterrupted.global_step
+    assert resumed.lr_scheduler_configs[0].scheduler.last_epoch == 2
+    expected = uninterrupted.lightning_module.state_dict()
+    for name, tensor in resumed.lightning_module.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
