@@ -25,7 +25,7 @@ from lightning import LightningDataModule
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from checkpoints.ckpt_read import unreadable
 from checkpoints.ckpt_write import AtomicCheckpointIO, LastCheckpoint
@@ -271,9 +271,12 @@ class LMZooCLI(CheckpointPathReading, LightningCLI):
             lines.append(f"evaluate: lm-zoo evaluate {shlex.quote(best.best_model_path)} --split test")
             lines.append(f"sample: lm-zoo generate {shlex.quote(best.best_model_path)} --num-samples 3")
         if last is not None and last.last_model_path:
-            configs = " ".join(
-                f"--config {shlex.quote(as_given(str(c)))}" for c in self.config[self.subcommand].get("config") or []
-            )
+            # The run's own config.yaml (LightningCLI's, every setting the run had), not the recipes it was given: the
+            # command line's overrides would be lost, and a data module's are not in the checkpoint's hyperparameters
+            # that Lightning restores (a batch size given on the command line came back as the recipe's).
+            saved = saved_config(trainer)
+            given = self.config[self.subcommand].get("config") or []
+            configs = " ".join(f"--config {shlex.quote(as_given(str(c)))}" for c in ([saved] if saved else given))
             limit = "--trainer.max_steps N" if trainer.max_steps and trainer.max_steps > 0 else "--trainer.max_epochs N"
             lines.append(f"train further: lm-zoo fit {configs} --ckpt_path {shlex.quote(last.last_model_path)} {limit}")
         for line in lines:
@@ -338,6 +341,15 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
         raise CheckpointError(
             f"--ckpt_path {ckpt_path}: no such file: give the path of a .ckpt written by lm-zoo fit (or last)"
         )
+
+
+def saved_config(trainer: Trainer) -> Path | None:
+    """Where LightningCLI saved the run's whole config (``config.yaml`` in its log directory), if it did."""
+    saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
+    if saver is None:
+        return None
+    path = Path(trainer.log_dir or trainer.default_root_dir) / saver.config_filename
+    return path if path.is_file() else None
 
 
 def run_lightning(argv: Sequence[str] | None, callbacks: Sequence[Any] = (), own_command: bool | None = None) -> None:

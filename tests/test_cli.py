@@ -448,6 +448,27 @@ def test_resuming_last_names_a_later_checkpoint_when_last_ckpt_is_missing(
     assert cli.main(["fit", "--config", str(config), "--ckpt_path", str(best), "--trainer.max_epochs", "2"]) == 0
 
 
+def test_the_train_further_line_carries_the_run_on_with_every_setting_it_had(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line a fit ends with, run as printed: it names the run's saved config, so the command line's overrides come
+    back too, the data's batch size among them, which is not in the hyperparameters Lightning restores from the
+    checkpoint (naming the recipe, the resumed run trained on its batch of 4)."""
+    import shlex
+
+    config = _config(workdir, write_word_corpus(workdir / "corpus", "further"))
+    assert (
+        cli.main(["fit", "--config", str(config), "--data.init_args.batch_size", "3", "--trainer.max_steps", "3"]) == 0
+    )
+    line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("lm-zoo: train further: "))
+    *command, limit = shlex.split(line.removeprefix("lm-zoo: train further: lm-zoo "))
+    assert limit == "N" and command[-1] == "--trainer.max_steps", line
+    assert cli.main([*command, "6"]) == 0
+    resumed = torch.load(command[command.index("--ckpt_path") + 1], weights_only=True)
+    assert resumed["global_step"] == 6 and resumed["datamodule_hyper_parameters"]["batch_size"] == 3
+    assert resumed["lm_zoo_resume"]["rank_0"]["train_state"][0].shape[1] == 3  # the carried state of 3 columns
+
+
 def test_resuming_never_unpickles_an_object(trained: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``fit --ckpt_path`` reads with ``weights_only=True``: a checkpoint that holds an arbitrary pickled object (here
     a path, a global no lm-zoo checkpoint needs) is refused in one line, not loaded."""

@@ -124,8 +124,9 @@ def test_a_named_recipe_trains_and_its_export_evaluates(
         work,
         env,
     )  # fmt: skip
-    # The run's last line names the recipe as the user did, not as a path inside site-packages.
-    assert "train further: lm-zoo fit --config ptb/lstm-small --ckpt_path" in fitted, fitted
+    # The run's last line names the run's own saved config (every setting it had), not a path inside site-packages.
+    saved = next((work / "run").rglob("config.yaml")).relative_to(work)
+    assert f"train further: lm-zoo fit --config {saved} --ckpt_path" in fitted, fitted
     best = next((work / "run").rglob("best.ckpt"))
     _run([lm_zoo, "export", str(best), "--out", "exported", "--splits", "valid", "--device", "cpu"], work, env)
     result = _run([lm_zoo, "evaluate", "exported", "--split", "test", "--json", "--device", "cpu"], work, env)
