@@ -35,6 +35,7 @@ from datamodules.corpora import REPORTED_SPLITS
 from datamodules.tokenizers import Tokenizer
 from lightning_modules.averaging import WeightAveragingOnPlateau
 from lightning_modules.lightning_private import count_on_from
+from lightning_modules.training import log_dir_here
 from zoo.errors import CheckpointError, ConfigError
 
 
@@ -217,7 +218,7 @@ class PublishBest(Callback):
         if not best or not Path(best).is_file():
             rank_zero_warn("PublishBest: no checkpoint was written in this run, so nothing is exported")
             return
-        out = Path(self.out_dir) if self.out_dir else Path(trainer.log_dir or trainer.default_root_dir) / "export"
+        out = Path(self.out_dir) if self.out_dir else log_dir_here(trainer) / "export"  # no broadcast: rank 0 alone
         loaded = load(best)
         # A .ckpt does not record which classes the optimizer and scheduler were; the trainer knows.
         for record, optimizer in zip(loaded.training.get("optimizers", []), trainer.optimizers, strict=False):

@@ -64,6 +64,7 @@ from lightning_modules.training import (
     continue_logging_in,
     in_process_devices,
     leave_process_group,
+    log_dir_here,
     newest_checkpoint,
     quiet_known_noise,
     trainer_arguments,
@@ -265,8 +266,9 @@ class LMZooCLI(CheckpointPathReading, LightningCLI):
             lines.append(f"best checkpoint: {best.best_model_path}{score}")
         if last is not None and last.last_model_path:
             lines.append(f"last checkpoint: {last.last_model_path}")
-        if trainer.loggers and trainer.log_dir:
-            lines.append(f"logs: {trainer.log_dir}  (tensorboard --logdir {Path(trainer.log_dir).parent})")
+        if trainer.loggers:
+            logs = log_dir_here(trainer)  # rank 0 alone is here: trainer.log_dir would broadcast
+            lines.append(f"logs: {logs}  (tensorboard --logdir {logs.parent})")
         if best is not None and best.best_model_path:
             lines.append(f"evaluate: lm-zoo evaluate {shlex.quote(best.best_model_path)} --split test")
             lines.append(f"sample: lm-zoo generate {shlex.quote(best.best_model_path)} --num-samples 3")
@@ -348,7 +350,7 @@ def saved_config(trainer: Trainer) -> Path | None:
     saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
     if saver is None:
         return None
-    path = Path(trainer.log_dir or trainer.default_root_dir) / saver.config_filename
+    path = log_dir_here(trainer) / saver.config_filename
     return path if path.is_file() else None
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ProgressBar
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from datamodules.data_modules import StreamDataModule
 from lightning_modules.cores import CoreSharing
@@ -332,6 +333,20 @@ def versions_root(trainer: Trainer) -> Path | None:
         return None
     logger = trainer.loggers[0]
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name or ""))
+
+
+def log_dir_here(trainer: Trainer) -> Path:
+    """``trainer.log_dir`` as this process has it, without the broadcast that property makes.
+
+    For what one rank does alone after training (rank 0 says where the run's work is, exports it): a collective there
+    waits for ranks that never join it, or, with gloo, fails on the closed connection of a rank that has already left
+    (``lm-zoo: error: rank 1 ... exited with status 0``). The first logger's directory, as Lightning's, else the
+    trainer's root.
+    """
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    return Path(logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir)
 
 
 class _DropAdverts(logging.Filter):
