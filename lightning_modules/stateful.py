@@ -220,7 +220,10 @@ class StatefulTraining(L.LightningModule):
         if metric.weight == 0:  # nothing seen (e.g. no validation batches)
             return
         loss = metric.compute()
-        metric.reset()
+        if not (stage == "train" and epoch_cut_short(self.trainer)):
+            # Kept across a stop inside the epoch (max_steps, max_time): its checkpoint carries the sum on, and the
+            # run resumed from it logs the whole epoch's mean at the epoch's end, not the mean of its second part.
+            metric.reset()
         self.log(f"{stage}_loss_epoch" if stage == "train" else f"{stage}_loss", loss)
         self.log_epoch_figures(stage, loss)
 

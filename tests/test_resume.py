@@ -361,6 +361,19 @@ def test_a_run_stopped_inside_an_epoch_carries_on_with_that_epoch_from_its_last_
     monkeypatch.setenv("LM_ZOO_CACHE", str(tmp_path / "cache"))
     corpus = str(write_word_corpus(tmp_path / "corpus", "resume", words=60))
 
+    class EpochLosses(L.Callback):
+        """The training loss each epoch logged, read once the epoch is over (at the next one's start, at the end)."""
+
+        def __init__(self) -> None:
+            self.logged: dict[int, float] = {}
+
+        def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.current_epoch > 0 and "train_loss_epoch" in trainer.callback_metrics:
+                self.logged[trainer.current_epoch - 1] = float(trainer.callback_metrics["train_loss_epoch"])
+
+        def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+            self.logged[trainer.current_epoch - 1] = float(trainer.callback_metrics["train_loss_epoch"])
+
     def fit(run: str, limit: dict[str, int], callbacks: list[L.Callback], **options: Any) -> L.Trainer:
         L.seed_everything(3, verbose=False)
         data = TextDataModule(corpus, batch_size=4, bptt=8, variable_bptt=True, seed=5)
@@ -376,14 +389,17 @@ def test_a_run_stopped_inside_an_epoch_carries_on_with_that_epoch_from_its_last_
         trainer.fit(model, data, **options)
         return trainer
 
-    uninterrupted = fit("uninterrupted", {"max_epochs": 2}, [])
+    uninterrupted_losses, resumed_losses = EpochLosses(), EpochLosses()
+    uninterrupted = fit("uninterrupted", {"max_epochs": 2}, [uninterrupted_losses])
     first = {"max_steps": 5} if stop == "max_steps" else {"max_epochs": 2}
     stopped = fit("stopped", first, [] if stop == "max_steps" else [StopAtStep(5)])
     assert stopped.global_step == 5 and uninterrupted.global_step > 2 * 5
     saved = _read(tmp_path / "stopped" / "last.ckpt")
     assert saved["TextDataModule"]["train_position"] == {"epoch": 0, "windows": 5} and saved["epoch"] == 0
-    resumed = fit("resumed", {"max_epochs": 2}, [], ckpt_path=tmp_path / "stopped" / "last.ckpt")
+    resumed = fit("resumed", {"max_epochs": 2}, [resumed_losses], ckpt_path=tmp_path / "stopped" / "last.ckpt")
     assert resumed.global_step == uninterrupted.global_step
+    # Epoch 0's logged training loss is the whole epoch's mean, the 5 steps before the stop with the rest.
+    assert resumed_losses.logged == pytest.approx(uninterrupted_losses.logged) and len(resumed_losses.logged) == 2
     assert resumed.lr_scheduler_configs[0].scheduler.last_epoch == 2
     expected = uninterrupted.lightning_module.state_dict()
     for name, tensor in resumed.lightning_module.state_dict().items():
