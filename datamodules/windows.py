@@ -97,7 +97,8 @@ def training_position(trainer: Any, windows_per_step: int = 1) -> dict[str, int]
     """Where the training stream of a checkpoint saved now must resume: ``{"epoch": e, "windows": n}``.
 
     ``n`` counts the windows of epoch ``e`` whose training step has run, from Lightning's own progress counters (what
-    it restores to resume), so it is exact whatever the loader fetched ahead. Between epochs it is ``(next epoch, 0)``.
+    it restores to resume), so it is exact whatever the loader fetched ahead. Between epochs it is ``(next epoch, 0)``;
+    after an epoch that training left early (:func:`epoch_cut_short`), the position inside that epoch.
 
     Args:
         trainer: the ``lightning.Trainer`` that is fitting.

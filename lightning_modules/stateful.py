@@ -282,7 +282,7 @@ class StatefulTraining(L.LightningModule):
         if self.shared_generator is not None:
             mine["shared_rng"] = generator_state(self.shared_generator)
         # Lightning calls this hook on every rank but only rank 0 writes: gather every rank's own state first.
-        world_size = gathering_world_size(attached_trainer(self))
+        world_size = gathering_world_size(trainer)
         ranks: list[Any] = [mine] if world_size == 1 else [None] * world_size
         if world_size > 1:
             dist.all_gather_object(ranks, mine)
